@@ -1,0 +1,28 @@
+"""Fused MoE, from loops to Triton: the package every notebook of the series imports.
+
+Importing it picks the runtime first (a CUDA GPU, or Triton's CPU interpreter), because Triton
+reads that choice when kernels are defined.
+"""
+from . import runtime  # noqa: I001  (must come before any kernel module)
+
+runtime.announce()
+
+from .routing import route  # noqa: E402
+from .loop import loop_moe_matmul, loop_moe_layer  # noqa: E402
+from .indexing import expert_moe_matmul, intermediate_bytes  # noqa: E402
+from .fused_kernel import fused_moe_kernel, fused_moe_matmul  # noqa: E402
+from .align import align_block_size  # noqa: E402
+from .sorted_kernel import sorted_moe_kernel, sorted_moe_matmul, sorted_moe_layer  # noqa: E402
+from .layer import moe_layer  # noqa: E402
+from .reference import reference_moe_layer, reference_moe_matmul, rel_error  # noqa: E402
+from .examples import worked_example  # noqa: E402
+from .shapes import MODEL_SHAPES, ModelShape, get_shape, random_problem  # noqa: E402
+
+__all__ = [
+    "route", "loop_moe_matmul", "loop_moe_layer", "expert_moe_matmul", "intermediate_bytes",
+    "fused_moe_kernel", "fused_moe_matmul", "align_block_size", "sorted_moe_kernel",
+    "sorted_moe_matmul", "sorted_moe_layer", "moe_layer", "reference_moe_matmul",
+    "reference_moe_layer", "rel_error", "worked_example", "MODEL_SHAPES", "ModelShape",
+    "get_shape", "random_problem", "runtime",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,128 @@
+"""Part 4, step one: sort the (token, slot) pairs by expert and pad each expert's run.
+
+After this, every BLOCK_M consecutive entries of ``sorted_token_ids`` belong to one expert,
+so a program that owns them can multiply a ``[BLOCK_M, K]`` tile by one expert's weights with
+``tl.dot`` on tensor cores. Two small Triton launches, no host synchronisation.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .checks import check_tensor
+
+
+@triton.jit
+def _plan_blocks_kernel(
+    ids_ptr, numel, sorted_ids_ptr, cursor_ptr, ends_ptr, num_post_ptr,
+    NUM_EXPERTS: tl.constexpr, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr,
+):
+    """One program: count pairs per expert, pad each count to BLOCK_M, prefix-sum the runs."""
+    e_offs = tl.arange(0, E_PAD)
+    counts = tl.zeros((E_PAD,), dtype=tl.int32)
+    for start in range(0, numel, CHUNK):
+        offs = start + tl.arange(0, CHUNK)
+        # Out-of-range lanes land in the spare bin E_PAD - 1 >= NUM_EXPERTS, dropped below.
+        ids = tl.load(ids_ptr + offs, mask=offs < numel, other=E_PAD - 1).to(tl.int32)
+        counts += tl.histogram(ids, E_PAD)
+    is_expert = e_offs < NUM_EXPERTS
+    counts = tl.where(is_expert, counts, 0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, axis=0)
+    starts = ends - padded
+    tl.store(num_post_ptr, tl.sum(padded, axis=0))
+    tl.store(cursor_ptr + e_offs, starts, mask=is_expert)   # next free row of each run
+    tl.store(ends_ptr + e_offs, ends)
+    # The padding rows of each run, at most BLOCK_M - 1 of them, get the sentinel ``numel``.
+    for j in range(0, BLOCK_M - 1):
+        row = starts + counts + j
+        tl.store(sorted_ids_ptr + row, tl.zeros((E_PAD,), dtype=tl.int32) + numel,
+                 mask=is_expert & (row < ends))
+
+
+@triton.jit
+def _scatter_and_label_kernel(
+    ids_ptr, numel, sorted_ids_ptr, cursor_ptr, ends_ptr, num_post_ptr, expert_ids_ptr, num_blocks, num_scatter,
+    E_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+    CHUNK: tl.constexpr, LABEL_CHUNK: tl.constexpr,
+):
+    """Programs below num_scatter place pairs; the others label blocks with their expert."""
+    pid = tl.program_id(0)
+    if pid < num_scatter:
+        # Each pair takes the next free row of its expert's run. Atomic, so the order of pairs
+        # inside a run is whatever order the GPU's programs arrive in.
+        offs = pid * CHUNK + tl.arange(0, CHUNK)
+        ok = offs < numel
+        expert = tl.load(ids_ptr + offs, mask=ok, other=0).to(tl.int32)
+        row = tl.atomic_add(cursor_ptr + expert, 1, mask=ok)
+        tl.store(sorted_ids_ptr + row, offs, mask=ok)
+    else:
+        # Block b starts at row b * BLOCK_M; its expert is the number of runs ending at or before it.
+        b = (pid - num_scatter) * LABEL_CHUNK + tl.arange(0, LABEL_CHUNK)
+        ends = tl.load(ends_ptr + tl.arange(0, E_PAD))
+        row = b * BLOCK_M
+        expert = tl.sum((ends[None, :] <= row[:, None]).to(tl.int32), axis=1)
+        expert = tl.where(row < tl.load(num_post_ptr), expert, -1)
+        tl.store(expert_ids_ptr + b, expert, mask=b < num_blocks)
+
+
+def max_padded_rows(numel: int, block_m: int, num_experts: int) -> int:
+    """An upper bound on ``num_tokens_post_padded`` known on the host without a sync.
+
+    Each expert pads at most ``block_m - 1`` rows, and no expert needs more than one block
+    per pair.
+    """
+    return min(numel + num_experts * (block_m - 1), numel * block_m)
+
+
+def align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int):
+    """Sort (token, slot) pairs by expert; pad each expert's run to a multiple of ``block_m``.
+
+    Args:
+        topk_ids: ``[M, topk]`` int32/int64 in ``[0, num_experts)``.
+        block_m: rows per block, a power of two.
+        num_experts: E.
+
+    Returns:
+        ``(sorted_token_ids, expert_ids, num_tokens_post_padded)``:
+        - ``sorted_token_ids`` int32 ``[max_padded_rows]``: flat pair indices ``m * topk + j``
+          grouped by expert; padding rows hold ``M * topk``; rows from
+          ``num_tokens_post_padded`` on are unspecified.
+        - ``expert_ids`` int32 ``[max_padded_rows // block_m]``: the expert of each block,
+          -1 for blocks past ``num_tokens_post_padded``.
+        - ``num_tokens_post_padded`` int32 ``[1]``: rows actually used, a device tensor.
+        The order of pairs inside one expert's run is not specified (atomics on a GPU).
+    """
+    check_tensor("topk_ids", topk_ids, 2)
+    if topk_ids.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"topk_ids: expected dtype torch.int32 or torch.int64, got {topk_ids.dtype}")
+    if isinstance(block_m, bool) or not isinstance(block_m, int) or block_m < 1 or block_m & (block_m - 1):
+        raise ValueError(f"block_m: expected a power of two, got {block_m!r}")
+    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
+        raise ValueError(f"num_experts: expected a positive int, got {num_experts!r}")
+    ids = topk_ids.reshape(-1).contiguous()
+    numel = ids.numel()
+    device = topk_ids.device
+    max_padded = max_padded_rows(numel, block_m, num_experts)
+    sorted_ids = torch.empty(max_padded, dtype=torch.int32, device=device)
+    expert_ids = torch.empty(triton.cdiv(max_padded, block_m), dtype=torch.int32, device=device)
+    num_post = torch.zeros(1, dtype=torch.int32, device=device)
+    if numel == 0:
+        return sorted_ids, expert_ids, num_post
+    e_pad = triton.next_power_of_2(num_experts + 1)   # + 1: a spare bin for masked lanes
+    cursor = torch.empty(e_pad, dtype=torch.int32, device=device)
+    ends = torch.empty(e_pad, dtype=torch.int32, device=device)
+    _plan_blocks_kernel[(1,)](
+        ids, numel, sorted_ids, cursor, ends, num_post,
+        NUM_EXPERTS=num_experts, E_PAD=e_pad, BLOCK_M=block_m, CHUNK=4096,
+    )
+    chunk, label_chunk = 1024, max(16, 8192 // e_pad)
+    num_scatter = triton.cdiv(numel, chunk)
+    num_blocks = expert_ids.numel()
+    grid = (num_scatter + triton.cdiv(num_blocks, label_chunk),)
+    _scatter_and_label_kernel[grid](
+        ids, numel, sorted_ids, cursor, ends, num_post, expert_ids, num_blocks, num_scatter,
+        E_PAD=e_pad, BLOCK_M=block_m, CHUNK=chunk, LABEL_CHUNK=label_chunk,
+    )
+    return sorted_ids, expert_ids, num_post

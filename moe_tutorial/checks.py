@@ -1,0 +1,101 @@
+"""Input checks shared by every implementation, with errors that name what was wrong."""
+from __future__ import annotations
+
+import torch
+
+from . import runtime
+
+_ID_DTYPES = (torch.int32, torch.int64)
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def _fail(kind, name: str, expected: str, got) -> None:
+    raise kind(f"{name}: expected {expected}, got {got}")
+
+
+def check_tensor(name: str, t, ndim: int) -> None:
+    """``t`` must be a torch.Tensor of rank ``ndim``."""
+    if not isinstance(t, torch.Tensor):
+        _fail(TypeError, name, "a torch.Tensor", type(t).__name__)
+    if t.dim() != ndim:
+        _fail(ValueError, name, f"a {ndim}-D tensor", f"shape {tuple(t.shape)}")
+
+
+def check_matmul_inputs(x, weight, topk_ids, *, kernel: bool = False) -> tuple[int, int, int, int, int]:
+    """Check the first-GEMM contract and return ``(M, K, N, E, topk)``.
+
+    x ``[M, K]`` float, weight ``[E, N, K]`` of x's dtype and device, topk_ids ``[M, topk]``
+    int32/int64 with values in ``[0, E)`` and ``topk <= E``. With ``kernel=True`` the dtype
+    must also be one the Triton kernels accept on the current runtime.
+    """
+    check_tensor("x", x, 2)
+    check_tensor("weight", weight, 3)
+    check_tensor("topk_ids", topk_ids, 2)
+    M, K = x.shape
+    E, N, Kw = weight.shape
+    if Kw != K:
+        _fail(ValueError, "weight", f"last dim equal to x's K={K} (weight is [E, N, K])", f"shape {tuple(weight.shape)}")
+    if topk_ids.shape[0] != M:
+        _fail(ValueError, "topk_ids", f"{M} rows, one per token of x", f"shape {tuple(topk_ids.shape)}")
+    topk = topk_ids.shape[1]
+    if topk < 1 or topk > E:
+        _fail(ValueError, "topk_ids", f"between 1 and E={E} columns (topk <= number of experts)", f"topk={topk}")
+    if topk_ids.dtype not in _ID_DTYPES:
+        _fail(TypeError, "topk_ids", "dtype torch.int32 or torch.int64", topk_ids.dtype)
+    if x.dtype not in _FLOAT_DTYPES:
+        _fail(TypeError, "x", "a floating-point dtype", x.dtype)
+    if weight.dtype != x.dtype:
+        _fail(TypeError, "weight", f"x's dtype {x.dtype}", weight.dtype)
+    for name, t in (("weight", weight), ("topk_ids", topk_ids)):
+        if t.device != x.device:
+            _fail(ValueError, name, f"x's device {x.device}", t.device)
+    if kernel:
+        check_kernel_dtype("x", x)
+    if topk_ids.numel():
+        lo, hi = int(topk_ids.min()), int(topk_ids.max())
+        if lo < 0 or hi >= E:
+            bad = lo if lo < 0 else hi
+            _fail(ValueError, "topk_ids", f"expert ids in [0, {E})", f"an id of {bad}")
+    return M, K, N, E, topk
+
+
+def check_kernel_dtype(name: str, t: torch.Tensor) -> None:
+    """The Triton kernels take fp32 in the interpreter and fp32/fp16/bf16 on a GPU."""
+    if t.dtype not in runtime.KERNEL_DTYPES:
+        where = "a CUDA GPU" if runtime.ON_GPU else "the CPU interpreter (bf16 is silently wrong there)"
+        allowed = ", ".join(str(d) for d in runtime.KERNEL_DTYPES)
+        _fail(TypeError, name, f"one of {allowed} on {where}", t.dtype)
+    if runtime.ON_GPU and t.device.type != "cuda":
+        _fail(ValueError, name, "a CUDA tensor (a GPU is present, kernels run there)", t.device)
+
+
+def check_topk_weights(topk_weights, topk_ids) -> None:
+    """Router weights ``[M, topk]`` float on topk_ids' device."""
+    check_tensor("topk_weights", topk_weights, 2)
+    if topk_weights.shape != topk_ids.shape:
+        _fail(ValueError, "topk_weights", f"topk_ids' shape {tuple(topk_ids.shape)}", f"shape {tuple(topk_weights.shape)}")
+    if not topk_weights.is_floating_point():
+        _fail(TypeError, "topk_weights", "a floating-point dtype", topk_weights.dtype)
+    if topk_weights.device != topk_ids.device:
+        _fail(ValueError, "topk_weights", f"topk_ids' device {topk_ids.device}", topk_weights.device)
+
+
+def check_layer_inputs(x, w13, w2, topk_weights, topk_ids) -> tuple[int, int, int, int, int]:
+    """Check the whole layer's contract and return ``(M, K, I, E, topk)``.
+
+    w13 ``[E, 2I, K]`` (gate rows then up rows), w2 ``[E, K, I]``.
+    """
+    check_tensor("w13", w13, 3)
+    check_tensor("w2", w2, 3)
+    M, K, N13, E, topk = check_matmul_inputs(x, w13, topk_ids)
+    if N13 % 2:
+        _fail(ValueError, "w13", "an even second dim 2*I (gate rows then up rows)", f"shape {tuple(w13.shape)}")
+    inter = N13 // 2
+    if tuple(w2.shape) != (E, K, inter):
+        _fail(ValueError, "w2", f"shape (E, K, I) = {(E, K, inter)}", f"shape {tuple(w2.shape)}")
+    if w2.dtype != x.dtype:
+        _fail(TypeError, "w2", f"x's dtype {x.dtype}", w2.dtype)
+    if w2.device != x.device:
+        _fail(ValueError, "w2", f"x's device {x.device}", w2.device)
+    check_topk_weights(topk_weights, topk_ids)
+    return M, K, inter, E, topk

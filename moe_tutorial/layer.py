@@ -1,0 +1,60 @@
+"""The whole MoE layer, ``y = sum_j w_j * w2[e_j] @ (silu(w1[e_j] x) * w3[e_j] x)``, four ways."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .activation import silu_and_mul
+from .checks import check_kernel_dtype, check_layer_inputs
+
+IMPLS = ("loop", "indexing", "naive", "sorted")
+
+
+def two_gemm_layer(first_gemm: Callable, x, w13, w2, topk_weights, topk_ids) -> torch.Tensor:
+    """Build the layer from any first-GEMM function ``(x, weight, topk_ids) -> [M, topk, N]``.
+
+    The down GEMM reuses the same function: each (token, slot) pair becomes a "token" of its
+    own with a single expert, ``act [M * topk, I]`` and ``topk_ids.reshape(-1, 1)``.
+    """
+    M, topk = topk_ids.shape
+    act = silu_and_mul(first_gemm(x, w13, topk_ids))                        # [M, topk, I]
+    down = first_gemm(act.reshape(M * topk, -1), w2, topk_ids.reshape(-1, 1))  # [M * topk, 1, K]
+    weighted = down.view(M, topk, -1).float() * topk_weights[..., None].float()
+    return weighted.sum(dim=1).to(x.dtype)
+
+
+def moe_layer(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor, impl: str = "loop") -> torch.Tensor:
+    """The MoE layer after routing.
+
+    Args:
+        x: ``[M, K]`` float tokens (K = hidden size).
+        w13: ``[E, 2I, K]``, each expert's gate rows (w1) then up rows (w3).
+        w2: ``[E, K, I]``, each expert's down projection.
+        topk_weights: ``[M, topk]`` float router weights (see :func:`moe_tutorial.route`).
+        topk_ids: ``[M, topk]`` int32/int64 expert ids in ``[0, E)``.
+        impl: "loop" (Part 1), "indexing" (Part 2), "naive" (Part 3 kernel) or
+            "sorted" (Part 4 kernel). The kernels need fp32 in the interpreter.
+
+    Returns:
+        ``[M, K]`` in x's dtype. ``M = 0`` gives an empty ``[0, K]``.
+    """
+    if impl not in IMPLS:
+        raise ValueError(f"impl: expected one of {', '.join(IMPLS)}, got {impl!r}")
+    M, K, _, _, _ = check_layer_inputs(x, w13, w2, topk_weights, topk_ids)
+    if impl in ("naive", "sorted"):
+        check_kernel_dtype("x", x)
+    if M == 0:
+        return x.new_empty(0, K)
+    if impl == "loop":
+        from .loop import loop_moe_layer
+        return loop_moe_layer(x, w13, w2, topk_weights, topk_ids)
+    if impl == "indexing":
+        from .indexing import expert_moe_matmul
+        return two_gemm_layer(expert_moe_matmul, x, w13, w2, topk_weights, topk_ids)
+    if impl == "naive":
+        from .fused_kernel import fused_moe_matmul
+        return two_gemm_layer(fused_moe_matmul, x, w13, w2, topk_weights, topk_ids)
+    from .sorted_kernel import sorted_moe_layer
+    return sorted_moe_layer(x, w13, w2, topk_weights, topk_ids)

@@ -1,0 +1,46 @@
+"""Float64 references that every implementation is tested against, and the error measure."""
+from __future__ import annotations
+
+import torch
+
+from .activation import silu_and_mul
+
+
+def reference_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+    """``[M, topk, N]`` float64 on x's device: ``out[m, j] = weight[topk_ids[m, j]] @ x[m]``.
+
+    Written straight from the definition, pair by expert, so it shares no code with the parts.
+    """
+    M, topk = topk_ids.shape
+    N = weight.shape[1]
+    out = torch.full((M * topk, N), float("nan"), dtype=torch.float64, device=x.device)
+    pairs_expert = topk_ids.reshape(-1).long()
+    for e in pairs_expert.unique().tolist():
+        pairs = (pairs_expert == e).nonzero().flatten()
+        out[pairs] = x[pairs // topk].double() @ weight[e].double().T
+    return out.view(M, topk, N)
+
+
+def reference_moe_layer(x, w13, w2, topk_weights, topk_ids) -> torch.Tensor:
+    """``[M, K]`` float64: ``y[m] = sum_j w[m, j] * w2[e] @ (silu(gate) * up)``, e = topk_ids[m, j]."""
+    M, topk = topk_ids.shape
+    h = silu_and_mul(reference_moe_matmul(x, w13, topk_ids))        # [M, topk, I] float64
+    down = reference_moe_matmul(h.reshape(M * topk, -1), w2.double(), topk_ids.reshape(-1, 1))
+    return (down.view(M, topk, -1) * topk_weights.double()[..., None]).sum(dim=1)
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """``||out - ref|| / ||ref||`` in float64; NaN anywhere in ``out`` gives ``inf``."""
+    out64, ref64 = out.double().to(ref.device), ref.double()
+    if out64.shape != ref64.shape:
+        raise ValueError(f"out: expected shape {tuple(ref64.shape)}, got {tuple(out64.shape)}")
+    if not torch.isfinite(out64).all():
+        return float("inf")
+    denom = ref64.norm().item()
+    diff = (out64 - ref64).norm().item()
+    return diff / denom if denom else diff
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    """Relative-error bound for a dtype (DESIGN.md): fp32 1e-5, bf16/fp16 1e-2."""
+    return 1e-5 if dtype in (torch.float32, torch.float64) else 1e-2

@@ -1,0 +1,176 @@
+"""Part 4: the production kernel. Pairs sorted by expert, one expert per program, ``tl.dot``.
+
+:func:`moe_tutorial.align.align_block_size` groups the (token, slot) pairs by expert in runs
+padded to BLOCK_M. Each program then owns one block of BLOCK_M pairs (all of one expert) and
+one BLOCK_N slice of the output, gathers the pairs' input rows, and multiplies them by the
+expert's weights on tensor cores. Epilogues fuse SiLU(gate) * up and the router weights.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .align import align_block_size
+from .checks import check_kernel_dtype, check_layer_inputs, check_matmul_inputs, check_topk_weights
+from .configs import KernelConfig, get_config
+
+
+@triton.jit
+def sorted_moe_kernel(
+    a_ptr, b_ptr, c_ptr, router_w_ptr,
+    sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
+    N, K, num_pairs, max_padded, a_row_div, stride_b_up,
+    stride_am, stride_ak,
+    stride_be, stride_bn, stride_bk,
+    stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    GATED: tl.constexpr, ROUTER_WEIGHTS: tl.constexpr, EVEN_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """C[pair, n] = A[pair // a_row_div] . B[expert(pair), n] for one [BLOCK_M, BLOCK_N] tile.
+
+    Pairs are flat indices m * topk + j. For the first GEMM A is x and a_row_div = topk; for
+    the down GEMM A holds one row per pair and a_row_div = 1. With GATED, B has 2N rows
+    (gate then up, the up rows stride_b_up further on) and C = silu(A.B_gate) * (A.B_up).
+    """
+    # Grouped ordering: walk GROUP_M blocks of rows down before moving right, so the programs
+    # running together share A rows and expert weights in L2.
+    pid = tl.program_id(axis=0)
+    num_pid_m = tl.cdiv(max_padded, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pids_per_group = GROUP_M * num_pid_n
+    first_m = (pid // pids_per_group) * GROUP_M
+    group_rows = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % pids_per_group) % group_rows
+    pid_n = (pid % pids_per_group) // group_rows
+
+    # max_padded is a host-side bound; blocks past the real end have nothing to do.
+    if pid_m * BLOCK_M >= tl.load(num_post_ptr):
+        return
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ids_ptr + offs_m)
+    row_ok = pair < num_pairs                       # padding rows hold num_pairs
+    a_row = (pair // a_row_div).to(tl.int64)
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+
+    # Columns wrap modulo N so that loads stay in bounds without a mask; the store masks them.
+    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + a_row[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + expert * stride_be + offs_n[None, :].to(tl.int64) * stride_bn + offs_k[:, None] * stride_bk
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
+            b = tl.load(b_ptrs)
+        else:
+            k_ok = offs_k < K - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        if GATED:
+            if EVEN_K:
+                b_up = tl.load(b_ptrs + stride_b_up)
+            else:
+                b_up = tl.load(b_ptrs + stride_b_up, mask=k_ok[:, None], other=0.0)
+            acc_up = tl.dot(a, b_up, acc_up, input_precision=DOT_PRECISION)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    # Epilogue, still in fp32 registers: the activation, then the router weight of each pair.
+    if GATED:
+        acc = acc * tl.sigmoid(acc) * acc_up
+    if ROUTER_WEIGHTS:
+        w = tl.load(router_w_ptr + pair, mask=row_ok, other=0.0)
+        acc = acc * w[:, None]
+
+    offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    c_ptrs = c_ptr + pair.to(tl.int64)[:, None] * stride_cm + offs_cn[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_cn[None, :] < N))
+
+
+def launch_sorted_gemm(a, b, c, router_weights, alignment, num_pairs: int, a_row_div: int,
+                       config: KernelConfig, *, gated: bool = False) -> None:
+    """Launch :func:`sorted_moe_kernel` once. Shapes as flat pairs: ``c`` is ``[num_pairs, N]``.
+
+    ``a`` ``[rows, K]``, ``b`` ``[E, N or 2N, K]``, ``router_weights`` ``[num_pairs]`` fp32 or
+    None, ``alignment`` the triple from :func:`align_block_size` built with ``config.block_m``.
+    """
+    sorted_ids, expert_ids, num_post = alignment
+    N, K = c.shape[1], a.shape[1]
+    max_padded = sorted_ids.numel()
+    grid = (triton.cdiv(max_padded, config.block_m) * triton.cdiv(N, config.block_n),)
+    sorted_moe_kernel[grid](
+        a, b, c, router_weights if router_weights is not None else c,
+        sorted_ids, expert_ids, num_post,
+        N, K, num_pairs, max_padded, a_row_div, N * b.stride(1),
+        a.stride(0), a.stride(1),
+        b.stride(0), b.stride(1), b.stride(2),
+        c.stride(0), c.stride(1),
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
+        GATED=gated, ROUTER_WEIGHTS=router_weights is not None, EVEN_K=K % config.block_k == 0,
+        DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+
+
+def sorted_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: torch.Tensor,
+                      topk_weights: torch.Tensor | None = None, *,
+                      config: KernelConfig | None = None, alignment=None) -> torch.Tensor:
+    """First GEMM with Part 4's kernel, optionally scaled by the router weights.
+
+    Args:
+        x: ``[M, K]`` fp32 (interpreter) or fp32/fp16/bf16 (GPU); any strides.
+        weight: ``[E, N, K]`` x's dtype; any strides.
+        topk_ids: ``[M, topk]`` int32/int64 in ``[0, E)``.
+        topk_weights: optional ``[M, topk]`` float; multiplied into each output row.
+        config: launch parameters; default from :func:`moe_tutorial.configs.get_config`.
+        alignment: a precomputed ``align_block_size(topk_ids, config.block_m, E)``.
+
+    Returns:
+        ``[M, topk, N]`` in x's dtype, accumulated in fp32.
+    """
+    M, K, N, E, topk = check_matmul_inputs(x, weight, topk_ids, kernel=True)
+    if topk_weights is not None:
+        check_topk_weights(topk_weights, topk_ids)
+    out = x.new_empty(M, topk, N)
+    if M == 0 or N == 0:
+        return out
+    config = config or get_config(M, E, N, K, topk, x.dtype, "plain")
+    alignment = alignment or align_block_size(topk_ids, config.block_m, E)
+    router = None if topk_weights is None else topk_weights.reshape(-1).float().contiguous()
+    launch_sorted_gemm(x, weight, out.view(M * topk, N), router, alignment, M * topk, topk, config)
+    return out
+
+
+def sorted_moe_layer(x, w13, w2, topk_weights, topk_ids, *, configs=None) -> torch.Tensor:
+    """The whole layer with Part 4's kernel: two GEMMs with fused epilogues, then a sum.
+
+    1. gate/up GEMM with ``silu(gate) * up`` in its epilogue -> ``[M * topk, I]``;
+    2. down GEMM with the router weights in its epilogue -> ``[M * topk, K]``;
+    3. the sum over each token's topk rows, in fp32.
+
+    Args as :func:`moe_tutorial.layer.moe_layer`; ``configs`` an optional pair of
+    :class:`KernelConfig` for the two GEMMs. Returns ``[M, K]`` in x's dtype.
+    """
+    M, K, inter, E, topk = check_layer_inputs(x, w13, w2, topk_weights, topk_ids)
+    check_kernel_dtype("x", x)
+    if M == 0:
+        return x.new_empty(0, K)
+    cfg_up, cfg_down = configs or (
+        get_config(M, E, inter, K, topk, x.dtype, "gated"),
+        get_config(M, E, K, inter, topk, x.dtype, "down"),
+    )
+    num_pairs = M * topk
+    align_up = align_block_size(topk_ids, cfg_up.block_m, E)
+    align_down = align_up if cfg_down.block_m == cfg_up.block_m else align_block_size(topk_ids, cfg_down.block_m, E)
+    act = x.new_empty(num_pairs, inter)
+    launch_sorted_gemm(x, w13, act, None, align_up, num_pairs, topk, cfg_up, gated=True)
+    down = x.new_empty(num_pairs, K)
+    router = topk_weights.reshape(-1).float().contiguous()
+    launch_sorted_gemm(act, w2, down, router, align_down, num_pairs, 1, cfg_down)
+    return down.view(M, topk, K).sum(dim=1, dtype=torch.float32).to(x.dtype)
