@@ -1,0 +1,59 @@
+"""Bytes, FLOPs and the roofline floor of the MoE GEMMs: the numbers every speed claim uses.
+
+The floor of a problem is ``max(bytes / copy_bandwidth, flops / matmul_rate)``: the fewest
+bytes it must move (each input read once, each output written once) and the FLOPs it must do,
+over the two ceilings measured on the same GPU.
+"""
+from __future__ import annotations
+
+import math
+
+
+def experts_touched(M: int, num_experts: int, topk: int) -> float:
+    """Expected number of distinct experts M tokens route to (uniform routing)."""
+    return num_experts * (1.0 - (1.0 - topk / num_experts) ** M)
+
+
+def first_gemm_flops(M: int, N: int, K: int, topk: int) -> float:
+    """``2 * M * topk * N * K``: one multiply-add per (pair, n, k)."""
+    return 2.0 * M * topk * N * K
+
+
+def first_gemm_bytes(M: int, N: int, K: int, num_experts: int, topk: int, itemsize: int = 2,
+                     touched: float | None = None) -> float:
+    """Fewest bytes of the first GEMM: x once, each touched expert's ``[N, K]`` once, out once."""
+    touched = experts_touched(M, num_experts, topk) if touched is None else touched
+    return itemsize * (M * K + touched * N * K + M * topk * N)
+
+
+def layer_flops(M: int, hidden: int, inter: int, topk: int) -> float:
+    """Both GEMMs of the layer: ``2 * M * topk * (2I * H + H * I)``."""
+    return 2.0 * M * topk * 3 * inter * hidden
+
+
+def layer_bytes(M: int, hidden: int, inter: int, num_experts: int, topk: int, itemsize: int = 2,
+                touched: float | None = None) -> float:
+    """Fewest bytes of the layer: x and y once, each touched expert's w13 and w2 once."""
+    touched = experts_touched(M, num_experts, topk) if touched is None else touched
+    return itemsize * (2 * M * hidden + touched * 3 * inter * hidden)
+
+
+def indexing_extra_bytes(M: int, N: int, K: int, topk: int, itemsize: int = 2) -> float:
+    """What Part 2 adds: ``selected [M, topk, N, K]`` written once and read back once."""
+    return 2.0 * itemsize * M * topk * N * K
+
+
+def floor_seconds(nbytes: float, flops: float, copy_bytes_per_s: float, matmul_flops_per_s: float) -> float:
+    """The roofline floor: the larger of the memory time and the compute time."""
+    return max(nbytes / copy_bytes_per_s, flops / matmul_flops_per_s)
+
+
+def arithmetic_intensity(nbytes: float, flops: float) -> float:
+    """FLOPs per byte moved."""
+    return flops / nbytes if nbytes else math.inf
+
+
+def geomean(values) -> float:
+    """Geometric mean of positive numbers (NaN if there are none)."""
+    values = [v for v in values if v and v > 0 and math.isfinite(v)]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
