@@ -1,0 +1,58 @@
+"""Benchmark results as CSV: one schema for what the bench writes and the notebooks plot.
+
+Every row carries the machine it was measured on (GPU, driver, torch, triton, date) and the two
+ceilings measured in the same run, so a file is self-describing. The series ships the H200
+results in ``moe_tutorial/data/h200_bench.csv``.
+"""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+DATA_DIR = Path(__file__).parent / "data"
+H200_RESULTS = DATA_DIR / "h200_bench.csv"
+
+#: Columns, in order. ``gemm`` is "first" (the [M, topk, N] GEMM) or "layer" (the whole
+#: layer); ``impl`` is loop, indexing, published, naive, sorted or grouped_mm; ``status`` is
+#: "ok", "wrong" (failed the correctness check) or "skipped: <reason>"; times in ms.
+FIELDS = [
+    "gpu", "driver", "torch", "triton", "date",
+    "copy_tbps", "matmul_tflops",
+    "model", "E", "N", "K", "topk", "dtype", "gemm", "impl", "M",
+    "ms", "tflops", "gbps", "floor_ms", "fraction_of_floor", "rel_error", "status",
+]
+_INT = {"E", "N", "K", "topk", "M"}
+_FLOAT = {"copy_tbps", "matmul_tflops", "ms", "tflops", "gbps", "floor_ms", "fraction_of_floor", "rel_error"}
+
+
+def write_rows(path, rows: list[dict]) -> Path:
+    """Write ``rows`` (dicts with :data:`FIELDS` keys; missing ones left empty) to ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: row.get(k, "") for k in FIELDS})
+    return path
+
+
+def _parse(key: str, value: str):
+    if value == "":
+        return None
+    if key in _INT:
+        return int(value)
+    if key in _FLOAT:
+        return float(value)
+    return value
+
+
+def load_rows(path=H200_RESULTS) -> list[dict]:
+    """Read a results CSV back, numbers as int/float and empty cells as None."""
+    with open(path, newline="") as f:
+        return [{k: _parse(k, v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def select(rows: list[dict], **where) -> list[dict]:
+    """Rows whose columns equal every ``where`` item, e.g. ``select(rows, impl="sorted")``."""
+    return [r for r in rows if all(r.get(k) == v for k, v in where.items())]
