@@ -61,10 +61,10 @@ def _scatter_and_label_kernel(
         # Block b starts at row b * BLOCK_M; its expert is the number of runs ending at or before it.
         b = (pid - num_scatter) * LABEL_CHUNK + tl.arange(0, LABEL_CHUNK)
         ends = tl.load(ends_ptr + tl.arange(0, E_PAD))
-        row = b * BLOCK_M
-        expert = tl.sum((ends[None, :] <= row[:, None]).to(tl.int32), axis=1)
-        expert = tl.where(row < tl.load(num_post_ptr), expert, -1)
-        tl.store(expert_ids_ptr + b, expert, mask=b < num_blocks)
+        first_row = b * BLOCK_M
+        block_expert = tl.sum((ends[None, :] <= first_row[:, None]).to(tl.int32), axis=1)
+        block_expert = tl.where(first_row < tl.load(num_post_ptr), block_expert, -1)
+        tl.store(expert_ids_ptr + b, block_expert, mask=b < num_blocks)
 
 
 def max_padded_rows(numel: int, block_m: int, num_experts: int) -> int:
