@@ -28,6 +28,7 @@ class KernelConfig:
     group_m: int = 8
     num_warps: int = 4
     num_stages: int = 3
+    use_tma: bool = False      # B tiles through a Hopper tensor descriptor (GPU only)
 
     def as_dict(self) -> dict:
         return asdict(self)

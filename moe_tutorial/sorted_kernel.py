@@ -12,27 +12,30 @@ import triton
 import triton.language as tl
 
 from .align import align_block_size
+from . import runtime
 from .checks import check_kernel_dtype, check_layer_inputs, check_matmul_inputs, check_topk_weights
 from .configs import KernelConfig, get_config
 
 
 @triton.jit
 def sorted_moe_kernel(
-    a_ptr, b_ptr, c_ptr, router_w_ptr,
+    a_ptr, b_ptr, b_desc, c_ptr, router_w_ptr,
     sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
-    N, K, num_pairs, max_padded, a_row_div, stride_b_up,
+    N, K, num_pairs, max_padded, a_row_div, stride_b_up, b_rows_per_expert,
     stride_am, stride_ak,
     stride_be, stride_bn, stride_bk,
     stride_cm, stride_cn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     GATED: tl.constexpr, ROUTER_WEIGHTS: tl.constexpr, EVEN_K: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     """C[pair, n] = A[pair // a_row_div] . B[expert(pair), n] for one [BLOCK_M, BLOCK_N] tile.
 
     Pairs are flat indices m * topk + j. For the first GEMM A is x and a_row_div = topk; for
     the down GEMM A holds one row per pair and a_row_div = 1. With GATED, B has 2N rows
     (gate then up, the up rows stride_b_up further on) and C = silu(A.B_gate) * (A.B_up).
+    With USE_TMA (Hopper), B tiles come through ``b_desc``, a tensor descriptor over B viewed
+    as ``[E * rows_per_expert, K]``, so the copy engine fetches them instead of the threads.
     """
     # Grouped ordering: walk GROUP_M blocks of rows down before moving right, so the programs
     # running together share A rows and expert weights in L2.
@@ -60,20 +63,28 @@ def sorted_moe_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + a_row[:, None] * stride_am + offs_k[None, :] * stride_ak
     b_ptrs = b_ptr + expert * stride_be + offs_n[None, :].to(tl.int64) * stride_bn + offs_k[:, None] * stride_bk
+    b_row = (expert * b_rows_per_expert + pid_n * BLOCK_N).to(tl.int32)   # TMA path only
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         if EVEN_K:
             a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
-            b = tl.load(b_ptrs)
         else:
             k_ok = offs_k < K - k * BLOCK_K
             a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        if USE_TMA:
+            # Rows past this expert's N belong to the next expert: harmless, the store masks them.
+            b = b_desc.load([b_row, k * BLOCK_K]).T
+        elif EVEN_K:
+            b = tl.load(b_ptrs)
+        else:
             b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
         if GATED:
-            if EVEN_K:
+            if USE_TMA:
+                b_up = b_desc.load([b_row + N, k * BLOCK_K]).T
+            elif EVEN_K:
                 b_up = tl.load(b_ptrs + stride_b_up)
             else:
                 b_up = tl.load(b_ptrs + stride_b_up, mask=k_ok[:, None], other=0.0)
@@ -93,6 +104,23 @@ def sorted_moe_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_cn[None, :] < N))
 
 
+def _weight_descriptor(b: torch.Tensor, config: KernelConfig):
+    """A TMA descriptor over ``b`` as ``[E * rows, K]``, or None where TMA cannot be used.
+
+    TMA needs a Hopper GPU (compute capability 9+), a row-major expert stack and 16-byte
+    aligned rows; otherwise the kernel falls back to pointer loads.
+    """
+    if runtime.INTERPRETED or not b.is_cuda or torch.cuda.get_device_capability(b.device)[0] < 9:
+        return None
+    E, rows, K = b.shape
+    if b.stride(2) != 1 or b.stride(0) != rows * b.stride(1) or (b.stride(1) * b.element_size()) % 16 \
+            or b.data_ptr() % 16:
+        return None
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    flat = b.as_strided((E * rows, K), (b.stride(1), 1))
+    return TensorDescriptor.from_tensor(flat, [config.block_n, config.block_k])
+
+
 def launch_sorted_gemm(a, b, c, router_weights, alignment, num_pairs: int, a_row_div: int,
                        config: KernelConfig, *, gated: bool = False) -> None:
     """Launch :func:`sorted_moe_kernel` once. Shapes as flat pairs: ``c`` is ``[num_pairs, N]``.
@@ -104,16 +132,18 @@ def launch_sorted_gemm(a, b, c, router_weights, alignment, num_pairs: int, a_row
     N, K = c.shape[1], a.shape[1]
     max_padded = sorted_ids.numel()
     grid = (triton.cdiv(max_padded, config.block_m) * triton.cdiv(N, config.block_n),)
+    b_desc = _weight_descriptor(b, config) if config.use_tma else None
     sorted_moe_kernel[grid](
-        a, b, c, router_weights if router_weights is not None else c,
+        a, b, b_desc, c, router_weights if router_weights is not None else c,
         sorted_ids, expert_ids, num_post,
-        N, K, num_pairs, max_padded, a_row_div, N * b.stride(1),
+        N, K, num_pairs, max_padded, a_row_div, N * b.stride(1), b.shape[1],
         a.stride(0), a.stride(1),
         b.stride(0), b.stride(1), b.stride(2),
         c.stride(0), c.stride(1),
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
         GATED=gated, ROUTER_WEIGHTS=router_weights is not None, EVEN_K=K % config.block_k == 0,
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
+        USE_TMA=b_desc is not None,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
 
