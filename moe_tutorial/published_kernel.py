@@ -1,0 +1,119 @@
+"""Part 3's kernel as the seed article published it, faults included, for tests and benchmarks.
+
+This is a re-implementation of the published design, not the kernel the series teaches with
+(that is :mod:`moe_tutorial.fused_kernel`). It keeps the three faults on purpose, so that tests
+can show each one and the benchmark can time the kernel as readers first met it:
+
+1. ``FUSED_N = topk * BLOCK_N`` is handed to ``tl.arange``, which only takes powers of two:
+   topk = 3, 5, 6 or 7 does not compile (DeepSeek-V2-Lite routes to 6 experts).
+2. Every offset is int32 arithmetic. With int32 expert ids (what routers return),
+   ``expert * stride_we`` wraps once it passes 2^31: on DeepSeek-V3's first GEMM
+   (E = 256, N = 4096, K = 7168) experts 74 and above read the wrong memory.
+3. The products ``x * w`` are formed in the input dtype, and ``tl.sum`` adds them over a K
+   block in that dtype too (Triton keeps a float input's dtype); only the running total is
+   fp32. Harmless in fp32, a little precision lost in bf16/fp16.
+
+Use :func:`published_fused_moe_matmul` rather than launching the kernel yourself.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import runtime  # noqa: F401  (the runtime must be chosen before @triton.jit runs)
+from .checks import check_matmul_inputs
+from .fused_kernel import default_blocks
+
+
+@triton.jit
+def published_fused_moe_kernel(
+    x_ptr, w_ptr, topk_ids_ptr, out_ptr,
+    M, K, N, topk,
+    stride_xm, stride_xk,
+    stride_we, stride_wn, stride_wk,
+    stride_im, stride_ik,
+    stride_om, stride_ot, stride_on,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, FUSED_N: tl.constexpr,
+):
+    """out[m, j, n] = sum_k x[m, k] * w[topk_ids[m, j], n, k], one token per program (as published)."""
+    # program_id is int32 and nothing below widens it: every offset is int32 (fault 2).
+    pid_m = tl.program_id(axis=0)
+    pid_n = tl.program_id(axis=1)
+
+    # The topk experts side by side, FUSED_N = topk * BLOCK_N wide. arange needs a power of
+    # two, and nothing pads topk up to one (fault 1).
+    cols = tl.arange(0, FUSED_N)[None, :]          # [1, FUSED_N]
+    slot = cols // BLOCK_N                          # which of the token's experts
+    n_inner = cols % BLOCK_N
+    n_global = pid_n * BLOCK_N + n_inner
+    slot_ok = slot < topk
+    experts = tl.load(topk_ids_ptr + pid_m * stride_im + slot * stride_ik, mask=slot_ok, other=0)
+
+    acc = tl.zeros((1, FUSED_N), dtype=tl.float32)
+    k_row = tl.arange(0, BLOCK_K)[None, :]          # [1, BLOCK_K] for x
+    k_col = tl.arange(0, BLOCK_K)[:, None]          # [BLOCK_K, 1] for the weights
+    for k0 in range(0, K, BLOCK_K):
+        x_chunk = tl.load(x_ptr + pid_m * stride_xm + (k0 + k_row) * stride_xk,
+                          mask=(k0 + k_row) < K, other=0.0)
+        # int32 experts times an int32 stride: wraps past 2^31 elements (fault 2).
+        w_ptrs = w_ptr + experts * stride_we + n_global * stride_wn + (k0 + k_col) * stride_wk
+        w_chunk = tl.load(w_ptrs, mask=((k0 + k_col) < K) & (n_global < N) & slot_ok, other=0.0)
+        # Multiply and reduce in the input dtype; only the sum meets the fp32 accumulator (fault 3).
+        acc += tl.sum(tl.trans(x_chunk) * w_chunk, axis=0)[None, :]
+
+    out_ptrs = out_ptr + pid_m * stride_om + slot * stride_ot + n_global * stride_on
+    tl.store(out_ptrs, acc, mask=(n_global < N) & slot_ok)
+
+
+def int32_offset(expert: int, stride: int) -> int:
+    """What ``expert * stride`` becomes in the published kernel's int32 arithmetic.
+
+    Two's-complement wrap-around, as on the GPU and in the interpreter: for DeepSeek-V3's
+    first GEMM (``stride = N * K = 29_360_128``) expert 73 is still right, expert 74 comes out
+    negative (below the tensor) and expert 147 lands 20_971_520 elements in, inside expert 0.
+    """
+    wrapped = (int(expert) * int(stride)) % 2 ** 32
+    return wrapped - 2 ** 32 if wrapped >= 2 ** 31 else wrapped
+
+
+def published_fused_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: torch.Tensor, *,
+                               block_n: int | None = None, block_k: int | None = None,
+                               out: torch.Tensor | None = None) -> torch.Tensor:
+    """First GEMM with the kernel as published: grid ``(M, cdiv(N, BLOCK_N))``, BLOCK_M = 1.
+
+    Args:
+        x: ``[M, K]`` fp32 (interpreter) or fp32/fp16/bf16 (GPU).
+        weight: ``[E, N, K]`` x's dtype. More than 2^31 elements gives wrong numbers with
+            int32 ids (offsets wrap) and may read outside the tensor.
+        topk_ids: ``[M, topk]`` int32/int64 in ``[0, E)``. ``topk * block_n`` must be a power
+            of two or the kernel fails to compile (a Triton error naming ``arange``).
+        block_n, block_k: defaults from :func:`moe_tutorial.fused_kernel.default_blocks`,
+            the same tiles the fixed kernel uses, so timings compare like with like.
+        out: optional ``[M, topk, N]`` buffer of x's dtype; by default zeros, as published.
+
+    Returns:
+        ``[M, topk, N]`` in x's dtype.
+    """
+    # The published launcher checks nothing; we keep the input checks so that misuse still
+    # gets a clear error, and leave the kernel's own faults alone.
+    M, K, N, E, topk = check_matmul_inputs(x, weight, topk_ids, kernel=True)
+    if out is None:
+        out = torch.zeros(M, topk, N, dtype=x.dtype, device=x.device)
+    elif tuple(out.shape) != (M, topk, N) or out.dtype != x.dtype:
+        raise ValueError(f"out: expected shape {(M, topk, N)} and dtype {x.dtype}, got {tuple(out.shape)} {out.dtype}")
+    if M == 0 or N == 0:
+        return out
+    dn, dk = default_blocks(topk, N, K)
+    block_n, block_k = block_n or dn, block_k or dk
+    grid = (M, triton.cdiv(N, block_n))
+    published_fused_moe_kernel[grid](
+        x, weight, topk_ids, out,
+        M, K, N, topk,
+        x.stride(0), x.stride(1),
+        weight.stride(0), weight.stride(1), weight.stride(2),
+        topk_ids.stride(0), topk_ids.stride(1),
+        out.stride(0), out.stride(1), out.stride(2),
+        BLOCK_M=1, BLOCK_K=block_k, BLOCK_N=block_n, FUSED_N=topk * block_n,
+    )
+    return out
