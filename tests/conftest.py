@@ -1,0 +1,20 @@
+"""Fixtures shared by the package tests. Kept small: a test module's own helpers live in it."""
+import moe_tutorial  # noqa: F401,I001  (first: picks the runtime before anything imports triton)
+
+import pytest
+import torch
+
+from moe_tutorial import runtime
+from moe_tutorial.examples import worked_example
+
+
+@pytest.fixture
+def device() -> torch.device:
+    """Where this runtime's tensors live: the GPU when there is one, else the CPU."""
+    return runtime.DEVICE
+
+
+@pytest.fixture
+def worked(device):
+    """The series' worked example (M=2, K=3, N=2, E=4, topk=2) in fp32 on ``device``."""
+    return worked_example(torch.float32, device)

@@ -1,0 +1,64 @@
+"""environment.yml gives conda users exactly the pins pyproject.toml gives pip users."""
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 has no tomllib
+    tomllib = pytest.importorskip("tomli")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def pyproject_requirements() -> list[str]:
+    """``[project] dependencies`` followed by the ``dev`` extra, as written."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    return list(project["dependencies"]) + list(project["optional-dependencies"]["dev"])
+
+
+def environment() -> dict:
+    return yaml.safe_load((REPO / "environment.yml").read_text())
+
+
+def conda_and_pip(env: dict) -> tuple[list[str], list[str]]:
+    """The conda packages (strings) and the pip section's lines of ``dependencies``."""
+    conda = [d for d in env["dependencies"] if isinstance(d, str)]
+    pips = [d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d]
+    assert len(pips) == 1, "environment.yml: expected one pip section"
+    return conda, pips[0]
+
+
+def test_environment_is_named_and_has_python_and_pip():
+    env = environment()
+    conda, _ = conda_and_pip(env)
+    assert env["name"] == "moe-tutorial"
+    assert "pip" in conda
+    pythons = [d for d in conda if re.fullmatch(r"python\s*[=<>!~].*", d)]
+    assert pythons == ["python=3.11"], pythons
+
+
+def test_python_pin_satisfies_requires_python():
+    minimum = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"]
+    low = re.fullmatch(r">=\s*(\d+)\.(\d+)", minimum)
+    assert low, f"requires-python: expected '>=X.Y', got {minimum!r}"
+    assert (3, 11) >= (int(low[1]), int(low[2]))
+
+
+def test_pip_section_matches_pyproject():
+    """Every requirement string of pyproject appears identically in environment.yml and back."""
+    _, pip = conda_and_pip(environment())
+    requirements = [line for line in pip if not line.startswith("-")]
+    expected = pyproject_requirements()
+    missing = [r for r in expected if r not in requirements]
+    extra = [r for r in requirements if r not in expected]
+    assert not missing and not extra, f"only in pyproject.toml: {missing}; only in environment.yml: {extra}"
+    assert len(requirements) == len(set(requirements)), "a requirement listed twice"
+
+
+def test_pip_section_installs_this_package():
+    _, pip = conda_and_pip(environment())
+    assert "-e ." in pip
