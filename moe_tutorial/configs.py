@@ -68,16 +68,41 @@ def load_tables() -> list[dict]:
     return [_load(str(p), p.stat().st_mtime) for p in paths if p.exists()]
 
 
-def heuristic_config(M: int, topk: int, E: int) -> KernelConfig:
-    """A reasonable untuned choice: BLOCK_M near the average rows per expert."""
+#: Shared memory per multiprocessor on Hopper (227 KB usable by one program).
+SMEM_LIMIT = 227 * 1024
+
+
+def smem_bytes(config: KernelConfig, gated: bool = False, itemsize: int = 2) -> int:
+    """Shared memory the software pipeline needs: ``num_stages`` copies of the A and B tiles
+    (two B tiles when gated)."""
+    b_tiles = 2 if gated else 1
+    per_stage = config.block_m * config.block_k + b_tiles * config.block_k * config.block_n
+    return per_stage * itemsize * config.num_stages
+
+
+def heuristic_config(M: int, topk: int, E: int, variant: str = "plain") -> KernelConfig:
+    """An untuned choice from what the tuner found on an H200 (notes/gpu-notes.md).
+
+    Decode (a few rows per expert) is memory-bound: one 16-row block per expert and long K
+    tiles keep many weight bytes in flight. Around a block's worth of rows per expert, BLOCK_M
+    should cover an expert's rows so its weights are read once. Prefill is compute-bound: the
+    largest tiles, 8 warps, weights through TMA.
+    """
     rows_per_expert = max(1, M * topk // E)
-    if rows_per_expert <= 16:
-        return KernelConfig(16, 64, 128, 1, 4, 4)
-    if rows_per_expert <= 64:
-        return KernelConfig(32, 128, 64, 8, 4, 4)
-    if rows_per_expert <= 256:
-        return KernelConfig(64, 128, 64, 8, 4, 4)
-    return KernelConfig(128, 128, 64, 8, 8, 3)
+    if rows_per_expert <= 4:
+        cfg = KernelConfig(16, 128, 256, 8, 4, 3, True)
+    elif rows_per_expert <= 32:
+        cfg = KernelConfig(32, 128, 128, 8, 4, 3, False)
+    elif rows_per_expert < 128:
+        cfg = KernelConfig(64, 128, 64, 8, 4, 3, False)
+    else:
+        cfg = KernelConfig(128, 256, 64, 8, 8, 3, True)
+    gated = variant == "gated"
+    while smem_bytes(cfg, gated) > SMEM_LIMIT and cfg.num_stages > 2:
+        cfg = KernelConfig(**{**cfg.as_dict(), "num_stages": cfg.num_stages - 1})
+    while smem_bytes(cfg, gated) > SMEM_LIMIT:
+        cfg = KernelConfig(**{**cfg.as_dict(), "block_k": cfg.block_k // 2})
+    return cfg
 
 
 def get_config(M: int, E: int, N: int, K: int, topk: int, dtype: torch.dtype, variant: str) -> KernelConfig:
@@ -93,4 +118,4 @@ def get_config(M: int, E: int, N: int, K: int, topk: int, dtype: torch.dtype, va
         if by_m:
             nearest = min(by_m, key=lambda m: abs(math.log2(int(m)) - math.log2(max(M, 1))))
             return KernelConfig(**by_m[nearest])
-    return heuristic_config(M, topk, E)
+    return heuristic_config(M, topk, E, variant)
