@@ -2,7 +2,8 @@
 
 After this, every BLOCK_M consecutive entries of ``sorted_token_ids`` belong to one expert,
 so a program that owns them can multiply a ``[BLOCK_M, K]`` tile by one expert's weights with
-``tl.dot`` on tensor cores. Two small Triton launches, no host synchronisation.
+``tl.dot`` on tensor cores. No host synchronisation: one Triton launch for decode-sized batches
+(up to SMALL_BATCH_PAIRS pairs), two for larger ones.
 """
 from __future__ import annotations
 
@@ -14,31 +15,73 @@ from .checks import check_tensor
 
 
 @triton.jit
+def _runs_from_counts(counts, NUM_EXPERTS: tl.constexpr, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Pad each expert's count to a multiple of BLOCK_M and lay the runs end to end."""
+    is_expert = tl.arange(0, E_PAD) < NUM_EXPERTS
+    counts = tl.where(is_expert, counts, 0)       # drop the spare bin of masked lanes
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, axis=0)
+    return counts, ends - padded, ends, is_expert
+
+
+@triton.jit
+def _fill_padding(sorted_ids_ptr, counts, starts, ends, is_expert, numel,
+                  E_PAD: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The padding rows of each run, at most BLOCK_M - 1 of them, get the sentinel ``numel``."""
+    for j in range(0, BLOCK_M - 1):
+        row = starts + counts + j
+        tl.store(sorted_ids_ptr + row, tl.zeros((E_PAD,), dtype=tl.int32) + numel,
+                 mask=is_expert & (row < ends))
+
+
+@triton.jit
+def _label_blocks(expert_ids_ptr, b, num_blocks, ends, total, BLOCK_M: tl.constexpr):
+    """Block b starts at row b * BLOCK_M; its expert is the number of runs ending at or before it."""
+    first_row = b * BLOCK_M
+    block_expert = tl.sum((ends[None, :] <= first_row[:, None]).to(tl.int32), axis=1)
+    block_expert = tl.where(first_row < total, block_expert, -1)
+    tl.store(expert_ids_ptr + b, block_expert, mask=b < num_blocks)
+
+
+@triton.jit
+def _align_small_kernel(
+    ids_ptr, numel, sorted_ids_ptr, expert_ids_ptr, num_post_ptr, num_blocks,
+    NUM_EXPERTS: tl.constexpr, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, SMALL: tl.constexpr,
+):
+    """Decode-sized batches (numel <= SMALL): one program does everything, in one launch."""
+    offs = tl.arange(0, SMALL)
+    ok = offs < numel
+    ids = tl.load(ids_ptr + offs, mask=ok, other=E_PAD - 1).to(tl.int32)
+    onehot = (ids[:, None] == tl.arange(0, E_PAD)[None, :]).to(tl.int32)     # [SMALL, E_PAD]
+    counts, starts, ends, is_expert = _runs_from_counts(tl.sum(onehot, axis=0), NUM_EXPERTS, E_PAD, BLOCK_M)
+    total = tl.sum(ends - starts, axis=0)
+    tl.store(num_post_ptr, total)
+    # A pair's row: its run's start plus how many earlier pairs chose the same expert.
+    rank = tl.sum(onehot * (tl.cumsum(onehot, axis=0) - 1), axis=1)
+    row = tl.sum(onehot * starts[None, :], axis=1) + rank
+    tl.store(sorted_ids_ptr + row, offs, mask=ok)
+    _fill_padding(sorted_ids_ptr, counts, starts, ends, is_expert, numel, E_PAD, BLOCK_M)
+    _label_blocks(expert_ids_ptr, offs, num_blocks, ends, total, BLOCK_M)   # num_blocks <= numel
+
+
+@triton.jit
 def _plan_blocks_kernel(
     ids_ptr, numel, sorted_ids_ptr, cursor_ptr, ends_ptr, num_post_ptr,
     NUM_EXPERTS: tl.constexpr, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr,
 ):
     """One program: count pairs per expert, pad each count to BLOCK_M, prefix-sum the runs."""
-    e_offs = tl.arange(0, E_PAD)
     counts = tl.zeros((E_PAD,), dtype=tl.int32)
     for start in range(0, numel, CHUNK):
         offs = start + tl.arange(0, CHUNK)
-        # Out-of-range lanes land in the spare bin E_PAD - 1 >= NUM_EXPERTS, dropped below.
+        # Out-of-range lanes land in the spare bin E_PAD - 1 >= NUM_EXPERTS, dropped later.
         ids = tl.load(ids_ptr + offs, mask=offs < numel, other=E_PAD - 1).to(tl.int32)
         counts += tl.histogram(ids, E_PAD)
-    is_expert = e_offs < NUM_EXPERTS
-    counts = tl.where(is_expert, counts, 0)
-    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-    ends = tl.cumsum(padded, axis=0)
-    starts = ends - padded
-    tl.store(num_post_ptr, tl.sum(padded, axis=0))
+    counts, starts, ends, is_expert = _runs_from_counts(counts, NUM_EXPERTS, E_PAD, BLOCK_M)
+    e_offs = tl.arange(0, E_PAD)
+    tl.store(num_post_ptr, tl.sum(ends - starts, axis=0))
     tl.store(cursor_ptr + e_offs, starts, mask=is_expert)   # next free row of each run
     tl.store(ends_ptr + e_offs, ends)
-    # The padding rows of each run, at most BLOCK_M - 1 of them, get the sentinel ``numel``.
-    for j in range(0, BLOCK_M - 1):
-        row = starts + counts + j
-        tl.store(sorted_ids_ptr + row, tl.zeros((E_PAD,), dtype=tl.int32) + numel,
-                 mask=is_expert & (row < ends))
+    _fill_padding(sorted_ids_ptr, counts, starts, ends, is_expert, numel, E_PAD, BLOCK_M)
 
 
 @triton.jit
@@ -58,13 +101,13 @@ def _scatter_and_label_kernel(
         row = tl.atomic_add(cursor_ptr + expert, 1, mask=ok)
         tl.store(sorted_ids_ptr + row, offs, mask=ok)
     else:
-        # Block b starts at row b * BLOCK_M; its expert is the number of runs ending at or before it.
         b = (pid - num_scatter) * LABEL_CHUNK + tl.arange(0, LABEL_CHUNK)
         ends = tl.load(ends_ptr + tl.arange(0, E_PAD))
-        first_row = b * BLOCK_M
-        block_expert = tl.sum((ends[None, :] <= first_row[:, None]).to(tl.int32), axis=1)
-        block_expert = tl.where(first_row < tl.load(num_post_ptr), block_expert, -1)
-        tl.store(expert_ids_ptr + b, block_expert, mask=b < num_blocks)
+        _label_blocks(expert_ids_ptr, b, num_blocks, ends, tl.load(num_post_ptr), BLOCK_M)
+
+
+#: Up to this many (token, slot) pairs, one program aligns them in a single launch.
+SMALL_BATCH_PAIRS = 64
 
 
 def max_padded_rows(numel: int, block_m: int, num_experts: int) -> int:
@@ -92,7 +135,8 @@ def align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int):
         - ``expert_ids`` int32 ``[max_padded_rows // block_m]``: the expert of each block,
           -1 for blocks past ``num_tokens_post_padded``.
         - ``num_tokens_post_padded`` int32 ``[1]``: rows actually used, a device tensor.
-        The order of pairs inside one expert's run is not specified (atomics on a GPU).
+        The order of pairs inside one expert's run is not specified (atomics on a GPU for
+        more than SMALL_BATCH_PAIRS pairs; token order below that).
     """
     check_tensor("topk_ids", topk_ids, 2)
     if topk_ids.dtype not in (torch.int32, torch.int64):
@@ -111,6 +155,13 @@ def align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int):
     if numel == 0:
         return sorted_ids, expert_ids, num_post
     e_pad = triton.next_power_of_2(num_experts + 1)   # + 1: a spare bin for masked lanes
+    num_blocks = expert_ids.numel()
+    if numel <= SMALL_BATCH_PAIRS and e_pad <= 1024:
+        _align_small_kernel[(1,)](
+            ids, numel, sorted_ids, expert_ids, num_post, num_blocks,
+            NUM_EXPERTS=num_experts, E_PAD=e_pad, BLOCK_M=block_m, SMALL=SMALL_BATCH_PAIRS,
+        )
+        return sorted_ids, expert_ids, num_post
     cursor = torch.empty(e_pad, dtype=torch.int32, device=device)
     ends = torch.empty(e_pad, dtype=torch.int32, device=device)
     _plan_blocks_kernel[(1,)](
@@ -119,7 +170,6 @@ def align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int):
     )
     chunk, label_chunk = 1024, max(16, 8192 // e_pad)
     num_scatter = triton.cdiv(numel, chunk)
-    num_blocks = expert_ids.numel()
     grid = (num_scatter + triton.cdiv(num_blocks, label_chunk),)
     _scatter_and_label_kernel[grid](
         ids, numel, sorted_ids, cursor, ends, num_post, expert_ids, num_blocks, num_scatter,
