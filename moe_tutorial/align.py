@@ -3,7 +3,8 @@
 After this, every BLOCK_M consecutive entries of ``sorted_token_ids`` belong to one expert,
 so a program that owns them can multiply a ``[BLOCK_M, K]`` tile by one expert's weights with
 ``tl.dot`` on tensor cores. No host synchronisation: one Triton launch for decode-sized batches
-(up to SMALL_BATCH_PAIRS pairs), two for larger ones.
+(up to SMALL_BATCH_PAIRS pairs); for larger ones three (count per chunk in parallel, plan the
+runs in one program, then place the pairs and label the blocks in parallel).
 """
 from __future__ import annotations
 
@@ -65,19 +66,26 @@ def _align_small_kernel(
 
 
 @triton.jit
+def _count_chunks_kernel(ids_ptr, numel, partial_ptr, E_PAD: tl.constexpr, CHUNK: tl.constexpr):
+    """Each program counts its chunk's pairs per expert into its own row of ``partial``."""
+    pid = tl.program_id(0)
+    offs = pid * CHUNK + tl.arange(0, CHUNK)
+    # Out-of-range lanes land in the spare bin E_PAD - 1 >= NUM_EXPERTS, dropped later.
+    ids = tl.load(ids_ptr + offs, mask=offs < numel, other=E_PAD - 1).to(tl.int32)
+    tl.store(partial_ptr + pid * E_PAD + tl.arange(0, E_PAD), tl.histogram(ids, E_PAD))
+
+
+@triton.jit
 def _plan_blocks_kernel(
-    ids_ptr, numel, sorted_ids_ptr, cursor_ptr, ends_ptr, num_post_ptr,
-    NUM_EXPERTS: tl.constexpr, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr,
+    partial_ptr, num_chunks, numel, sorted_ids_ptr, cursor_ptr, ends_ptr, num_post_ptr,
+    NUM_EXPERTS: tl.constexpr, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
-    """One program: count pairs per expert, pad each count to BLOCK_M, prefix-sum the runs."""
-    counts = tl.zeros((E_PAD,), dtype=tl.int32)
-    for start in range(0, numel, CHUNK):
-        offs = start + tl.arange(0, CHUNK)
-        # Out-of-range lanes land in the spare bin E_PAD - 1 >= NUM_EXPERTS, dropped later.
-        ids = tl.load(ids_ptr + offs, mask=offs < numel, other=E_PAD - 1).to(tl.int32)
-        counts += tl.histogram(ids, E_PAD)
-    counts, starts, ends, is_expert = _runs_from_counts(counts, NUM_EXPERTS, E_PAD, BLOCK_M)
+    """One program: add up the chunk counts, pad each to BLOCK_M, prefix-sum the runs."""
     e_offs = tl.arange(0, E_PAD)
+    counts = tl.zeros((E_PAD,), dtype=tl.int32)
+    for c in range(0, num_chunks):
+        counts += tl.load(partial_ptr + c * E_PAD + e_offs)
+    counts, starts, ends, is_expert = _runs_from_counts(counts, NUM_EXPERTS, E_PAD, BLOCK_M)
     tl.store(num_post_ptr, tl.sum(ends - starts, axis=0))
     tl.store(cursor_ptr + e_offs, starts, mask=is_expert)   # next free row of each run
     tl.store(ends_ptr + e_offs, ends)
@@ -162,17 +170,19 @@ def align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int):
             NUM_EXPERTS=num_experts, E_PAD=e_pad, BLOCK_M=block_m, SMALL=SMALL_BATCH_PAIRS,
         )
         return sorted_ids, expert_ids, num_post
+    chunk, label_chunk = 1024, max(16, 8192 // e_pad)
+    num_chunks = triton.cdiv(numel, chunk)
+    partial = torch.empty(num_chunks, e_pad, dtype=torch.int32, device=device)
     cursor = torch.empty(e_pad, dtype=torch.int32, device=device)
     ends = torch.empty(e_pad, dtype=torch.int32, device=device)
+    _count_chunks_kernel[(num_chunks,)](ids, numel, partial, E_PAD=e_pad, CHUNK=chunk)
     _plan_blocks_kernel[(1,)](
-        ids, numel, sorted_ids, cursor, ends, num_post,
-        NUM_EXPERTS=num_experts, E_PAD=e_pad, BLOCK_M=block_m, CHUNK=4096,
+        partial, num_chunks, numel, sorted_ids, cursor, ends, num_post,
+        NUM_EXPERTS=num_experts, E_PAD=e_pad, BLOCK_M=block_m,
     )
-    chunk, label_chunk = 1024, max(16, 8192 // e_pad)
-    num_scatter = triton.cdiv(numel, chunk)
-    grid = (num_scatter + triton.cdiv(num_blocks, label_chunk),)
+    grid = (num_chunks + triton.cdiv(num_blocks, label_chunk),)
     _scatter_and_label_kernel[grid](
-        ids, numel, sorted_ids, cursor, ends, num_post, expert_ids, num_blocks, num_scatter,
+        ids, numel, sorted_ids, cursor, ends, num_post, expert_ids, num_blocks, num_chunks,
         E_PAD=e_pad, BLOCK_M=block_m, CHUNK=chunk, LABEL_CHUNK=label_chunk,
     )
     return sorted_ids, expert_ids, num_post
