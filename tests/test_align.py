@@ -1,0 +1,227 @@
+"""align_block_size: every pair sorted by expert exactly once, runs padded to block_m.
+
+The order of pairs inside one expert's run is not specified (atomics on a GPU), so runs are
+compared as sets.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from moe_tutorial import align_block_size, runtime
+from moe_tutorial.align import max_padded_rows
+from moe_tutorial.shapes import random_topk_ids
+
+DEVICE = runtime.DEVICE
+needs_gpu = pytest.mark.skipif(not runtime.ON_GPU, reason="needs a CUDA GPU")
+
+
+def check_alignment(topk_ids: torch.Tensor, block_m: int, num_experts: int, alignment) -> None:
+    """Assert every documented property of ``align_block_size``'s result."""
+    sorted_ids, expert_ids, num_post_t = alignment
+    flat = topk_ids.reshape(-1).long().cpu()
+    numel = flat.numel()
+    max_padded = max_padded_rows(numel, block_m, num_experts)
+
+    # Device tensors of sizes known on the host: nothing had to be read back to allocate them.
+    for name, t in (("sorted_ids", sorted_ids), ("expert_ids", expert_ids), ("num_post", num_post_t)):
+        assert isinstance(t, torch.Tensor) and t.device == topk_ids.device, name
+        assert t.dtype == torch.int32, name
+    assert sorted_ids.shape == (max_padded,)
+    assert expert_ids.shape == (-(-max_padded // block_m),)
+    assert num_post_t.shape == (1,)
+
+    sorted_ids, expert_ids = sorted_ids.cpu().long(), expert_ids.cpu().long()
+    num_post = int(num_post_t.item())
+    counts = torch.bincount(flat, minlength=num_experts)
+    padded = (counts + block_m - 1) // block_m * block_m
+    assert num_post == int(padded.sum()), "num_post is the sum of the padded run lengths"
+    assert num_post % block_m == 0
+    n_blocks = num_post // block_m
+
+    used = sorted_ids[:num_post]
+    real = used[used != numel]
+    # Every (token, slot) pair exactly once; everything else is the padding value M * topk.
+    assert torch.equal(real.sort().values, torch.arange(numel)), "each pair appears exactly once"
+    assert int((used == numel).sum()) == num_post - numel
+    assert int(used.min()) >= 0 and int(used.max()) <= numel
+
+    blocks = expert_ids[:n_blocks]
+    assert bool((blocks >= 0).all()) and bool((blocks < num_experts).all())
+    assert bool((blocks[1:] >= blocks[:-1]).all()), "runs are in expert order"
+    assert bool((expert_ids[n_blocks:] == -1).all()), "blocks past num_post are -1"
+    # Each expert's run: ceil(count / block_m) blocks, holding exactly that expert's pairs.
+    assert torch.equal(torch.bincount(blocks, minlength=num_experts) * block_m, padded)
+    rows = used.view(n_blocks, block_m)
+    for b in range(n_blocks):
+        pairs = rows[b][rows[b] != numel]
+        assert bool((flat[pairs] == blocks[b]).all()), f"block {b} holds a pair of another expert"
+    for e in counts.nonzero().flatten().tolist():
+        run = rows[blocks == e].flatten()
+        assert set(run[run != numel].tolist()) == set((flat == e).nonzero().flatten().tolist())
+
+
+CASES = [
+    # (M, topk, E, block_m)
+    (1, 1, 1, 16),
+    (1, 2, 8, 16),
+    (1, 8, 256, 16),
+    (1, 8, 256, 128),
+    (3, 1, 1, 64),
+    (5, 3, 7, 32),
+    (16, 6, 64, 16),
+    (33, 2, 8, 64),
+    (64, 8, 128, 32),
+    (100, 4, 60, 128),
+    (257, 8, 256, 64),
+    (600, 2, 8, 16),     # 1200 pairs: more than one scatter program
+    (7, 2, 4, 1),        # block_m = 1: no padding at all
+    (9, 2, 4, 2),
+    (32, 2, 8, 16),      # 64 pairs: the largest batch of the one-launch path
+    (65, 1, 8, 16),      # 65 pairs: the smallest of the multi-launch path
+    (2, 4, 1024, 16),    # many experts: multi-launch path even for a tiny batch
+]
+
+
+@pytest.mark.parametrize("ids_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("M,topk,E,block_m", CASES)
+def test_random_routing(M, topk, E, block_m, ids_dtype):
+    g = torch.Generator().manual_seed(M * 1000 + E * 10 + topk)
+    ids = random_topk_ids(M, E, topk, generator=g, device=DEVICE, dtype=ids_dtype)
+    check_alignment(ids, block_m, E, align_block_size(ids, block_m, E))
+
+
+@pytest.mark.parametrize("block_m", [16, 32, 64, 128])
+def test_skewed_routing(block_m):
+    """Most experts idle, one expert with many blocks, the last expert used once."""
+    M, E = 300, 64
+    ids = torch.zeros(M, 2, dtype=torch.int32)
+    ids[:, 1] = 5
+    ids[-1, 1] = E - 1
+    ids = ids.to(DEVICE)
+    check_alignment(ids, block_m, E, align_block_size(ids, block_m, E))
+
+
+def test_many_pairs_several_chunks():
+    """More pairs than one counting chunk (4096) and many scatter programs."""
+    M, topk, E = 1024, 8, 256
+    ids = random_topk_ids(M, E, topk, generator=torch.Generator().manual_seed(7), device=DEVICE)
+    check_alignment(ids, 64, E, align_block_size(ids, 64, E))
+
+
+@pytest.mark.parametrize("layout", ["transposed", "strided"])
+def test_non_contiguous_ids(layout):
+    M, topk, E = 40, 4, 16
+    dense = random_topk_ids(M, E, topk, generator=torch.Generator().manual_seed(3), device=DEVICE, dtype=torch.int64)
+    if layout == "transposed":
+        ids = dense.t().contiguous().t()                   # [M, topk] with strides (1, M)
+    else:
+        wide = torch.full((M, 2 * topk), -7, dtype=torch.int64, device=DEVICE)
+        wide[:, ::2] = dense
+        ids = wide[:, ::2]                                  # every other column; junk in between
+    assert not ids.is_contiguous() and torch.equal(ids, dense)
+    check_alignment(ids, 16, E, align_block_size(ids, 16, E))
+
+
+def test_worked_example_layout():
+    """The worked example's ids [[0, 2], [2, 3]]: runs of experts 0, 2, 3, expert 1 empty."""
+    ids = torch.tensor([[0, 2], [2, 3]], dtype=torch.int32, device=DEVICE)
+    sorted_ids, expert_ids, num_post = align_block_size(ids, 4, 4)
+    assert int(num_post) == 12
+    assert expert_ids[:3].tolist() == [0, 2, 3]
+    assert sorted_ids[0:4].tolist() == [0, 4, 4, 4]
+    assert sorted(sorted_ids[4:6].tolist()) == [1, 2] and sorted_ids[6:8].tolist() == [4, 4]
+    assert sorted_ids[8:12].tolist() == [3, 4, 4, 4]
+
+
+def _corruptions():
+    """Ways an alignment can be wrong, each a function of (sorted_ids, expert_ids, num_post)."""
+    def swap_across_blocks(s, e, n):
+        s[[0, 4]] = s[[4, 0]]
+    def duplicate_pair(s, e, n):
+        s[1] = s[0]
+    def wrong_expert(s, e, n):
+        e[1] = (e[1] + 1) % 4
+    def short_count(s, e, n):
+        n -= 4
+    def stale_tail(s, e, n):
+        e[-1] = 0
+    def padding_value(s, e, n):
+        s[s == 8] = 9
+    return [swap_across_blocks, duplicate_pair, wrong_expert, short_count, stale_tail, padding_value]
+
+
+@pytest.mark.parametrize("corrupt", _corruptions(), ids=lambda f: f.__name__)
+def test_checker_catches_mistakes(corrupt):
+    """The property check above is only worth something if it rejects wrong alignments."""
+    ids = torch.tensor([[0, 1], [1, 2], [0, 3], [3, 1]], dtype=torch.int32, device=DEVICE)
+    alignment = [t.clone() for t in align_block_size(ids, 4, 4)]
+    check_alignment(ids, 4, 4, alignment)
+    corrupt(*alignment)
+    with pytest.raises(AssertionError):
+        check_alignment(ids, 4, 4, alignment)
+
+
+def test_empty_batch():
+    ids = torch.empty(0, 2, dtype=torch.int32, device=DEVICE)
+    sorted_ids, expert_ids, num_post = align_block_size(ids, 16, 8)
+    assert sorted_ids.numel() == 0 and expert_ids.numel() == 0 and int(num_post) == 0
+
+
+@pytest.mark.parametrize("block_m", [0, 3, 24, -16, 16.0, True, None])
+def test_bad_block_m(block_m):
+    ids = torch.zeros(2, 2, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="block_m"):
+        align_block_size(ids, block_m, 4)
+
+
+@pytest.mark.parametrize("num_experts", [0, -1, 2.0, True])
+def test_bad_num_experts(num_experts):
+    ids = torch.zeros(2, 2, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="num_experts"):
+        align_block_size(ids, 16, num_experts)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int16, torch.uint8, torch.bool])
+def test_bad_dtype(dtype):
+    ids = torch.zeros(2, 2, dtype=dtype, device=DEVICE)
+    with pytest.raises(TypeError, match="topk_ids.*int32"):
+        align_block_size(ids, 16, 4)
+
+
+@pytest.mark.parametrize("shape", [(4,), (2, 2, 2), ()])
+def test_bad_rank(shape):
+    ids = torch.zeros(shape, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="topk_ids.*2-D"):
+        align_block_size(ids, 16, 4)
+
+
+def test_not_a_tensor():
+    with pytest.raises(TypeError, match="topk_ids"):
+        align_block_size([[0, 1]], 16, 4)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("M,topk,E,block_m", [(1, 8, 256, 16), (4096, 8, 256, 64), (64, 2, 8, 128)])
+def test_no_host_sync_on_gpu(M, topk, E, block_m):
+    """On a GPU, torch's sync debug mode raises if anything waits for the device."""
+    ids = random_topk_ids(M, E, topk, generator=torch.Generator().manual_seed(0), device=DEVICE)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        alignment = align_block_size(ids, block_m, E)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    check_alignment(ids, block_m, E, alignment)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("M", [1, 8, 64, 1024, 16384])
+@pytest.mark.parametrize("E,topk", [(8, 2), (60, 4), (64, 6), (128, 8), (256, 8)])
+def test_model_shapes_on_gpu(M, E, topk):
+    """Every routing shape of DESIGN.md, with the block sizes the tuner picks from."""
+    ids = random_topk_ids(M, E, topk, generator=torch.Generator().manual_seed(M + E), device=DEVICE)
+    for block_m in (16, 32, 64, 128):
+        check_alignment(ids, block_m, E, align_block_size(ids, block_m, E))
