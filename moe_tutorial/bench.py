@@ -1,0 +1,272 @@
+"""The benchmark sweep: implementations x model shapes x batch sizes, one CSV row per case.
+
+For every case the bench builds random inputs on the device, runs the implementation once with
+all its input checks and compares a few output rows with the float64 reference, then times it
+(:func:`moe_tutorial.timing.measure_ms`) and sets the time against the roofline floor of the
+problem, from :mod:`moe_tutorial.traffic` and the two ceilings measured at the start of the run.
+Rows follow :data:`moe_tutorial.results.FIELDS`. ``python -m moe_tutorial bench`` drives it.
+"""
+from __future__ import annotations
+
+import gc
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from . import runtime, traffic
+from .bench_impls import FIRST_IMPLS, LAYER_IMPLS, Inputs, Skip, prepare
+from .reference import reference_moe_layer, reference_moe_matmul, rel_error, tolerance
+from .results import write_rows
+from .routing import route
+from .shapes import ModelShape, get_shape
+from .timing import SLOW_CALL_TIMER, Ceilings, TooSlow, cycle, ids_checked_outside, machine_info, measure_ceilings, measure_ms
+
+GEMMS = ("first", "layer")
+#: The GPU sweep's defaults: DESIGN.md's three headline models, decode to prefill.
+GPU_MODELS = ("Mixtral-8x7B", "Qwen3-30B-A3B", "DeepSeek-V3")
+GPU_BATCH_SIZES = (1, 8, 64, 256, 1024, 4096, 16384)
+GPU_QUICK = (("Qwen3-30B-A3B",), (1, 64, 4096))
+#: The CPU default: a toy shape the interpreter runs in well under a second per case.
+CPU_SHAPE = ModelShape("custom", num_experts=8, topk=2, hidden=64, intermediate=32)
+CPU_BATCH_SIZES = (1, 4, 16)
+CPU_QUICK_BATCH_SIZES = (1, 8)
+
+INTERPRETER_NOTE = (
+    "NOTE: no CUDA GPU here. Triton kernels run in the CPU interpreter, one program at a time, "
+    "and the ceilings are the CPU's: these timings teach nothing about GPU speed. They only show "
+    "that every implementation runs and agrees with the float64 reference."
+)
+
+
+@dataclass
+class BenchPlan:
+    """What one bench run sweeps. ``impls=None`` means each gemm's default list."""
+
+    shapes: list[ModelShape]
+    batch_sizes: tuple[int, ...]
+    dtype: torch.dtype
+    gemms: tuple[str, ...] = GEMMS
+    impls: tuple[str, ...] | None = None
+    timer: str = "cudagraph"
+    max_seconds: float = 2.0
+    max_minutes: float = 0.0          # 0: no overall limit
+    seed: int = 0
+
+
+def default_plan(quick: bool = False) -> BenchPlan:
+    """The sweep ``bench`` runs without options: real models on a GPU, a toy shape on the CPU."""
+    if runtime.ON_GPU:
+        models, sizes = GPU_QUICK if quick else (GPU_MODELS, GPU_BATCH_SIZES)
+        return BenchPlan([get_shape(m) for m in models], sizes, torch.bfloat16)
+    return BenchPlan([CPU_SHAPE], CPU_QUICK_BATCH_SIZES if quick else CPU_BATCH_SIZES, torch.float32)
+
+
+def has_tuned_config(shape: ModelShape, gemm: str, dtype: torch.dtype) -> bool:
+    """True when a tuned table has an entry for this GPU and one of the gemm's problems."""
+    from .configs import gpu_name, load_tables, problem_key
+
+    E, topk, H, inter = shape.num_experts, shape.topk, shape.hidden, shape.intermediate
+    keys = ([problem_key(E, 2 * inter, H, topk, dtype, "plain")] if gemm == "first" else
+            [problem_key(E, inter, H, topk, dtype, "gated"), problem_key(E, H, inter, topk, dtype, "down")])
+    return any(key in table.get(gpu_name(), {}) for table in load_tables() for key in keys)
+
+
+def impls_for(plan: BenchPlan, shape: ModelShape, gemm: str) -> tuple[str, ...]:
+    """The implementations a gemm runs: the plan's (those that exist for this gemm) or the defaults.
+
+    The default list leaves out "sorted-heuristic" unless a tuned table would make "sorted"
+    differ from it.
+    """
+    known = FIRST_IMPLS if gemm == "first" else LAYER_IMPLS
+    if plan.impls is not None:
+        return tuple(i for i in plan.impls if i in known)
+    keep_heuristic = runtime.ON_GPU and has_tuned_config(shape, gemm, plan.dtype)
+    return tuple(i for i in known if i != "sorted-heuristic" or keep_heuristic)
+
+
+def cases(plan: BenchPlan) -> list[tuple[ModelShape, int, str, str]]:
+    """``(shape, M, gemm, impl)`` in run order: weights made once per shape, inputs per M."""
+    return [(s, M, g, i) for s in plan.shapes for M in plan.batch_sizes
+            for g in plan.gemms for i in impls_for(plan, s, g)]
+
+
+def rotations(M: int) -> int:
+    """How many routings a timed case cycles through (so L2 holds none of the last call's weights)."""
+    if not runtime.ON_GPU:
+        return 1
+    return 8 if M <= 64 else 2
+
+
+def make_weights(shape: ModelShape, dtype: torch.dtype, *, with_w2: bool, seed: int = 0):
+    """Random ``w13 [E, 2I, H]`` and (if asked) ``w2 [E, H, I]`` on the device, scaled to O(1) outputs."""
+    E, H, inter = shape.num_experts, shape.hidden, shape.intermediate
+    g = torch.Generator(device=runtime.DEVICE).manual_seed(seed)
+    kw = dict(generator=g, device=runtime.DEVICE, dtype=dtype)
+    w13 = torch.randn(E, 2 * inter, H, **kw).mul_(H ** -0.5)
+    w2 = torch.randn(E, H, inter, **kw).mul_(inter ** -0.5) if with_w2 else None
+    return w13, w2
+
+
+def make_inputs(shape: ModelShape, M: int, dtype: torch.dtype, w13, w2, *, num_rotations: int = 1,
+                seed: int = 0) -> Inputs:
+    """Random tokens and routings (router softmax over random logits) for one batch size."""
+    g_dev = torch.Generator(device=runtime.DEVICE).manual_seed(seed + 1000 * M)
+    g_cpu = torch.Generator().manual_seed(seed + 1000 * M)
+    xs, ids, weights = [], [], []
+    for _ in range(num_rotations):
+        xs.append(torch.randn(M, shape.hidden, generator=g_dev, device=runtime.DEVICE, dtype=dtype))
+        w, i = route(torch.randn(M, shape.num_experts, generator=g_cpu), shape.topk)
+        weights.append(w.to(runtime.DEVICE))
+        ids.append(i.to(runtime.DEVICE))
+    return Inputs(shape, M, dtype, w13, w2, xs, ids, weights)
+
+
+def reference_rows(gemm: str, inp: Inputs, max_rows: int | None = None):
+    """``(rows, ref)``: a few evenly spread token rows and their float64 reference output.
+
+    The whole output when M is small; else 16 rows of the first GEMM or 8 of the layer (the
+    layer's reference converts the touched experts' weights to float64, which is large).
+    """
+    max_rows = max_rows or (16 if gemm == "first" else 8)
+    M = inp.M
+    rows = torch.linspace(0, M - 1, min(M, max_rows)).round().long().unique().to(runtime.DEVICE)
+    x, ids = inp.xs[0][rows], inp.ids[0][rows]
+    if gemm == "first":
+        return rows, reference_moe_matmul(x, inp.w13, ids)
+    # Only the experts these rows use, renumbered, so float64 copies stay small.
+    used = torch.unique(ids)
+    local = torch.searchsorted(used, ids.long()).to(torch.int32)
+    return rows, reference_moe_layer(x, inp.w13[used], inp.w2[used], inp.weights[0][rows], local)
+
+
+def traffic_of(gemm: str, inp: Inputs) -> tuple[float, float]:
+    """``(bytes, flops)`` of the case, with the measured number of distinct experts."""
+    s, M, itemsize = inp.shape, inp.M, inp.w13.element_size()
+    if gemm == "first":
+        N, K = 2 * s.intermediate, s.hidden
+        return (traffic.first_gemm_bytes(M, N, K, s.num_experts, s.topk, itemsize, touched=inp.touched),
+                traffic.first_gemm_flops(M, N, K, s.topk))
+    return (traffic.layer_bytes(M, s.hidden, s.intermediate, s.num_experts, s.topk, itemsize, touched=inp.touched),
+            traffic.layer_flops(M, s.hidden, s.intermediate, s.topk))
+
+
+def nominal_timer(timer: str, graphable: bool) -> str:
+    """The timer a case uses when nothing goes wrong.
+
+    Calls slower than :data:`moe_tutorial.timing.SLOW_CALL_S` are timed with a few events
+    instead (launch gaps are negligible there); both count as plain "ok". Any other timer, that
+    is events after a failed graph capture, is named in the status: "ok (events, ...)".
+    """
+    if not runtime.ON_GPU:
+        return "perf_counter"
+    return "cudagraph" if timer == "cudagraph" and graphable else "events"
+
+
+def run_case(gemm: str, impl: str, inp: Inputs, ref, ceilings: Ceilings, plan: BenchPlan) -> dict:
+    """Check and time one implementation on one case; return the row's measured columns.
+
+    ``ref`` is ``(rows, expected)`` from :func:`reference_rows`.
+    """
+    row = _skeleton(inp.shape, inp.dtype, gemm, impl, inp.M)
+    nbytes, flops = traffic_of(gemm, inp)
+    row["floor_ms"] = ceilings.floor_ms(nbytes, flops)
+    try:
+        prepared = prepare(gemm, impl, inp)
+        graphable = prepared.graphable
+        for buf in prepared.buffers:            # unwritten elements must show as NaN
+            buf.fill_(float("nan"))
+        t0 = time.perf_counter()
+        out = prepared.output(prepared.calls[0]())  # with every input check; compiles the kernel
+        if not runtime.ON_GPU and time.perf_counter() - t0 > plan.max_seconds:
+            # No compile time in the interpreter: this call already says the case is too slow.
+            raise TooSlow(time.perf_counter() - t0, plan.max_seconds)
+        rows, expected = ref
+        err = rel_error(out[rows], expected) if bool(torch.isfinite(out).all()) else math.inf
+        del out
+        row["rel_error"] = err
+        with ids_checked_outside():
+            ms, how = measure_ms(cycle(prepared.calls), timer=plan.timer, max_seconds=plan.max_seconds,
+                                 graphable=graphable)
+    except (Skip, TooSlow) as e:
+        return {**row, "status": f"skipped: {e}"}
+    except Exception as e:  # noqa: BLE001  (a failing implementation must not end the sweep)
+        lines = str(e).strip().splitlines()
+        return {**row, "status": f"skipped: error: {type(e).__name__}: {lines[0][:200] if lines else ''}"}
+    finally:
+        prepared = None                         # free its buffers before the next case
+    row.update(ms=ms, tflops=flops / (ms * 1e-3) / 1e12, gbps=nbytes / (ms * 1e-3) / 1e9,
+               fraction_of_floor=row["floor_ms"] / ms)
+    if not err <= tolerance(inp.dtype):
+        row["status"] = "wrong"
+    elif how in (nominal_timer(plan.timer, graphable), SLOW_CALL_TIMER):
+        row["status"] = "ok"
+    else:                                       # a graph capture failed: launch gaps included
+        row["status"] = f"ok ({how})"
+    return row
+
+
+def free_device_memory() -> None:
+    gc.collect()
+    if runtime.ON_GPU:
+        torch.cuda.empty_cache()
+
+
+def run_bench(plan: BenchPlan, *, csv_path: str | Path | None = None, progress: bool = True,
+              log: Callable[[str], None] = print, ceilings: Ceilings | None = None) -> list[dict]:
+    """Run every case of ``plan``; return the rows (and rewrite ``csv_path`` after each case).
+
+    The ceilings are measured first in the plan's dtype unless given.
+    """
+    from tqdm.auto import tqdm
+
+    todo = cases(plan)
+    machine = machine_info()
+    if ceilings is None:
+        log("measuring the ceilings (copy bandwidth, matmul rate) ...")
+        ceilings = measure_ceilings(plan.dtype)
+    log(f"ceilings on {machine['gpu']}: copy {ceilings.copy_tbps:.3g} TB/s, "
+        f"{str(plan.dtype).replace('torch.', '')} matmul {ceilings.matmul_tflops:.3g} TFLOP/s")
+    common = {**machine, "copy_tbps": ceilings.copy_tbps, "matmul_tflops": ceilings.matmul_tflops}
+    rows: list[dict] = []
+    start = time.monotonic()
+    bar = tqdm(total=len(todo), desc="bench", unit="case", disable=not progress, dynamic_ncols=True)
+    weights_for = inputs_for = inp = w13 = w2 = None
+    refs: dict = {}
+    try:
+        for shape, M, gemm, impl in todo:
+            bar.set_postfix_str(f"{shape.name} {gemm} {impl} M={M}")
+            if plan.max_minutes and time.monotonic() - start > 60 * plan.max_minutes:
+                rows.append({**common, **_skeleton(shape, plan.dtype, gemm, impl, M),
+                             "status": f"skipped: over the --max-minutes {plan.max_minutes:g} budget"})
+            else:
+                if weights_for != shape.name:
+                    weights_for, inputs_for, refs, inp, w13, w2 = shape.name, None, {}, None, None, None
+                    free_device_memory()
+                    w13, w2 = make_weights(shape, plan.dtype, with_w2="layer" in plan.gemms, seed=plan.seed)
+                if inputs_for != M:
+                    inputs_for, refs, inp = M, {}, None
+                    free_device_memory()
+                    inp = make_inputs(shape, M, plan.dtype, w13, w2, num_rotations=rotations(M), seed=plan.seed)
+                if gemm not in refs:
+                    refs[gemm] = reference_rows(gemm, inp)
+                rows.append({**common, **run_case(gemm, impl, inp, refs[gemm], ceilings, plan)})
+                if runtime.ON_GPU:
+                    torch.cuda.empty_cache()
+            if csv_path is not None:
+                write_rows(csv_path, rows)
+            bar.update(1)
+    finally:
+        bar.close()
+        w13 = w2 = inp = refs = None
+        free_device_memory()
+    return rows
+
+
+def _skeleton(shape: ModelShape, dtype: torch.dtype, gemm: str, impl: str, M: int) -> dict:
+    """The columns that name a case. N and K are the first GEMM's (N = 2I, K = hidden) for both gemms."""
+    return {"model": shape.name, "E": shape.num_experts, "N": 2 * shape.intermediate, "K": shape.hidden,
+            "topk": shape.topk, "dtype": str(dtype).replace("torch.", ""), "gemm": gemm, "impl": impl, "M": M}

@@ -1,0 +1,258 @@
+"""What the bench times for each implementation, prepared so that only the work itself is timed.
+
+Each ``prepare_*`` function takes a :class:`Inputs` and returns a :class:`Prepared`: one callable
+per rotation of the inputs (the same work on different tokens and routings, so a CUDA graph of
+many calls does not find the last call's weights in L2), and how to turn the first call's
+return value into the canonical output for the correctness check. Anything that is set up once
+in a real engine (output buffers, the sorted alignment for the "sorted" row, the x rows sorted
+by expert for ``torch._grouped_mm``) is built here, outside the timed region.
+
+When an implementation cannot run, ``prepare_*`` raises :class:`Skip` with the reason.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from . import runtime
+from .shapes import ModelShape
+
+#: First-GEMM implementations, in the order tables list them.
+FIRST_IMPLS = ("loop", "indexing", "published", "naive", "sorted", "sorted+align",
+               "sorted-heuristic", "grouped_mm")
+#: Whole-layer implementations (``moe_layer``'s impls, plus the untuned sorted layer).
+LAYER_IMPLS = ("loop", "indexing", "naive", "sorted", "sorted-heuristic")
+#: What each name means, for ``--help``.
+IMPL_HELP = {
+    "loop": "Part 1, a Python loop over experts (one GEMM launch per expert; host syncs)",
+    "indexing": "Part 2, weight[topk_ids] then one broadcast matmul (skipped when its "
+                "[M, topk, N, K] intermediate would not fit)",
+    "published": "Part 3's kernel as the seed article published it (skipped where its faults "
+                 "make it fail to compile or read outside the weights)",
+    "naive": "Part 3's kernel, fixed (moe_tutorial.fused_moe_matmul)",
+    "sorted": "Part 4's kernel, the GEMM alone: align_block_size is run outside the timed region",
+    "sorted+align": "Part 4's kernel with align_block_size inside the timed region",
+    "sorted-heuristic": "Part 4's kernel with the untuned heuristic configuration (shows what "
+                        "`tune` gained; in the default list only where a tuned table exists)",
+    "grouped_mm": "torch._grouped_mm on x rows pre-sorted by expert (needs a GPU of sm90+ and bf16)",
+}
+
+
+class Skip(Exception):
+    """This implementation does not run on this case; the message says why."""
+
+
+@dataclass
+class Inputs:
+    """One case's tensors. ``xs``, ``ids`` and ``weights`` hold one entry per rotation."""
+
+    shape: ModelShape
+    M: int
+    dtype: torch.dtype
+    w13: torch.Tensor                     # [E, 2I, K], also the first GEMM's weight
+    w2: torch.Tensor | None               # [E, K, I], only for the layer
+    xs: list[torch.Tensor]                # [M, K] each
+    ids: list[torch.Tensor]               # [M, topk] int32 each
+    weights: list[torch.Tensor]           # [M, topk] fp32 router weights each
+
+    @property
+    def touched(self) -> float:
+        """Distinct experts the routings use (mean over rotations): what the floor must read."""
+        return sum(int(torch.unique(i).numel()) for i in self.ids) / len(self.ids)
+
+
+@dataclass
+class Prepared:
+    """``calls[r]()`` does rotation r's work; ``output(calls[0]())`` is the result to check."""
+
+    calls: list[Callable[[], Any]]
+    output: Callable[[Any], torch.Tensor] = lambda ret: ret
+    graphable: bool = True                 # False: syncs with the host, no CUDA graph
+    buffers: list[torch.Tensor] = field(default_factory=list)   # poisoned before the check
+
+
+def free_memory_bytes() -> int:
+    """Free device memory: ``torch.cuda.mem_get_info`` on a GPU, physical RAM on the CPU."""
+    if runtime.ON_GPU:
+        return torch.cuda.mem_get_info()[0]
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_indexing_fits(M: int, topk: int, N: int, K: int, itemsize: int, fraction: float = 0.5) -> None:
+    """Raise :class:`Skip` when Part 2's ``[M, topk, N, K]`` intermediate would not fit."""
+    from .indexing import intermediate_bytes
+
+    need = intermediate_bytes(M, topk, N, K, itemsize) + M * topk * N * itemsize
+    free = free_memory_bytes()
+    if need > fraction * free:
+        raise Skip(f"its [M, topk, N, K] intermediate needs {_size(need)}, "
+                   f"more than {fraction:.0%} of the {_size(free)} free")
+
+
+def _size(nbytes: float) -> str:
+    """Bytes in GB, or MB below 0.1 GB: '30.1 GB', '0.54 MB'."""
+    return f"{nbytes / 1e9:.1f} GB" if nbytes >= 1e8 else f"{nbytes / 1e6:.2f} MB"
+
+
+def _rotations(inp: Inputs, fn: Callable) -> list[Callable]:
+    return [lambda r=r: fn(inp.xs[r], inp.ids[r], inp.weights[r]) for r in range(len(inp.xs))]
+
+
+# ---------------------------------------------------------------- the first GEMM, [M, topk, N]
+
+def _first_loop(inp: Inputs) -> Prepared:
+    from .loop import loop_moe_matmul
+
+    return Prepared(_rotations(inp, lambda x, ids, _: loop_moe_matmul(x, inp.w13, ids)), graphable=False)
+
+
+def _first_indexing(inp: Inputs) -> Prepared:
+    from .indexing import expert_moe_matmul
+
+    E, N, K = inp.w13.shape
+    check_indexing_fits(inp.M, inp.shape.topk, N, K, inp.w13.element_size())
+    return Prepared(_rotations(inp, lambda x, ids, _: expert_moe_matmul(x, inp.w13, ids)))
+
+
+def _first_published(inp: Inputs) -> Prepared:
+    try:
+        from .published_kernel import published_fused_moe_matmul
+    except ImportError as e:
+        raise Skip(f"moe_tutorial.published_kernel is not available ({e})") from None
+    topk = inp.shape.topk
+    if topk & (topk - 1):
+        raise Skip(f"topk={topk} is not a power of two: the published tl.arange(0, topk * BLOCK_N) "
+                   "does not compile")
+    if inp.w13.numel() >= 2 ** 31:
+        raise Skip(f"wrong results: its int32 offsets wrap past 2^31 weight elements (this weight has "
+                   f"{inp.w13.numel():.2e}); not run, since the wrapped addresses may lie outside "
+                   "the tensor and crash the process")
+    out = inp.xs[0].new_empty(inp.M, topk, inp.w13.shape[1])
+    return Prepared(_rotations(inp, lambda x, ids, _: published_fused_moe_matmul(x, inp.w13, ids, out=out)),
+                    buffers=[out])
+
+
+def _first_naive(inp: Inputs) -> Prepared:
+    from .fused_kernel import fused_moe_matmul
+
+    out = inp.xs[0].new_empty(inp.M, inp.shape.topk, inp.w13.shape[1])
+    return Prepared(_rotations(inp, lambda x, ids, _: fused_moe_matmul(x, inp.w13, ids, out=out)),
+                    buffers=[out])
+
+
+def _first_sorted(inp: Inputs, *, align_inside: bool = False, heuristic: bool = False) -> Prepared:
+    from .align import align_block_size
+    from .configs import get_config, heuristic_config
+    from .sorted_kernel import launch_sorted_gemm
+
+    E, N, K = inp.w13.shape
+    M, topk = inp.M, inp.shape.topk
+    config = (heuristic_config(M, topk, E, "plain") if heuristic
+              else get_config(M, E, N, K, topk, inp.dtype, "plain"))
+    out = inp.xs[0].new_empty(M * topk, N)
+    if align_inside:
+        def run(x, ids, _):
+            alignment = align_block_size(ids, config.block_m, E)
+            launch_sorted_gemm(x, inp.w13, out, None, alignment, M * topk, topk, config)
+            return out
+        calls = _rotations(inp, run)
+    else:
+        alignments = [align_block_size(ids, config.block_m, E) for ids in inp.ids]
+        calls = [lambda r=r: launch_sorted_gemm(inp.xs[r], inp.w13, out, None, alignments[r], M * topk, topk, config)
+                 for r in range(len(inp.xs))]
+    return Prepared(calls, output=lambda _: out.view(M, topk, N), buffers=[out])
+
+
+def grouped_mm_support(dtype: torch.dtype) -> str | None:
+    """None if ``torch._grouped_mm`` can run here in ``dtype``, else the reason it cannot."""
+    if not hasattr(torch, "_grouped_mm"):
+        return f"this torch ({torch.__version__}) has no torch._grouped_mm"
+    if not runtime.ON_GPU:
+        return "torch._grouped_mm is timed on a CUDA GPU of compute capability 9.0+ (sm90) only"
+    major, minor = torch.cuda.get_device_capability()
+    if major < 9:
+        return f"torch._grouped_mm needs sm90+, this GPU is sm{major}{minor}"
+    if dtype != torch.bfloat16:
+        return f"torch._grouped_mm takes bf16 only, not {str(dtype).replace('torch.', '')}"
+    return None
+
+
+def sort_rows_by_expert(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int):
+    """``(x_sorted [M*topk, K], offs int32 [E], order [M*topk])`` for a grouped GEMM.
+
+    ``order`` lists the flat pairs ``m * topk + j`` expert by expert; ``x_sorted[i]`` is the
+    token row of pair ``order[i]``; ``offs[e]`` is where expert e's rows end.
+    """
+    topk = topk_ids.shape[1]
+    flat = topk_ids.reshape(-1).long()
+    order = torch.argsort(flat, stable=True)
+    offs = torch.cumsum(torch.bincount(flat, minlength=num_experts), 0).to(torch.int32)
+    return x[order // topk].contiguous(), offs, order
+
+
+def _first_grouped_mm(inp: Inputs) -> Prepared:
+    reason = grouped_mm_support(inp.dtype)
+    if reason:
+        raise Skip(reason)
+    E, N, K = inp.w13.shape
+    M, topk = inp.M, inp.shape.topk
+    w_t = inp.w13.transpose(1, 2)           # [E, K, N], a view: "column-major" B as cuBLAS likes
+    sorted_inputs = [sort_rows_by_expert(x, ids, E) for x, ids in zip(inp.xs, inp.ids)]
+    calls = [lambda xs=xs, offs=offs: torch._grouped_mm(xs, w_t, offs=offs) for xs, offs, _ in sorted_inputs]
+    order = sorted_inputs[0][2]
+
+    def unsort(ret):
+        out = ret.new_empty(M * topk, N)
+        out[order] = ret
+        return out.view(M, topk, N)
+    return Prepared(calls, output=unsort)
+
+
+# ---------------------------------------------------------------- the whole layer, [M, K]
+
+def _layer(impl: str):
+    def prepare(inp: Inputs) -> Prepared:
+        from .layer import moe_layer
+
+        if impl == "indexing":
+            E, N13, K = inp.w13.shape
+            check_indexing_fits(inp.M, inp.shape.topk, N13, K, inp.w13.element_size())
+        return Prepared(_rotations(inp, lambda x, ids, w: moe_layer(x, inp.w13, inp.w2, w, ids, impl=impl)),
+                        graphable=impl != "loop")
+    return prepare
+
+
+def _layer_sorted_heuristic(inp: Inputs) -> Prepared:
+    from .configs import heuristic_config
+    from .sorted_kernel import sorted_moe_layer
+
+    s = inp.shape
+    configs = (heuristic_config(inp.M, s.topk, s.num_experts, "gated"),
+               heuristic_config(inp.M, s.topk, s.num_experts, "down"))
+    return Prepared(_rotations(inp, lambda x, ids, w: sorted_moe_layer(x, inp.w13, inp.w2, w, ids, configs=configs)))
+
+
+PREPARE = {
+    "first": {
+        "loop": _first_loop, "indexing": _first_indexing, "published": _first_published,
+        "naive": _first_naive, "sorted": _first_sorted,
+        "sorted+align": lambda inp: _first_sorted(inp, align_inside=True),
+        "sorted-heuristic": lambda inp: _first_sorted(inp, heuristic=True),
+        "grouped_mm": _first_grouped_mm,
+    },
+    "layer": {
+        "loop": _layer("loop"), "indexing": _layer("indexing"), "naive": _layer("naive"),
+        "sorted": _layer("sorted"), "sorted-heuristic": _layer_sorted_heuristic,
+    },
+}
+
+
+def prepare(gemm: str, impl: str, inp: Inputs) -> Prepared:
+    """The :class:`Prepared` calls of ``impl`` for ``gemm`` ("first" or "layer"); may raise Skip."""
+    builder = PREPARE.get(gemm, {}).get(impl)
+    if builder is None:
+        raise ValueError(f"impl: {impl!r} has no {gemm!r} variant")
+    return builder(inp)

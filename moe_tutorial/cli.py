@@ -1,0 +1,346 @@
+"""``moe-tutorial`` / ``python -m moe_tutorial``: the ``bench`` and ``tune`` commands.
+
+``bench`` sweeps implementations x model shapes x batch sizes on the device it finds and writes
+a CSV (:data:`moe_tutorial.results.FIELDS`) and PNG plots; ``tune`` finds Part 4's best launch
+configurations for this GPU and saves them where the package looks first.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+from pathlib import Path
+
+#: dtype names accepted on the command line.
+DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
+          "half": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
+#: On the CPU, named model shapes are refused above this much weight memory.
+CPU_MAX_WEIGHT_BYTES = 2e9
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return value
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    items = [t for t in text.replace(" ", "").split(",") if t]
+    if not items:
+        raise argparse.ArgumentTypeError("expected a comma-separated list of positive integers, e.g. 1,64,4096")
+    values = []
+    for t in items:
+        try:
+            values.append(_positive_int(t))
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"batch sizes must be positive integers, got {t!r} in {text!r}") from None
+    return tuple(dict.fromkeys(values))
+
+
+def _choice_list(choices, what: str):
+    def parse(text: str) -> tuple[str, ...]:
+        items = [t for t in text.replace(" ", "").split(",") if t]
+        bad = [t for t in items if t not in choices]
+        if bad or not items:
+            raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(map(repr, bad)) or repr(text)}; "
+                                             f"choose from {', '.join(choices)}")
+        return tuple(dict.fromkeys(items))
+    return parse
+
+
+def _dtype(text: str) -> str:
+    if text.lower() not in DTYPES:
+        raise argparse.ArgumentTypeError(f"unknown dtype {text!r}; choose from float32, float16, bfloat16")
+    return DTYPES[text.lower()]
+
+
+def _model_list(text: str):
+    from .shapes import MODEL_SHAPES, get_shape
+
+    if text.strip().lower() == "all":
+        return list(MODEL_SHAPES.values())
+    try:
+        return [get_shape(t) for t in text.split(",") if t.strip()]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{e} (or 'all')") from None
+
+
+def _model(text: str):
+    from .shapes import get_shape
+
+    try:
+        return get_shape(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the descriptions' line breaks (lists of implementations and models)."""
+
+
+def _text(template: str) -> str:
+    """A description written indented in the source, flush left for ``--help``."""
+    return textwrap.dedent(template).strip()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .bench import CPU_BATCH_SIZES, CPU_SHAPE, GPU_BATCH_SIZES, GPU_MODELS, GEMMS
+    from .bench_impls import FIRST_IMPLS, IMPL_HELP, LAYER_IMPLS
+    from .shapes import MODEL_SHAPES
+    from .timing import TIMERS
+    from .tuning import VARIANTS
+
+    parser = argparse.ArgumentParser(
+        prog="moe-tutorial",
+        description="Benchmark and tune the MoE implementations of the series 'Fused MoE, from loops to Triton'.",
+        epilog="Run `moe-tutorial bench --help` or `moe-tutorial tune --help` for each command's options.",
+        formatter_class=_Formatter)
+    sub = parser.add_subparsers(dest="command", metavar="{bench,tune}")
+    sub.required = True
+    impl_lines = "\n".join(textwrap.fill(IMPL_HELP[name], 100, initial_indent=f"  {name:17s}",
+                                         subsequent_indent=" " * 19) for name in FIRST_IMPLS)
+    model_lines = "\n".join(f"  {s.name:19s}E={s.num_experts:<4d}topk={s.topk}  hidden={s.hidden:<5d}"
+                            f"intermediate={s.intermediate}" for s in MODEL_SHAPES.values())
+    c = CPU_SHAPE
+    bench = sub.add_parser(
+        "bench", formatter_class=_Formatter,
+        help="time every implementation on model shapes and batch sizes; CSV + PNG plots",
+        description=_text("""\
+        Time implementations x model shapes x batch sizes on the device found, check each result
+        against a float64 reference, and compare every time with the roofline floor.
+
+        On a GPU: the two ceilings (matmul rate from an 8192^3 matmul, copy bandwidth from a 4 GiB
+        copy, both in the run's dtype and timed with CUDA events) are measured first, in the same run. Each case then runs once
+        with all input checks, is compared with the reference on a few rows, and is timed with
+        triton.testing on random inputs, cycling through several routings so L2 never holds the
+        last call's weights. Results: ms, TFLOP/s, GB/s, the floor max(bytes / copy bandwidth,
+        FLOPs / matmul rate) and the fraction of it reached (floor_ms / ms).
+        Defaults: models {models}; M = {gpu_m}; bfloat16.
+
+        On the CPU: Triton kernels run in the interpreter and are timed with perf_counter; those
+        timings teach nothing about GPU speed. Defaults: a toy shape (E={E}, N={N}, K={K},
+        topk={topk}), M = {cpu_m}, float32 (the interpreter mishandles bf16). Named model shapes
+        are too large for it.
+
+        gemm "first" is the gate/up GEMM [M, topk, N] (N = 2 * intermediate, K = hidden); gemm
+        "layer" is the whole layer (moe_layer), whose implementations are {layer_impls}.
+
+        Status column: "ok"; "wrong" (failed the check against the float64 reference: bf16/fp16
+        1e-2, fp32 1e-5 relative error; still timed); "skipped: <reason>".
+        """).format(models=", ".join(GPU_MODELS), gpu_m=",".join(map(str, GPU_BATCH_SIZES)), E=c.num_experts,
+                    N=2 * c.intermediate, K=c.hidden, topk=c.topk, cpu_m=",".join(map(str, CPU_BATCH_SIZES)),
+                    layer_impls=", ".join(LAYER_IMPLS))
+        + f"\n\nImplementations:\n{impl_lines}\n\nModels (--models, case-insensitive):\n{model_lines}")
+    shape = bench.add_argument_group("what to run")
+    shape.add_argument("--models", type=_model_list, default=None, metavar="NAMES",
+                       help="comma-separated model names from the list above, or 'all' "
+                            "(default: the three headline models on a GPU, none on the CPU)")
+    shape.add_argument("--E", type=_positive_int, default=None, help="custom shape: number of experts")
+    shape.add_argument("--N", type=_positive_int, default=None,
+                       help="custom shape: the first GEMM's N = 2 * intermediate (even)")
+    shape.add_argument("--K", type=_positive_int, default=None, help="custom shape: hidden size K")
+    shape.add_argument("--topk", type=_positive_int, default=None,
+                       help="custom shape: experts per token (1 <= topk <= E). The four custom options "
+                            "go together and add a shape named 'custom'")
+    shape.add_argument("--batch-sizes", "-M", type=_int_list, default=None, metavar="M,M,...",
+                       help="token counts M to sweep (default: see above; --quick uses fewer)")
+    shape.add_argument("--impls", type=_choice_list(FIRST_IMPLS, "implementation"), default=None,
+                       metavar="NAMES", help="comma-separated implementations (default: all; "
+                       "sorted-heuristic only where a tuned table exists)")
+    shape.add_argument("--gemm", type=_choice_list(GEMMS, "gemm"), default=GEMMS, metavar="first,layer",
+                       help="which problems: the first GEMM, the whole layer, or both (default: both)")
+    shape.add_argument("--dtype", type=_dtype, default=None,
+                       help="bfloat16 (GPU default), float16, or float32 (the only one on the CPU)")
+    shape.add_argument("--quick", action="store_true",
+                       help="a short sweep: one model (Qwen3-30B-A3B) and M = 1,64,4096 on a GPU; M = 1,8 on the CPU")
+    timing = bench.add_argument_group("how to time")
+    timing.add_argument("--timer", choices=TIMERS, default="cudagraph",
+                        help="cudagraph: many calls captured in one CUDA graph and replayed "
+                             "(do_bench_cudagraph), so host launch gaps vanish as in an engine at decode; "
+                             "used for every implementation but the Part 1 loop, whose host syncs cannot be "
+                             "captured. events: do_bench, CUDA events around each call with L2 flushed, "
+                             "launch gaps included. Calls slower than 20 ms are timed with a few events either "
+                             "way; if a capture fails, events are used and the status says "
+                             "'ok (events, graph capture failed)' (default: cudagraph)")
+    timing.add_argument("--max-seconds-per-case", type=_positive_float, default=2.0, metavar="S",
+                        help="one call is timed first; a case slower than S seconds per call is skipped "
+                             "('skipped: slower than S s per call'), a slow one is timed a few times only (default: 2)")
+    timing.add_argument("--max-minutes", type=_positive_float, default=None, metavar="MIN",
+                        help="stop starting new cases after MIN minutes (the rest are 'skipped: over the "
+                             "budget'); the CSV is rewritten after every case either way (default: no limit)")
+    timing.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
+    out = bench.add_argument_group("output")
+    out.add_argument("--out", type=Path, default=Path("moe_bench"), metavar="DIR",
+                     help="folder for bench.csv and one PNG per model (time and fraction of the floor vs M; "
+                          "default: ./moe_bench)")
+    out.add_argument("--no-progress", action="store_true", help="no progress bar over the cases (it goes to stderr)")
+    bench.set_defaults(subparser=bench)   # so that errors print the subcommand's own usage
+
+    tune = sub.add_parser(
+        "tune", formatter_class=_Formatter,
+        help="find Part 4's best launch configurations for this GPU (GPU only)",
+        description=_text("""\
+        Search block sizes, GROUP_M, warps, stages (and the TMA path on Hopper) for Part 4's
+        sorted kernel on one model's GEMMs, timing each candidate with CUDA graphs and keeping
+        only candidates whose output matches the untuned heuristic's (relative error < 1e-2).
+        The best configuration per (problem, M) is merged into a JSON table
+        {gpu: {problem: {M: config}}} that the package reads before its own tables, so
+        `moe-tutorial bench` and every notebook use it from then on (bench then also times
+        'sorted-heuristic', the untuned kernel, to show the gain).
+
+        Variants: plain = the first GEMM as the bench times it (x [M, K] by w13 [E, 2I, K]);
+        gated = the layer's gate/up GEMM with silu(gate) * up fused ([pairs, I] out);
+        down = the layer's down GEMM (w2 [E, K, I]) with the router weights fused.
+
+        Refused on the CPU: the interpreter has no speed to tune.
+        """))
+    tune.add_argument("--model", type=_model, required=True, metavar="NAME",
+                      help=f"the model whose shapes to tune: {', '.join(MODEL_SHAPES)}")
+    tune.add_argument("--batch-sizes", "-M", type=_int_list, default=GPU_BATCH_SIZES, metavar="M,M,...",
+                      help="token counts to tune for; the package takes the nearest tuned M on a log scale "
+                           "(default: 1,8,64,256,1024,4096,16384)")
+    tune.add_argument("--variants", type=_choice_list(VARIANTS, "variant"), default=VARIANTS,
+                      metavar="plain,gated,down", help="which GEMMs to tune (default: all three)")
+    tune.add_argument("--dtype", type=_dtype, default="bfloat16", help="bfloat16 (default), float16 or float32")
+    tune.add_argument("--max-minutes", type=_positive_float, default=8.0, metavar="MIN",
+                      help="total time budget, shared evenly by the (variant, M) problems; the table is "
+                           "written after each problem")
+    tune.add_argument("--out", type=Path, default=None, metavar="FILE",
+                      help="JSON table to merge into (default: configs.user_table_path(), i.e. "
+                           "$MOE_TUTORIAL_CONFIG_DIR/tuned_configs.json or ~/.cache/moe_tutorial/tuned_configs.json)")
+    tune.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
+    tune.set_defaults(subparser=tune)
+    return parser
+
+
+def _custom_shape(parser, args):
+    from .shapes import ModelShape
+
+    given = {k: getattr(args, k) for k in ("E", "N", "K", "topk")}
+    if not any(v is not None for v in given.values()):
+        return None
+    missing = [f"--{k}" for k, v in given.items() if v is None]
+    if missing:
+        parser.error(f"a custom shape needs --E, --N, --K and --topk together; missing {', '.join(missing)}")
+    if args.topk > args.E:
+        parser.error(f"--topk {args.topk} is larger than --E {args.E}: a token cannot pick more experts than exist")
+    if args.N % 2:
+        parser.error(f"--N {args.N} must be even: it is the first GEMM's N = 2 * intermediate (gate and up rows)")
+    return ModelShape("custom", num_experts=args.E, topk=args.topk, hidden=args.K, intermediate=args.N // 2)
+
+
+def plan_from_args(parser: argparse.ArgumentParser, args):
+    """Turn ``bench``'s arguments into a :class:`moe_tutorial.bench.BenchPlan`, or ``parser.error``."""
+    import torch
+
+    from . import runtime
+    from .bench import default_plan
+
+    plan = default_plan(quick=args.quick)
+    dtype = getattr(torch, args.dtype) if args.dtype else plan.dtype
+    if dtype not in runtime.KERNEL_DTYPES:
+        parser.error(f"--dtype {args.dtype}: the CPU interpreter runs float32 only (bf16 is silently wrong there)")
+    custom = _custom_shape(parser, args)
+    if args.models is not None or custom is not None:
+        plan.shapes = list(args.models or []) + ([custom] if custom else [])
+    if not runtime.ON_GPU:
+        itemsize = torch.empty(0, dtype=dtype).element_size()
+        for s in plan.shapes:
+            size = 3 * s.num_experts * s.intermediate * s.hidden * itemsize
+            if s.name != "custom" and size > CPU_MAX_WEIGHT_BYTES:
+                parser.error(f"--models {s.name}: its weights take {size / 1e9:.1f} GB and the CPU interpreter runs "
+                             "about a millisecond per program; on the CPU use a small custom shape "
+                             "(--E 8 --N 64 --K 64 --topk 2) or run on a GPU")
+    if args.batch_sizes:
+        plan.batch_sizes = args.batch_sizes
+    plan.dtype = dtype
+    plan.gemms = args.gemm
+    plan.impls = args.impls
+    plan.timer = args.timer
+    plan.max_seconds = args.max_seconds_per_case
+    plan.max_minutes = args.max_minutes or 0.0
+    plan.seed = args.seed
+    return plan
+
+
+def run_bench_command(parser, args) -> int:
+    import matplotlib
+
+    matplotlib.use("Agg")   # files only; no display needed
+    from . import runtime
+    from .bench import INTERPRETER_NOTE, run_bench
+    from .bench_report import fraction_table, geomean_table, skipped_reasons
+    from .figures.perf import save_bench_figures
+
+    plan = plan_from_args(parser, args)
+    if not runtime.ON_GPU:
+        print(INTERPRETER_NOTE)
+    out_dir = Path(args.out)
+    csv_path = out_dir / "bench.csv"
+    print(f"bench: {len(plan.shapes)} shape(s) x M = {','.join(map(str, plan.batch_sizes))} x "
+          f"{'/'.join(plan.gemms)}, {str(plan.dtype).replace('torch.', '')}, timer {plan.timer}; "
+          f"rows go to {csv_path}")
+    rows = run_bench(plan, csv_path=csv_path, progress=not args.no_progress)
+    if not rows:
+        print("nothing to run: no implementation applies to the chosen gemm(s)")
+        return 0
+    print("\nfraction of the roofline floor reached (1.00 = as fast as the hardware allows):")
+    print(fraction_table(rows))
+    for gemm in plan.gemms:
+        if any(r["gemm"] == gemm for r in rows):
+            print(f"\ngeometric mean over M of the fraction of the floor, {gemm}:")
+            print(geomean_table(rows, gemm))
+    reasons = skipped_reasons(rows)
+    if reasons:
+        print("\nskipped cases:\n" + reasons)
+    pngs = save_bench_figures(rows, out_dir)
+    print(f"\nwrote {csv_path}" + "".join(f"\nwrote {p}" for p in pngs))
+    if not runtime.ON_GPU:
+        print(INTERPRETER_NOTE)
+    return 0
+
+
+def run_tune_command(parser, args) -> int:
+    import torch
+
+    from . import runtime
+    from .configs import user_table_path
+    from .tuning import REFUSAL, results_table, tune
+
+    if not runtime.ON_GPU:
+        print(f"moe-tutorial tune: {REFUSAL}", file=sys.stderr)
+        return 1
+    dtype = getattr(torch, args.dtype)
+    out = args.out or user_table_path()
+    print(f"tune: {args.model.name}, variants {','.join(args.variants)}, M = {','.join(map(str, args.batch_sizes))}, "
+          f"{args.dtype}, at most {args.max_minutes:g} min; table: {out}")
+    results = tune(args.model, args.batch_sizes, args.variants, dtype, out=out, max_minutes=args.max_minutes,
+                   seed=args.seed)
+    if results:
+        print("\n" + results_table(results))
+        print(f"\nwrote {out}: `moe-tutorial bench --models {args.model.name}` now uses these configurations "
+              "(and times 'sorted-heuristic' beside them)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` (default ``sys.argv[1:]``) and run the command; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "bench":
+        return run_bench_command(args.subparser, args)
+    return run_tune_command(args.subparser, args)

@@ -1,0 +1,342 @@
+"""The tuner: find Part 4's best launch configurations for this GPU and save them for next time.
+
+For each GEMM variant of a model ("plain": the first GEMM as the bench times it, "gated": the
+layer's gate/up GEMM with SiLU*up fused, "down": the layer's down GEMM with the router weights
+fused) and each batch size M, it times a curated set of :class:`KernelConfig` with CUDA graphs,
+keeps only candidates whose output matches the heuristic configuration's, and writes the fastest
+into the JSON table :func:`moe_tutorial.configs.get_config` reads
+(``{gpu_name: {problem_key: {str(M): config}}}``), merged with what is already there.
+
+The search runs in two stages within a time budget shared evenly by the problems: first the
+tile shapes (BLOCK_M near the rows each expert gets, BLOCK_N, BLOCK_K) with sensible warps and
+stages, then warps, stages, GROUP_M and the TMA path around the best tile.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import triton
+
+from . import runtime
+from . import configs
+from .configs import KernelConfig, heuristic_config, problem_key
+from .shapes import ModelShape
+from .traffic import experts_touched
+
+VARIANTS = ("plain", "gated", "down")
+#: At most this many fp32 accumulator elements per thread (more spills registers).
+MAX_ACC_PER_THREAD = 256
+REFUSAL = ("nothing to tune here: there is no CUDA GPU, so Triton runs the kernels in its CPU "
+           "interpreter, where block sizes, warps and stages change nothing that could be measured. "
+           "Run `python -m moe_tutorial tune` on a machine with a CUDA GPU.")
+
+
+class TuneRefused(RuntimeError):
+    """Tuning makes no sense on this runtime (no GPU)."""
+
+
+def problem_dims(shape: ModelShape, variant: str) -> tuple[int, int]:
+    """``(N, K)`` of one variant's GEMM, as :func:`configs.problem_key` names them."""
+    H, inter = shape.hidden, shape.intermediate
+    dims = {"plain": (2 * inter, H), "gated": (inter, H), "down": (H, inter)}
+    if variant not in dims:
+        raise ValueError(f"variant: expected one of {', '.join(VARIANTS)}, got {variant!r}")
+    return dims[variant]
+
+
+def tma_available() -> bool:
+    """The kernel's TMA path for the weights needs a Hopper-or-newer GPU."""
+    return runtime.ON_GPU and torch.cuda.get_device_capability()[0] >= 9
+
+
+def rows_per_expert(M: int, E: int, topk: int) -> float:
+    """Average (token, slot) pairs each touched expert gets: what BLOCK_M should be near."""
+    return M * topk / max(experts_touched(M, E, topk), 1.0)
+
+
+def block_m_range(M: int, E: int, topk: int) -> list[int]:
+    """BLOCK_M values worth trying: around the rows each touched expert gets, up to 4x more.
+
+    A tile taller than an expert's rows computes padding; a shorter one makes the expert's
+    weights be read once per block of rows (the H200 exploration found BLOCK_M up to 4x the
+    average best near a block's worth of rows per expert, since routing is uneven).
+    """
+    rpe = rows_per_expert(M, E, topk)
+    upper = min(128, max(16, triton.next_power_of_2(max(1, round(4 * rpe)))))
+    lower = max(16, min(128, triton.next_power_of_2(max(1, round(rpe)))) // 4)
+    return [b for b in (16, 32, 64, 128) if lower <= b <= upper]
+
+
+def config_space(M: int, E: int, N: int, K: int, topk: int, *, gated: bool = False, itemsize: int = 2,
+                 tma: bool = False) -> list[KernelConfig]:
+    """Every configuration worth trying for one problem, pruned by what fits and what M needs.
+
+    - BLOCK_M from :func:`block_m_range` (16 at decode, up to 128 at prefill);
+    - BLOCK_N in 32..256 and BLOCK_K in 64..256, no wider than N and K need (tl.dot needs a
+      K tile of at least 16, which all of these are);
+    - 4 or 8 warps, 2 to 5 stages; GROUP_M 8 only when there are enough row blocks to group;
+      the TMA path for the weights when ``tma`` (a Hopper GPU);
+    - dropped: tiles whose pipelined A and B buffers exceed ``configs.SMEM_LIMIT``
+      (:func:`configs.smem_bytes`), or whose fp32 accumulators exceed
+      :data:`MAX_ACC_PER_THREAD` per thread (``gated`` doubles both B and the accumulators).
+    """
+    block_ns = [b for b in (32, 64, 128, 256) if b <= max(32, triton.next_power_of_2(N))]
+    block_ks = [b for b in (64, 128, 256) if b <= max(64, triton.next_power_of_2(K))]
+    halves = 2 if gated else 1
+    space = []
+    for bm in block_m_range(M, E, topk):
+        row_blocks = M * topk / bm + min(E, M * topk)      # roughly, padding included
+        for bn, bk, warps, stages in itertools.product(block_ns, block_ks, (4, 8), (2, 3, 4, 5)):
+            if bm * bn * halves / (32 * warps) > MAX_ACC_PER_THREAD:
+                continue
+            for group in ((1, 8) if row_blocks > 8 else (1,)):
+                for use_tma in ((False, True) if tma else (False,)):
+                    extra = {"use_tma": True} if use_tma else {}
+                    config = KernelConfig(bm, bn, bk, group, warps, stages, **extra)
+                    if configs.smem_bytes(config, gated, itemsize) <= configs.SMEM_LIMIT:
+                        space.append(config)
+    return space
+
+
+def _tile(c: KernelConfig) -> tuple[int, int, int]:
+    return c.block_m, c.block_n, c.block_k
+
+
+def tile_candidates(space: list[KernelConfig], heuristic: KernelConfig) -> list[KernelConfig]:
+    """Stage 1: one configuration per tile shape, the heuristic's tile first, then its neighbours.
+
+    Each tile gets 4 warps (8 for 128x128 and up), the most stages up to 4 that fit, GROUP_M 8
+    where allowed, and no TMA.
+    """
+    by_tile: dict = {}
+    for c in space:
+        if c.use_tma:
+            continue
+        want_warps = 8 if c.block_m * c.block_n >= 128 * 128 else 4
+        score = (c.num_warps != want_warps, -min(c.num_stages, 4), c.num_stages > 4, -c.group_m)
+        if _tile(c) not in by_tile or score < by_tile[_tile(c)][0]:
+            by_tile[_tile(c)] = (score, c)
+
+    def distance(tile):
+        return sum(abs(math.log2(a) - math.log2(b)) for a, b in zip(tile, _tile(heuristic)))
+    return [by_tile[t][1] for t in sorted(by_tile, key=lambda t: (distance(t), -t[1]))]
+
+
+def refinements(space: list[KernelConfig], best: KernelConfig) -> list[KernelConfig]:
+    """Stage 2: the best tile with other warps, stages, GROUP_M and TMA; one change at a time first."""
+    same = [c for c in space if _tile(c) == _tile(best) and c != best]
+
+    def changes(c):
+        return sum(getattr(c, f) != getattr(best, f) for f in ("group_m", "num_warps", "num_stages", "use_tma"))
+    return sorted(same, key=changes)
+
+
+@dataclass
+class TuneResult:
+    """One problem's outcome; times in ms."""
+
+    variant: str
+    M: int
+    key: str
+    heuristic: KernelConfig
+    heuristic_ms: float
+    best: KernelConfig
+    best_ms: float
+    tried: int
+    failed: int
+
+    @property
+    def gain(self) -> float:
+        """How many times faster the best configuration is than the heuristic one."""
+        return self.heuristic_ms / self.best_ms
+
+
+class _Problem:
+    """Tensors and launches of one (variant, M) problem, on rotated routings."""
+
+    def __init__(self, shape: ModelShape, variant: str, M: int, dtype: torch.dtype, w13, w2, seed: int = 0):
+        from .bench import make_inputs, rotations
+
+        self.shape, self.variant, self.M = shape, variant, M
+        self.N, self.K = problem_dims(shape, variant)
+        inp = make_inputs(shape, M, dtype, w13, w2, num_rotations=rotations(M), seed=seed)
+        self.ids = inp.ids
+        pairs = M * shape.topk
+        self.pairs = pairs
+        if variant == "down":
+            g = torch.Generator(device=runtime.DEVICE).manual_seed(seed + 7)
+            self.a = [torch.randn(pairs, shape.intermediate, generator=g, device=runtime.DEVICE, dtype=dtype)
+                      for _ in inp.ids]
+            self.b, self.router, self.a_row_div = w2, [w.reshape(-1).float().contiguous() for w in inp.weights], 1
+        else:
+            self.a, self.b, self.router, self.a_row_div = inp.xs, w13, [None] * len(inp.ids), shape.topk
+        self.out = self.a[0].new_empty(pairs, self.N)
+        self._alignments: dict = {}
+        # Rows compared between candidates: a strided sample, so big outputs stay cheap.
+        self.rows = torch.arange(0, pairs, max(1, pairs // 4096), device=runtime.DEVICE)
+
+    def alignments(self, block_m: int):
+        from .align import align_block_size
+
+        if block_m not in self._alignments:
+            self._alignments[block_m] = [align_block_size(i, block_m, self.shape.num_experts) for i in self.ids]
+        return self._alignments[block_m]
+
+    def calls(self, config: KernelConfig) -> list[Callable]:
+        from .sorted_kernel import launch_sorted_gemm
+
+        aligned = self.alignments(config.block_m)
+        gated = self.variant == "gated"
+        return [lambda r=r: launch_sorted_gemm(self.a[r], self.b, self.out, self.router[r], aligned[r], self.pairs,
+                                               self.a_row_div, config, gated=gated)
+                for r in range(len(self.a))]
+
+    def run_checked(self, config: KernelConfig) -> torch.Tensor:
+        """Run rotation 0 into a NaN-poisoned buffer (compiles); return the sampled rows, or raise."""
+        self.out.fill_(float("nan"))
+        self.calls(config)[0]()
+        if not bool(torch.isfinite(self.out).all()):
+            raise ValueError("left elements unwritten (NaN)")
+        return self.out[self.rows].clone()
+
+
+def tune_problem(problem: _Problem, dtype: torch.dtype, deadline: float, *,
+                 measure: Callable | None = None, log: Callable[[str], None] = print) -> TuneResult:
+    """Search one problem until ``deadline`` (``time.monotonic()``); the heuristic is always timed."""
+    from .reference import rel_error
+    from .timing import cycle, measure_ms
+
+    measure = measure or (lambda fn: measure_ms(fn, timer="cudagraph", max_seconds=1.0)[0])
+    s, M = problem.shape, problem.M
+    E, topk = s.num_experts, s.topk
+    heuristic = heuristic_config(M, topk, E, problem.variant)
+    expected = problem.run_checked(heuristic)
+    heuristic_ms = measure(cycle(problem.calls(heuristic)))
+    space = config_space(M, E, problem.N, problem.K, topk, gated=problem.variant == "gated",
+                         itemsize=torch.empty(0, dtype=dtype).element_size(), tma=tma_available())
+    results = {heuristic: heuristic_ms}
+    failed = 0
+
+    def attempt(config: KernelConfig) -> None:
+        nonlocal failed
+        if config in results or time.monotonic() > deadline:
+            return
+        try:
+            err = rel_error(problem.run_checked(config), expected)
+            if not err < 1e-2:
+                raise ValueError(f"differs from the heuristic configuration's result (rel. error {err:.1e})")
+            results[config] = measure(cycle(problem.calls(config)))
+        except Exception as e:  # noqa: BLE001  (out of shared memory, compile errors, wrong results)
+            failed += 1
+            results[config] = math.inf
+            log(f"    rejected {config}: {type(e).__name__}: {str(e).strip().splitlines()[0][:120] if str(e).strip() else ''}")
+            if runtime.ON_GPU:
+                torch.cuda.synchronize()
+
+    for config in tile_candidates(space, heuristic):
+        attempt(config)
+    best_tile = min(results, key=results.get)
+    for config in refinements(space, best_tile):
+        attempt(config)
+    best = min(results, key=results.get)
+    return TuneResult(problem.variant, M, problem_key(E, problem.N, problem.K, topk, dtype, problem.variant),
+                      heuristic, heuristic_ms, best, results[best], len(results), failed)
+
+
+def read_table(path) -> dict:
+    """A tuned table as a dict (empty when the file does not exist)."""
+    path = Path(path)
+    if not path.exists():
+        return {}
+    with open(path) as f:
+        table = json.load(f)
+    if not isinstance(table, dict):
+        raise ValueError(f"{path}: expected a JSON object {{gpu: {{problem: {{M: config}}}}}}")
+    return table
+
+
+def merge_results(table: dict, gpu: str, results: list[TuneResult]) -> dict:
+    """``table`` with each result's best configuration set at ``[gpu][key][str(M)]`` (in place)."""
+    for r in results:
+        table.setdefault(gpu, {}).setdefault(r.key, {})[str(r.M)] = r.best.as_dict()
+    return table
+
+
+def write_table(path, table: dict) -> Path:
+    """Write ``table`` as JSON, atomically (a reader never sees half a file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(table, f, indent=1, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+    return path
+
+
+def save_results(results: list[TuneResult], path=None, gpu: str | None = None) -> Path:
+    """Merge ``results`` into the table at ``path`` (default :func:`configs.user_table_path`)."""
+    path = Path(path) if path is not None else configs.user_table_path()
+    return write_table(path, merge_results(read_table(path), gpu or configs.gpu_name(), results))
+
+
+def tune(shape: ModelShape, batch_sizes, variants=VARIANTS, dtype: torch.dtype = torch.bfloat16, *,
+         out=None, max_minutes: float = 8.0, seed: int = 0, log: Callable[[str], None] = print,
+         measure: Callable | None = None, allow_cpu: bool = False) -> list[TuneResult]:
+    """Tune every (variant, M) of ``shape`` within ``max_minutes``; save and return the results.
+
+    The table is rewritten after each problem, so a run cut short keeps what it found.
+    ``allow_cpu`` and ``measure`` exist for tests, which exercise the search in the interpreter.
+    """
+    if not runtime.ON_GPU and not allow_cpu:
+        raise TuneRefused(REFUSAL)
+    from .bench import free_device_memory, make_weights
+
+    start = time.monotonic()
+    end = start + 60 * max_minutes
+    w13, w2 = make_weights(shape, dtype, with_w2="down" in variants, seed=seed)
+    todo = [(v, M) for v in variants for M in batch_sizes]
+    results = []
+    for i, (variant, M) in enumerate(todo):
+        now = time.monotonic()
+        if now > end:
+            log(f"  time budget used up: {variant} M={M} and later problems are not tuned")
+            break
+        deadline = now + (end - now) / (len(todo) - i)   # an even share of what is left
+        try:
+            problem = _Problem(shape, variant, M, dtype, w13, w2, seed=seed)
+            r = tune_problem(problem, dtype, deadline, measure=measure, log=log)
+        except Exception as e:  # noqa: BLE001  (one problem failing must not lose the others)
+            log(f"  {variant:5s} M={M:<6d} failed: {type(e).__name__}: {e}")
+            continue
+        finally:
+            problem = None
+            free_device_memory()
+        results.append(r)
+        log(f"  {variant:5s} M={M:<6d} heuristic {r.heuristic_ms:.4f} ms, best {r.best_ms:.4f} ms "
+            f"({r.gain:.2f}x, {r.tried} tried, {r.failed} rejected): {format_config(r.best)}")
+        save_results(results, out)
+    return results
+
+
+def format_config(c: KernelConfig) -> str:
+    """``BM x BN x BK, group, warps, stages[, tma]`` in one short string."""
+    text = f"{c.block_m}x{c.block_n}x{c.block_k} g{c.group_m} w{c.num_warps} s{c.num_stages}"
+    return text + (" tma" if c.use_tma else "")
+
+
+def results_table(results: list[TuneResult]) -> str:
+    """Per problem: the heuristic's time, the best time, the gain and the best configuration."""
+    from .bench_report import format_table
+
+    body = [[r.variant, str(r.M), f"{r.heuristic_ms:.4f}", f"{r.best_ms:.4f}", f"{r.gain:.2f}x",
+             format_config(r.heuristic), format_config(r.best)] for r in results]
+    return format_table(["variant", "M", "heuristic ms", "best ms", "gain", "heuristic", "best"], body)

@@ -1,0 +1,223 @@
+"""The bench's pieces that a GPU run depends on, exercised on the CPU: timers, skips, references."""
+import math
+
+import pytest
+import torch
+
+from moe_tutorial import bench, bench_impls, bench_report, checks, fused_kernel, runtime, sorted_kernel, timing
+from moe_tutorial.reference import reference_moe_layer, reference_moe_matmul, rel_error
+from moe_tutorial.shapes import ModelShape
+
+SHAPE = ModelShape("custom", num_experts=6, topk=2, hidden=32, intermediate=16)
+
+
+def inputs(M=5, rotations=1, shape=SHAPE, seed=0):
+    w13, w2 = bench.make_weights(shape, torch.float32, with_w2=True, seed=seed)
+    return bench.make_inputs(shape, M, torch.float32, w13, w2, num_rotations=rotations, seed=seed)
+
+
+def test_inputs_are_random_reproducible_and_rotated():
+    a, b = inputs(M=7, rotations=3), inputs(M=7, rotations=3)
+    assert len(a.xs) == len(a.ids) == len(a.weights) == 3
+    assert all(torch.equal(x, y) for x, y in zip(a.xs, b.xs))
+    assert not torch.equal(a.xs[0], a.xs[1]) and not torch.equal(a.ids[0], a.ids[1])
+    assert a.w13.abs().min() > 0 and a.xs[0].std() > 0.5           # random, never zeros
+    assert all(torch.allclose(w.sum(1), torch.ones(7)) for w in a.weights)
+    assert a.touched == sum(len(torch.unique(i)) for i in a.ids) / 3
+
+
+@pytest.mark.parametrize("M", [1, 3, 40])
+def test_layer_reference_on_renumbered_experts_matches_the_full_one(M):
+    inp = inputs(M=M)
+    rows, ref = bench.reference_rows("layer", inp, max_rows=4)
+    full = reference_moe_layer(inp.xs[0], inp.w13, inp.w2, inp.weights[0], inp.ids[0])
+    assert torch.allclose(ref, full[rows], rtol=1e-12, atol=1e-12)
+    rows, ref = bench.reference_rows("first", inp)
+    assert torch.allclose(ref, reference_moe_matmul(inp.xs[0], inp.w13, inp.ids[0])[rows], rtol=1e-12, atol=1e-12)
+    assert len(rows) == min(M, 16)
+
+
+def test_checks_skipped_only_inside_the_context_and_results_unchanged():
+    inp = inputs(M=4)
+    x, w, ids = inp.xs[0], inp.w13, inp.ids[0]
+    expected = fused_kernel.fused_moe_matmul(x, w, ids)
+    bad = ids.clone()
+    bad[0, 0] = 99
+    original = checks.check_matmul_inputs
+    with timing.ids_checked_outside():
+        assert fused_kernel.check_matmul_inputs is not original
+        assert sorted_kernel.check_matmul_inputs is not original
+        assert torch.equal(fused_kernel.fused_moe_matmul(x, w, ids), expected)
+        assert checks.check_layer_inputs(x, inp.w13, inp.w2, inp.weights[0], bad)[0] == 4  # no range check
+    assert fused_kernel.check_matmul_inputs is original and checks.check_matmul_inputs is original
+    with pytest.raises(ValueError, match="an id of 99"):
+        fused_kernel.fused_moe_matmul(x, w, bad)
+
+
+def test_grouped_mm_preparation_sorts_and_unsorts(monkeypatch):
+    if not hasattr(torch, "_grouped_mm"):
+        pytest.skip("no torch._grouped_mm in this torch")
+    monkeypatch.setattr(bench_impls, "grouped_mm_support", lambda dtype: None)
+    inp = inputs(M=9, rotations=2)
+    prepared = bench_impls.prepare("first", "grouped_mm", inp)
+    out = prepared.output(prepared.calls[0]())
+    ref = reference_moe_matmul(inp.xs[0], inp.w13, inp.ids[0])
+    assert rel_error(out, ref) < 1e-5
+    xs, offs, order = bench_impls.sort_rows_by_expert(inp.xs[0], inp.ids[0], 6)
+    assert offs.dtype == torch.int32 and int(offs[-1]) == 18 and torch.all(offs[1:] >= offs[:-1])
+    assert torch.equal(xs, inp.xs[0][order // 2])
+
+
+def test_grouped_mm_states_why_it_cannot_run_here():
+    reason = bench_impls.grouped_mm_support(torch.float32)
+    if runtime.ON_GPU and reason is None:
+        pytest.skip("this GPU runs it")
+    assert reason and ("sm90" in reason or "bf16" in reason or "no torch._grouped_mm" in reason)
+
+
+def test_indexing_is_skipped_with_the_size_when_it_would_not_fit(monkeypatch):
+    monkeypatch.setattr(bench_impls, "free_memory_bytes", lambda: 200_000)
+    inp = inputs(M=64)
+    with pytest.raises(bench_impls.Skip, match=r"intermediate needs 0\.54 MB, more than 50% of the 0\.20 MB free"):
+        bench_impls.prepare("first", "indexing", inp)
+    row = bench.run_case("layer", "indexing", inp, bench.reference_rows("layer", inp),
+                         timing.Ceilings(1.0, 1.0), bench.BenchPlan([SHAPE], (64,), torch.float32))
+    assert row["status"].startswith("skipped: its [M, topk, N, K] intermediate") and row.get("ms") is None
+
+
+def test_published_kernel_is_not_run_where_its_offsets_overflow():
+    big = torch.zeros(1, 1, 1).expand(8, 2 ** 14, 2 ** 14)        # 2^31 elements, no memory
+    inp = bench_impls.Inputs(ModelShape("big", 8, 2, 2 ** 14, 2 ** 13), 2, torch.float32, big, None,
+                             [torch.zeros(2, 2 ** 14)], [torch.zeros(2, 2, dtype=torch.int32)], [torch.ones(2, 2)])
+    with pytest.raises(bench_impls.Skip, match="int32 offsets wrap"):
+        bench_impls.prepare("first", "published", inp)
+    odd = bench_impls.Inputs(ModelShape("odd", 8, 3, 16, 8), 1, torch.float32, torch.zeros(8, 16, 16), None,
+                             [torch.zeros(1, 16)], [torch.zeros(1, 3, dtype=torch.int32)], [torch.ones(1, 3)])
+    with pytest.raises(bench_impls.Skip, match="power of two"):
+        bench_impls.prepare("first", "published", odd)
+
+
+def test_wrong_results_are_flagged_and_still_timed(monkeypatch):
+    inp = inputs(M=3)
+    rows, ref = bench.reference_rows("first", inp)
+    plan = bench.BenchPlan([SHAPE], (3,), torch.float32)
+    ok = bench.run_case("first", "sorted", inp, (rows, ref), timing.Ceilings(1.0, 1.0), plan)
+    assert ok["status"] == "ok" and ok["rel_error"] < 1e-5 and ok["ms"] > 0
+    wrong = bench.run_case("first", "sorted", inp, (rows, ref * 1.1), timing.Ceilings(1.0, 1.0), plan)
+    assert wrong["status"] == "wrong" and wrong["ms"] > 0 and wrong["rel_error"] > 0.05
+
+
+def test_unwritten_outputs_count_as_wrong(monkeypatch):
+    """The kernels' output buffers are poisoned with NaN, so a launch that writes nothing fails."""
+    inp = inputs(M=3)
+    monkeypatch.setattr(sorted_kernel, "launch_sorted_gemm", lambda *a, **k: None)
+    row = bench.run_case("first", "sorted", inp, bench.reference_rows("first", inp), timing.Ceilings(1.0, 1.0),
+                         bench.BenchPlan([SHAPE], (3,), torch.float32))
+    assert row["status"] == "wrong" and row["rel_error"] == math.inf
+
+
+def test_slow_cases_are_skipped_with_the_limit(monkeypatch):
+    monkeypatch.setattr(timing, "time_one_call", lambda fn: 5.0)
+    with pytest.raises(timing.TooSlow, match="slower than 2 s per call"):
+        timing.measure_ms(lambda: None, max_seconds=2.0)
+    with pytest.raises(ValueError, match="timer"):
+        timing.measure_ms(lambda: None, timer="stopwatch")
+
+
+class FakeTesting:
+    """Stands in for triton.testing on the CPU: records which timer was asked for."""
+
+    def __init__(self, capture_fails=False):
+        self.capture_fails, self.calls = capture_fails, []
+
+    def do_bench_cudagraph(self, fn, rep, return_mode):
+        self.calls.append(("cudagraph", return_mode))
+        if self.capture_fails:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return 0.5
+
+    def do_bench(self, fn, warmup, rep, return_mode):
+        self.calls.append(("events", return_mode))
+        return 0.7
+
+
+@pytest.fixture
+def gpu_timers(monkeypatch):
+    """The GPU branch of measure_ms with fake triton.testing and CUDA calls."""
+    import triton
+
+    monkeypatch.setattr(runtime, "ON_GPU", True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+
+    def use(fake):
+        monkeypatch.setattr(triton, "testing", fake, raising=False)
+        import sys
+        monkeypatch.setitem(sys.modules, "triton.testing", fake)
+        return fake
+    return use
+
+
+def test_gpu_timer_choice_and_fallback(gpu_timers, monkeypatch):
+    monkeypatch.setattr(timing, "time_one_call", lambda fn: 0.001)
+    fake = gpu_timers(FakeTesting())
+    assert timing.measure_ms(lambda: None) == (0.5, "cudagraph")
+    assert timing.measure_ms(lambda: None, timer="events") == (0.7, "events")
+    assert timing.measure_ms(lambda: None, graphable=False) == (0.7, "events")
+    assert all(mode == "median" for _, mode in fake.calls)
+    gpu_timers(FakeTesting(capture_fails=True))
+    assert timing.measure_ms(lambda: None) == (0.7, "events, graph capture failed")
+    monkeypatch.setattr(timing, "time_one_call", lambda fn: 0.5)   # slow: a few events by hand
+    monkeypatch.setattr(timing, "_few_events_ms", lambda fn, reps: 400.0 + reps)
+    assert timing.measure_ms(lambda: None, max_seconds=2.0) == (404.0, timing.SLOW_CALL_TIMER)
+
+
+def test_statuses_name_only_unusual_timers(monkeypatch):
+    inp = inputs(M=2)
+    ref = bench.reference_rows("first", inp)
+    plan = bench.BenchPlan([SHAPE], (2,), torch.float32)
+    for how, status in (("perf_counter", "ok"), (timing.SLOW_CALL_TIMER, "ok"),
+                        ("events, graph capture failed", "ok (events, graph capture failed)")):
+        monkeypatch.setattr(bench, "measure_ms", lambda fn, how=how, **kw: (1.0, how))
+        assert bench.run_case("first", "naive", inp, ref, timing.Ceilings(1.0, 1.0), plan)["status"] == status
+
+
+def test_failing_implementation_does_not_end_the_sweep(monkeypatch, tmp_path):
+    def boom(inp):
+        raise RuntimeError("CUDA error: out of memory\nmore text")
+    monkeypatch.setitem(bench_impls.PREPARE["first"], "naive", boom)
+    plan = bench.BenchPlan([SHAPE], (1, 2), torch.float32, gemms=("first",), impls=("naive", "loop"))
+    rows = bench.run_bench(plan, csv_path=tmp_path / "b.csv", progress=False, log=lambda s: None,
+                           ceilings=timing.Ceilings(1.0, 1.0))
+    assert [(r["impl"], r["M"], r["status"][:20]) for r in rows] == [
+        ("naive", 1, "skipped: error: Runt"), ("loop", 1, "ok"), ("naive", 2, "skipped: error: Runt"), ("loop", 2, "ok")]
+    assert rows[0]["status"] == "skipped: error: RuntimeError: CUDA error: out of memory"
+    assert (tmp_path / "b.csv").exists()
+
+
+def test_time_budget_skips_the_rest(monkeypatch):
+    clock = iter(range(0, 10_000, 100))
+    monkeypatch.setattr(bench.time, "monotonic", lambda: next(clock))
+    plan = bench.BenchPlan([SHAPE], (1, 2, 3), torch.float32, gemms=("first",), impls=("loop",), max_minutes=3)
+    rows = bench.run_bench(plan, progress=False, log=lambda s: None, ceilings=timing.Ceilings(1.0, 1.0))
+    assert [r["status"] for r in rows] == ["ok", "skipped: over the --max-minutes 3 budget",
+                                           "skipped: over the --max-minutes 3 budget"]
+
+
+def test_tables_show_wrong_and_skipped_cells():
+    base = dict(model="m", gemm="first", ms=2.0, floor_ms=1.0, fraction_of_floor=0.5)
+    rows = [dict(base, impl="sorted", M=1, status="ok", ms=1.0, fraction_of_floor=1.0),
+            dict(base, impl="sorted", M=8, status="ok", fraction_of_floor=0.25, ms=4.0),
+            dict(base, impl="naive", M=1, status="wrong"),
+            dict(base, impl="naive", M=8, status="ok", ms=8.0),
+            dict(base, impl="loop", M=1, status="skipped: slow"),
+            dict(base, impl="loop", M=8, status="ok (events, graph capture failed)", ms=40.0)]
+    table = bench_report.fraction_table(rows)
+    assert "wrong" in table and "0.50" in table
+    sorted_line = next(line for line in table.splitlines() if " sorted " in f" {line} ")
+    assert sorted_line.split()[-1] == "0.50"                       # geomean of 1.0 and 0.25
+    geo = bench_report.geomean_table(rows)
+    assert "wrong" in geo.splitlines()[3] and "(1/2 M)" in geo
+    speed = bench_report.speedup_table(rows, "m")
+    assert "wrong" in speed and "2.00x" in speed and "10.00x" in speed
+    assert "loop (first): slow" in bench_report.skipped_reasons(rows)

@@ -1,0 +1,176 @@
+"""The tuner: its configuration space, the JSON table it writes, and that the package then uses it."""
+import itertools
+import json
+import random
+
+import pytest
+import torch
+
+from moe_tutorial import configs, runtime, tuning
+from moe_tutorial.configs import KernelConfig, get_config, heuristic_config, problem_key
+from moe_tutorial.shapes import MODEL_SHAPES, ModelShape
+
+TINY = ModelShape("custom", num_experts=8, topk=2, hidden=64, intermediate=32)
+
+
+def _random_problems(n=40, seed=0):
+    rng = random.Random(seed)
+    shapes = list(MODEL_SHAPES.values())
+    for _ in range(n):
+        s = rng.choice(shapes)
+        variant = rng.choice(tuning.VARIANTS)
+        N, K = tuning.problem_dims(s, variant)
+        yield s, variant, rng.choice([1, 3, 8, 64, 200, 1024, 4096, 16384]), N, K
+
+
+@pytest.mark.parametrize("s, variant, M, N, K", list(_random_problems()))
+def test_space_respects_shared_memory_registers_and_m(s, variant, M, N, K):
+    gated = variant == "gated"
+    space = tuning.config_space(M, s.num_experts, N, K, s.topk, gated=gated, tma=True)
+    assert space, "every problem has something to try"
+    assert len(set(space)) == len(space)
+    rpe = tuning.rows_per_expert(M, s.num_experts, s.topk)
+    halves = 2 if gated else 1
+    for c in space:
+        assert c.block_k >= 16 and c.block_k in (64, 128, 256)     # tl.dot needs a K tile >= 16
+        assert 32 <= c.block_n <= 256 and 16 <= c.block_m <= 128
+        assert c.num_warps in (4, 8) and 2 <= c.num_stages <= 5
+        assert c.num_stages * (c.block_m * c.block_k + halves * c.block_n * c.block_k) * 2 <= 227 * 1024
+        assert c.block_m * c.block_n * halves / (32 * c.num_warps) <= tuning.MAX_ACC_PER_THREAD
+        # BLOCK_M follows the rows each expert gets: no 128-row tiles for a handful of rows.
+        assert c.block_m <= max(16, 8 * rpe)
+        assert c.block_m == 16 or c.block_m <= 4 * max(rpe, 1) * 2
+    if rpe <= 4:
+        assert {c.block_m for c in space} == {16}
+
+
+def test_space_grows_block_m_with_m():
+    s = MODEL_SHAPES["Qwen3-30B-A3B"]
+    N, K = tuning.problem_dims(s, "plain")
+    small = {c.block_m for c in tuning.config_space(1, s.num_experts, N, K, s.topk)}
+    large = {c.block_m for c in tuning.config_space(16384, s.num_experts, N, K, s.topk)}
+    assert small == {16} and 128 in large and 16 not in large
+    # Mixtral at M = 64: 16 rows per expert on average, uneven: tiles up to 64 rows are tried.
+    assert tuning.block_m_range(64, 8, 2) == [16, 32, 64]
+
+
+def test_space_offers_tma_only_when_asked():
+    s = MODEL_SHAPES["Mixtral-8x7B"]
+    N, K = tuning.problem_dims(s, "plain")
+    assert not any(c.use_tma for c in tuning.config_space(64, 8, N, K, 2))
+    assert any(c.use_tma for c in tuning.config_space(64, 8, N, K, 2, tma=True))
+
+
+def test_problem_dims_match_the_kernel_call_sites():
+    s = MODEL_SHAPES["DeepSeek-V3"]
+    assert tuning.problem_dims(s, "plain") == (4096, 7168)
+    assert tuning.problem_dims(s, "gated") == (2048, 7168)
+    assert tuning.problem_dims(s, "down") == (7168, 2048)
+    with pytest.raises(ValueError, match="variant"):
+        tuning.problem_dims(s, "up")
+
+
+def test_stage_one_tries_each_tile_once_heuristic_first():
+    s = MODEL_SHAPES["Mixtral-8x7B"]
+    N, K = tuning.problem_dims(s, "plain")
+    for M in (1, 64, 4096):
+        space = tuning.config_space(M, 8, N, K, 2)
+        h = heuristic_config(M, 2, 8, "plain")
+        tiles = tuning.tile_candidates(space, h)
+        keys = [(c.block_m, c.block_n, c.block_k) for c in tiles]
+        assert len(keys) == len(set(keys)) == len({(c.block_m, c.block_n, c.block_k) for c in space})
+        if (h.block_m, h.block_n, h.block_k) in keys:
+            assert keys[0] == (h.block_m, h.block_n, h.block_k)
+        best = tiles[-1]
+        refined = tuning.refinements(space, best)
+        assert best not in refined
+        assert all((c.block_m, c.block_n, c.block_k) == keys[-1] for c in refined)
+
+
+def _result(variant, M, config, key=None):
+    return tuning.TuneResult(variant, M, key or problem_key(8, 64, 64, 2, torch.float32, variant),
+                             heuristic_config(M, 2, 8), 2.0, config, 1.0, 5, 1)
+
+
+def test_tables_merge_without_losing_entries(tmp_path):
+    path = tmp_path / "t.json"
+    assert tuning.read_table(path) == {}
+    a = KernelConfig(32, 64, 64, 1, 4, 3)
+    b = KernelConfig(64, 128, 64, 8, 8, 4)
+    tuning.save_results([_result("plain", 1, a), _result("plain", 64, a)], path, gpu="GPU A")
+    tuning.save_results([_result("plain", 64, b), _result("down", 64, b)], path, gpu="GPU A")
+    tuning.save_results([_result("plain", 1, b)], path, gpu="GPU B")
+    table = json.loads(path.read_text())
+    key = problem_key(8, 64, 64, 2, torch.float32, "plain")
+    assert table["GPU A"][key] == {"1": a.as_dict(), "64": b.as_dict()}      # 64 overwritten, 1 kept
+    assert table["GPU A"][problem_key(8, 64, 64, 2, torch.float32, "down")] == {"64": b.as_dict()}
+    assert table["GPU B"][key] == {"1": b.as_dict()}
+    assert not list(tmp_path.glob("*.tmp"))
+    path.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="JSON object"):
+        tuning.read_table(path)
+
+
+@pytest.fixture
+def pretend_gpu(monkeypatch, tmp_path):
+    """A runtime where get_config consults the tables (as on a GPU) for a GPU named 'Fake H200'."""
+    monkeypatch.setenv("MOE_TUTORIAL_CONFIG_DIR", str(tmp_path))
+    monkeypatch.setattr(runtime, "INTERPRETED", False)
+    monkeypatch.setattr(configs, "gpu_name", lambda: "Fake H200")
+    return tmp_path
+
+
+def test_get_config_picks_the_written_table(pretend_gpu):
+    s = MODEL_SHAPES["Qwen3-30B-A3B"]
+    N, K = tuning.problem_dims(s, "gated")
+    key = problem_key(s.num_experts, N, K, s.topk, torch.bfloat16, "gated")
+    small, large = KernelConfig(16, 32, 256, 1, 4, 5), KernelConfig(128, 128, 64, 8, 8, 3)
+    assert get_config(64, s.num_experts, N, K, s.topk, torch.bfloat16, "gated") == \
+        heuristic_config(64, s.topk, s.num_experts, "gated")
+    path = tuning.save_results([_result("gated", 1, small, key), _result("gated", 4096, large, key)])
+    assert path == configs.user_table_path()
+    assert get_config(2, s.num_experts, N, K, s.topk, torch.bfloat16, "gated") == small
+    assert get_config(8192, s.num_experts, N, K, s.topk, torch.bfloat16, "gated") == large
+    # Another dtype or variant is another problem: untouched.
+    assert get_config(2, s.num_experts, N, K, s.topk, torch.float16, "gated") == \
+        heuristic_config(2, s.topk, s.num_experts, "gated")
+
+
+@pytest.mark.skipif(runtime.ON_GPU, reason="the refusal is for the CPU")
+def test_tune_refuses_on_the_cpu(tmp_path):
+    with pytest.raises(tuning.TuneRefused, match="nothing to tune"):
+        tuning.tune(TINY, [1], out=tmp_path / "t.json")
+    assert not (tmp_path / "t.json").exists()
+
+
+@pytest.mark.skipif(runtime.ON_GPU, reason="exercises the search in the interpreter")
+def test_search_keeps_only_correct_candidates_and_saves_the_fastest(pretend_gpu, monkeypatch):
+    """The whole search in the interpreter, with a fake clock: later candidates are 'faster'."""
+    counter = itertools.count()
+    fake_ms = lambda fn: 10.0 / (1 + next(counter))          # noqa: E731
+    rejected = KernelConfig(16, 32, 64, 1, 8, 2)   # tried in stage 2 around the 16x32x64 tile
+    real_run = tuning._Problem.run_checked
+
+    def run_checked(self, config):
+        out = real_run(self, config)
+        return out * 2 if config == rejected else out            # a candidate with wrong results
+    monkeypatch.setattr(tuning._Problem, "run_checked", run_checked)
+    monkeypatch.setattr(runtime, "INTERPRETED", True)          # the kernels do run in the interpreter
+    logs = []
+    out = pretend_gpu / "tuned.json"
+    results = tuning.tune(TINY, [4], ["plain", "gated", "down"], torch.float32, out=out, max_minutes=2,
+                          measure=fake_ms, allow_cpu=True, log=logs.append)
+    assert [r.variant for r in results] == ["plain", "gated", "down"]
+    for r in results:
+        assert r.best_ms <= r.heuristic_ms and r.gain >= 1
+        assert r.best != rejected and r.tried >= 2
+    assert any("rejected" in line and "differs" in line for line in logs)
+    table = json.loads(out.read_text())["Fake H200"]
+    for r in results:
+        assert table[r.key] == {"4": r.best.as_dict()}
+    monkeypatch.setattr(runtime, "INTERPRETED", False)         # now look it up as a GPU would
+    monkeypatch.setenv("MOE_TUTORIAL_CONFIG_DIR", str(pretend_gpu))
+    out.rename(configs.user_table_path())
+    N, K = tuning.problem_dims(TINY, "down")
+    assert get_config(4, 8, N, K, 2, torch.float32, "down") == results[2].best
+    assert "gain" in tuning.results_table(results)
