@@ -1,0 +1,512 @@
+"""Figures for Part 3: the pid grid, the fused-topk columns, the gather, its explorer, the costs.
+
+Every drawing is computed from the same index arithmetic the kernel does (``program_columns``),
+so a figure cannot disagree with :mod:`moe_tutorial.fused_kernel`. Functions return a matplotlib
+Figure (the notebook calls ``plt.show()``), except :func:`pid_explorer`, which returns a widget.
+"""
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from matplotlib.colors import to_rgb
+from matplotlib.patches import Rectangle
+
+from .. import traffic
+from ..shapes import get_shape
+from .style import IMPL_COLORS, PADDING_COLOR, expert_color
+
+#: Colours of a program's slots (topk_idx 0, 1, ...): greys and blues, so they never read as experts.
+SLOT_COLORS = ["#c6dbef", "#9ecae1", "#6baed6", "#4292c6", "#2171b5", "#08519c", "#08306b", "#041f45"]
+#: One colour per pid_n in the pid-grid figure.
+PID_COLORS = ["#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69", "#fccde5"]
+_MASKED = "#ffffff"
+_DIM = "#f2f2f2"
+_EDGE = "#999999"
+
+
+def _cell(ax, x, y, color, text="", *, w=1.0, h=1.0, fontsize=7, hatch=None, edge=_EDGE, alpha=1.0,
+          text_color="black", rotation=0):
+    """A ``w x h`` cell with its lower-left corner at ``(x, y)`` (y grows downward in these figures)."""
+    ax.add_patch(Rectangle((x, y), w, h, facecolor=color, edgecolor=edge, lw=0.5, hatch=hatch, alpha=alpha))
+    if text != "":
+        ax.text(x + w / 2, y + h / 2, str(text), ha="center", va="center", fontsize=fontsize,
+                color=text_color, rotation=rotation)
+
+
+def _tint(color: str, alpha: float):
+    """``color`` blended with white: alpha 1 is the colour, 0 is white."""
+    r, g, b = to_rgb(color)
+    return (1 - alpha + alpha * r, 1 - alpha + alpha * g, 1 - alpha + alpha * b)
+
+
+def _matrix(ax, colors, x0: float = 0.0, y0: float = 0.0, edge=_EDGE):
+    """A grid of unit cells, ``colors[row][col]``, drawn as one image plus grid lines (fast to redraw)."""
+    rows, cols = len(colors), len(colors[0])
+    rgb = np.array([[to_rgb(c) for c in row] for row in colors])
+    ax.imshow(rgb, extent=(x0, x0 + cols, y0 + rows, y0), interpolation="nearest", aspect="equal")
+    ax.vlines([x0 + c for c in range(cols + 1)], y0, y0 + rows, colors=edge, lw=0.5)
+    ax.hlines([y0 + r for r in range(rows + 1)], x0, x0 + cols, colors=edge, lw=0.5)
+
+
+def _frame(ax, width, height, pad=0.3):
+    ax.set_xlim(-pad, width + pad)
+    ax.set_ylim(height + pad, -pad)          # row 0 at the top, like a printed matrix
+    ax.set_aspect("equal")
+    ax.axis("off")
+
+
+# --------------------------------------------------------------------------------------
+# The index arithmetic of one program, in plain Python
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a program's ``FUSED_N`` wide tile."""
+
+    topk_idx: int        # which of the token's experts (slot), offs // BLOCK_N
+    n_inner: int         # offs % BLOCK_N
+    n_global: int        # pid_n * BLOCK_N + n_inner
+    expert: int | None   # topk_ids[pid_m, topk_idx], None on padding slots
+    valid: bool          # topk_idx < topk and n_global < N: the column is loaded and stored
+
+
+def topk_pad(topk: int) -> int:
+    """The fixed kernel's ``TOPK_PAD``: topk rounded up to a power of two."""
+    return 1 << max(0, (topk - 1).bit_length())
+
+
+def program_columns(topk_ids, pid_m: int, pid_n: int, N: int, block_n: int) -> list[Column]:
+    """The columns of program ``(pid_m, pid_n)``, as ``fused_moe_kernel`` computes them.
+
+    Args:
+        topk_ids: ``[M, topk]`` expert ids (tensor or nested list).
+        pid_m, pid_n: the program; N: output features; block_n: BLOCK_N.
+    """
+    row = [int(e) for e in (topk_ids[pid_m].tolist() if hasattr(topk_ids, "tolist") else topk_ids[pid_m])]
+    topk = len(row)
+    cols = []
+    for offs in range(topk_pad(topk) * block_n):
+        slot, n_inner = divmod(offs, block_n)
+        n_global = pid_n * block_n + n_inner
+        expert = row[slot] if slot < topk else None
+        cols.append(Column(slot, n_inner, n_global, expert, slot < topk and n_global < N))
+    return cols
+
+
+def k_range(k_step: int, K: int, block_k: int) -> range:
+    """The K indices the ``k_step``-th turn of the K loop loads (the last one may be short)."""
+    return range(k_step * block_k, min(K, (k_step + 1) * block_k))
+
+
+# --------------------------------------------------------------------------------------
+# Triton's model: the grid of programs over the output
+
+def draw_pid_grid(M: int, N: int, topk: int, block_n: int):
+    """Which program writes which part of ``out [M, topk, N]``.
+
+    Row m of the drawing is token m; its topk groups of N cells are ``out[m, j, :]``. Program
+    ``(pid_m, pid_n)`` writes token pid_m, features ``[pid_n * BLOCK_N, (pid_n + 1) * BLOCK_N)``,
+    in every one of the token's topk groups. Lanes of the last block past N are drawn dashed:
+    the program computes their offsets too, and its mask keeps it from touching them.
+    """
+    num_n = math.ceil(N / block_n)
+    span = num_n * block_n                        # lanes per group, masked ones included
+    gap = 1.0
+    width = topk * span + (topk - 1) * gap
+    fig, ax = plt.subplots(figsize=(min(13, 0.38 * width + 2.2), 0.5 * M + 1.6))
+    for m in range(M):
+        for j in range(topk):
+            x0 = j * (span + gap)
+            for n in range(span):
+                pid_n = n // block_n
+                if n < N:
+                    text = f"{m},{pid_n}" if n % block_n == 0 else ""
+                    _cell(ax, x0 + n, m, PID_COLORS[pid_n % len(PID_COLORS)], text, fontsize=6)
+                else:
+                    ax.add_patch(Rectangle((x0 + n, m), 1, 1, facecolor="none", edgecolor="#bbbbbb", lw=0.6, ls="--"))
+    for j in range(topk):
+        x0 = j * (span + gap)
+        ax.text(x0 + N / 2, -0.35, f"out[:, {j}, :]  (slot j = {j})", ha="center", va="bottom", fontsize=8)
+        for b in range(num_n + 1):
+            ax.plot([x0 + b * block_n] * 2, [-0.05, M + 0.05], color="black", lw=1.0)
+        if span > N:
+            ax.text(x0 + N + (span - N) / 2, M + 0.35, "masked", ha="center", va="top", fontsize=7, color="#777777")
+    for m in range(M):
+        ax.text(-0.4, m + 0.5, f"token {m}", ha="right", va="center", fontsize=8)
+    ax.set_title(f"grid = (M, cdiv(N, BLOCK_N)) = ({M}, {num_n}): each label 'pid_m,pid_n' marks "
+                 f"the first of its BLOCK_N = {block_n} features", fontsize=9)
+    _frame(ax, width, M, pad=0.5)
+    ax.set_xlim(-3.2, width + 0.5)
+    ax.set_ylim(M + 1.0, -1.0)
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------------------
+# The fused-topk encoding
+
+def _draw_columns(ax, cols: list[Column], topk: int, N: int, block_n: int, title: str):
+    rows = ("offs", "topk_idx", "n_inner", "n_global", "expert")
+    width = len(cols)
+    rotate = 90 if max(c.n_global for c in cols) >= 100 else 0
+    for i, c in enumerate(cols):
+        pad = c.topk_idx >= topk
+        slot_color = PADDING_COLOR if pad else SLOT_COLORS[c.topk_idx % len(SLOT_COLORS)]
+        light = c.topk_idx >= 4 and not pad
+        _cell(ax, i, 0, "white", i, fontsize=6, rotation=rotate)
+        _cell(ax, i, 1, slot_color, c.topk_idx, hatch="///" if pad else None,
+              text_color="white" if light else "black")
+        _cell(ax, i, 2, "white", c.n_inner, fontsize=6)
+        over = c.n_global >= N
+        _cell(ax, i, 3, "white", c.n_global, fontsize=6, rotation=rotate,
+              text_color="#d62728" if over else "black", hatch="xx" if over else None, h=1.6)
+        _cell(ax, i, 4.6, expert_color(c.expert) if c.valid else PADDING_COLOR,
+              "-" if c.expert is None else c.expert, hatch=None if c.valid else "///")
+    for r, name in enumerate(rows):
+        y = (r if r < 4 else 4.6) + (0.8 if r == 3 else 0.5)
+        ax.text(-0.3, y, name, ha="right", va="center", fontsize=8)
+    for b in range(0, width + 1, block_n):
+        ax.plot([b, b], [-0.1, 5.7], color="black", lw=1.0)
+    ax.set_title(title, fontsize=9, loc="left")
+    ax.set_xlim(-3.5, width + 0.3)
+    ax.set_ylim(5.9, -0.3)
+    ax.set_aspect("equal")
+    ax.axis("off")
+
+
+def draw_fused_columns(cases):
+    """One program's ``FUSED_N`` columns, coloured by ``topk_idx``, with what each one computes.
+
+    Args:
+        cases: a list of dicts with keys ``title``, ``topk_ids`` (``[M, topk]``), ``pid_m``,
+            ``pid_n``, ``N`` and ``block_n``. Each case gets one panel: ``offs``; ``topk_idx``
+            (padding slots past topk hatched grey); ``n_inner``; ``n_global`` (red when past
+            N); and the expert id the column loads, in the expert's colour.
+    """
+    widths = [topk_pad(len(c["topk_ids"][0])) * c["block_n"] for c in cases]
+    fig, axes = plt.subplots(len(cases), 1, figsize=(min(13, 0.3 * max(widths) + 1.5), 1.75 * len(cases) + 0.3),
+                             squeeze=False)
+    for ax, case in zip(axes[:, 0], cases):
+        ids = case["topk_ids"]
+        topk = len(ids[0])
+        cols = program_columns(ids, case["pid_m"], case["pid_n"], case["N"], case["block_n"])
+        _draw_columns(ax, cols, topk, case["N"], case["block_n"], case["title"])
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------------------
+# The gather: one program, one K step, drawn over x, the stacked weights, SRAM and out
+
+def draw_program(topk_ids, num_experts: int, N: int, K: int, pid_m: int, pid_n: int, k_step: int,
+                 block_n: int, block_k: int, fig=None):
+    """What program ``(pid_m, pid_n)`` touches on K step ``k_step``.
+
+    Four panels: ``x [M, K]`` (its row, the K block of this step bright); the weights
+    ``[E, N, K]`` stacked expert over expert, each cell the pointer grid reads in this step lit
+    in its expert's colour (the same rows' other K blocks faint: the rest of the loop); the
+    ``[BLOCK_K, FUSED_N]`` tile those loads make in on-chip memory (masked lanes hatched); and
+    ``out [M, topk, N]`` with the cells this program writes once the loop ends.
+
+    Args:
+        topk_ids: ``[M, topk]`` expert ids. num_experts, N, K: E and the GEMM's sizes.
+        pid_m, pid_n, k_step: the program and the turn of its K loop.
+        block_n, block_k: BLOCK_N and BLOCK_K (any positive ints; the kernel needs powers of two).
+        fig: a Figure to draw into (cleared first), e.g. the explorer's; default a new one.
+    """
+    ids = topk_ids.tolist() if hasattr(topk_ids, "tolist") else [list(r) for r in topk_ids]
+    M, topk = len(ids), len(ids[0])
+    cols = program_columns(ids, pid_m, pid_n, N, block_n)
+    ks = k_range(k_step, K, block_k)
+    fused_n = len(cols)
+    if fig is None:
+        fig = plt.figure(figsize=(11, max(3.6, 0.15 * num_experts * N + 1.3)))
+    fig.clear()
+    grid = fig.add_gridspec(2, 3, width_ratios=[K + 1, K + 2, fused_n + 1], height_ratios=[1, 1.2])
+    ax_w = fig.add_subplot(grid[:, 0])
+    ax_x = fig.add_subplot(grid[0, 1])
+    ax_s = fig.add_subplot(grid[0, 2])
+    ax_o = fig.add_subplot(grid[1, 1:])
+
+    # x [M, K]: the program reads one row, one K block per step.
+    _matrix(ax_x, [["#525252" if m == pid_m and k in ks else ("#bdbdbd" if m == pid_m else _DIM)
+                    for k in range(K)] for m in range(M)])
+    ax_x.set_title(f"x [M={M}, K={K}]: row {pid_m}, k {ks.start}..{ks.stop - 1}", fontsize=9)
+    _frame(ax_x, K, M)
+
+    # Stacked weights: expert e's row n is drawn at height e * N + n.
+    lit = {(c.expert, c.n_global) for c in cols if c.valid}
+    _matrix(ax_w, [[_tint(expert_color(e), 1.0 if k in ks else 0.25) if (e, n) in lit else _DIM for k in range(K)]
+                   for e in range(num_experts) for n in range(N)])
+    for e in range(num_experts):
+        ax_w.plot([-0.2, K + 0.2], [e * N, e * N], color="black", lw=1.2)
+        ax_w.text(-0.4, e * N + N / 2, f"expert {e}", ha="right", va="center", fontsize=8, color=expert_color(e))
+    ax_w.set_title(f"weight [E={num_experts}, N={N}, K={K}] in HBM", fontsize=9)
+    _frame(ax_w, K, num_experts * N)
+    ax_w.set_xlim(-3.2, K + 0.3)
+
+    # The gathered tile in SRAM: rows are this step's k, columns the FUSED_N lanes.
+    for r in range(block_k):
+        k = ks.start + r
+        for i, c in enumerate(cols):
+            ok = c.valid and k < K
+            _cell(ax_s, i, r, expert_color(c.expert) if ok else PADDING_COLOR, hatch=None if ok else "///")
+    for b in range(0, fused_n + 1, block_n):
+        ax_s.plot([b, b], [-0.1, block_k + 0.1], color="black", lw=1.0)
+    for j in range(topk_pad(topk)):
+        label = f"expert {ids[pid_m][j]}" if j < topk else "padding"
+        ax_s.text(j * block_n + block_n / 2, block_k + 0.3, label, ha="center", va="top", fontsize=7)
+    ax_s.text(-0.3, block_k / 2, "k", ha="right", va="center", fontsize=8)
+    ax_s.set_title(f"tile [BLOCK_K={block_k}, FUSED_N={fused_n}] on chip", fontsize=9)
+    _frame(ax_s, fused_n, block_k + 0.8)
+
+    # out [M, topk, N] as M rows of topk groups; the program's cells lit.
+    written = {(c.topk_idx, c.n_global) for c in cols if c.valid}
+    for j in range(topk):
+        _matrix(ax_o, [[expert_color(ids[m][j]) if m == pid_m and (j, n) in written else _DIM for n in range(N)]
+                       for m in range(M)], x0=j * (N + 1))
+        ax_o.text(j * (N + 1) + N / 2, M + 0.3, f"slot {j}", ha="center", va="top", fontsize=7)
+    ax_o.set_title(f"out [M={M}, topk={topk}, N={N}]: what program ({pid_m}, {pid_n}) writes", fontsize=9)
+    _frame(ax_o, topk * (N + 1) - 1, M + 0.8)
+    fig.suptitle(f"program (pid_m={pid_m}, pid_n={pid_n}), K step {k_step}: token {pid_m} routes to "
+                 f"experts {ids[pid_m]}", fontsize=10)
+    return fig
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def pid_explorer(topk_ids, num_experts: int, N: int, K: int, block_n: int, block_k: int,
+                 *, figsize=None):
+    """Sliders "pid_m", "pid_n" and "k step" over a live :func:`draw_program` picture.
+
+    Returns an ``ipywidgets.VBox`` of the sliders and an ``ipywidgets.Image`` (PNG) that is
+    redrawn whenever a slider moves. The box's ``redraw()`` does it by hand and its
+    ``sliders`` dict maps each description to its slider (for tests).
+    """
+    import ipywidgets as widgets
+
+    M = len(topk_ids)
+    sliders = {
+        "pid_m": widgets.IntSlider(value=0, min=0, max=M - 1, description="pid_m"),
+        "pid_n": widgets.IntSlider(value=0, min=0, max=math.ceil(N / block_n) - 1, description="pid_n"),
+        "k step": widgets.IntSlider(value=0, min=0, max=max(0, math.ceil(K / block_k) - 1), description="k step"),
+    }
+    image = widgets.Image(format="png", layout=widgets.Layout(width="100%"))
+    fig = plt.figure(figsize=figsize or (11, max(3.6, 0.15 * num_experts * N + 1.3)))
+    plt.close(fig)       # drawn into by hand, never shown by the inline backend
+
+    def redraw(_change=None):
+        draw_program(topk_ids, num_experts, N, K, sliders["pid_m"].value, sliders["pid_n"].value,
+                     sliders["k step"].value, block_n, block_k, fig=fig)
+        image.value = _png(fig)
+
+    for s in sliders.values():
+        s.observe(redraw, names="value")
+    redraw()
+    box = widgets.VBox([widgets.HBox(list(sliders.values())), image])
+    box.redraw, box.sliders = redraw, sliders
+    return box
+
+
+# --------------------------------------------------------------------------------------
+# Why tl.sum and not tl.dot
+
+def draw_dot_padding(block_n: int = 16, block_k: int = 16, min_dim: int = 16, *,
+                     copy_tbps: float = 4.27, matmul_tflops: float = 672.0, itemsize: int = 2):
+    """Left: a tensor-core tile fed one token row (the rest padding). Right: the roofline of tiles.
+
+    Right panel: a ``[BLOCK_M, BLOCK_K] x [BLOCK_K, BLOCK_N]`` tile does ``2 BM BN BK`` FLOPs on
+    ``itemsize (BM BK + BK BN)`` bytes it loads; with the weights shared by BM rows the
+    intensity grows with BM, and the attainable rate is ``min(matmul, intensity x bandwidth)``.
+    Defaults are the H200 ceilings of DESIGN.md (4.27 TB/s copy, 672 TFLOP/s bf16 matmul).
+    """
+    fig, (ax, ax_r) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [1.2, 1]})
+    for r in range(min_dim):
+        for k in range(block_k):
+            real = r == 0
+            _cell(ax, k, r, "#ffd92f" if real else PADDING_COLOR, hatch=None if real else "///")
+    for k in range(block_k):
+        for n in range(block_n):
+            _cell(ax, block_k + 2 + n, k, expert_color(0))
+    ax.text(block_k / 2, min_dim + 0.6, f"x tile [{min_dim}, {block_k}]:\n1 token row, {min_dim - 1} rows of padding",
+            ha="center", va="top", fontsize=8)
+    ax.text(block_k + 2 + block_n / 2, min_dim + 0.6, f"weight tile [{block_k}, {block_n}]", ha="center", va="top",
+            fontsize=8)
+    ax.text(block_k + 1, min_dim / 2, "@", ha="center", va="center", fontsize=14)
+    ax.set_title(f"tl.dot needs every dimension >= {min_dim}:\nwith BLOCK_M = 1, "
+                 f"{min_dim - 1}/{min_dim} of the work is padding", fontsize=9)
+    _frame(ax, 2 * block_k + 2 + block_n, min_dim + 2.5)
+
+    bms = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    bn, bk = 128, 64
+    rates = []
+    for bm in bms:
+        flops = 2.0 * bm * bn * bk
+        nbytes = itemsize * (bm * bk + bk * bn)
+        rates.append(min(matmul_tflops, traffic.arithmetic_intensity(nbytes, flops) * copy_tbps))
+    ax_r.plot(bms, rates, marker="o", color=IMPL_COLORS["sorted"], label="attainable (tile loads from HBM)")
+    ax_r.axhline(matmul_tflops, ls="--", color="black", lw=1.0, label=f"bf16 matmul {matmul_tflops:g} TFLOP/s")
+    ax_r.scatter([1], [rates[0]], s=80, color=IMPL_COLORS["naive"], zorder=5, label=f"BLOCK_M = 1: {rates[0]:.1f} TFLOP/s")
+    ax_r.set_xscale("log", base=2)
+    ax_r.set_yscale("log")
+    ax_r.set_xlabel("BLOCK_M (token rows sharing each weight tile)")
+    ax_r.set_ylabel("TFLOP/s")
+    ax_r.set_title(f"tile [BLOCK_M, {bk}] x [{bk}, {bn}] on an H200 ({copy_tbps:g} TB/s)", fontsize=9)
+    ax_r.legend(fontsize=8, loc="lower right")
+    ax_r.grid(True, which="major", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------------------
+# What fusion bought: bytes
+
+def fused_kernel_bytes(M: int, N: int, K: int, topk: int, itemsize: int = 2) -> float:
+    """Bytes Part 3's programs load and store: every (token, slot) reads its expert's ``[N, K]``.
+
+    Weights ``M topk N K``, x once, out once. Whether a repeated expert comes from L2 or HBM is
+    up to the cache; this is what HBM serves when nothing is reused.
+    """
+    return itemsize * (M * topk * N * K + M * K + M * topk * N)
+
+
+def indexing_bytes(M: int, N: int, K: int, topk: int, itemsize: int = 2) -> float:
+    """Part 2: the same gather, plus ``selected [M, topk, N, K]`` written to HBM and read back."""
+    return fused_kernel_bytes(M, N, K, topk, itemsize) + traffic.indexing_extra_bytes(M, N, K, topk, itemsize)
+
+
+def draw_traffic(models=("Mixtral-8x7B", "Qwen3-30B-A3B", "DeepSeek-V3"), Ms=(1, 8, 64, 256, 1024, 4096, 16384),
+                 itemsize: int = 2):
+    """Bytes to and from HBM of the first GEMM against M, one panel per model (bf16).
+
+    Part 2 (gather, write ``selected``, read it back), Part 3 (gather straight into the
+    program), and the fewest bytes possible (each touched expert once,
+    :func:`moe_tutorial.traffic.first_gemm_bytes`).
+    """
+    fig, axes = plt.subplots(1, len(models), figsize=(4.1 * len(models), 3.6), squeeze=False)
+    for ax, name in zip(axes[0], models):
+        s = get_shape(name)
+        N, K = s.first_gemm
+        lines = {
+            "Part 2: indexing": ([indexing_bytes(M, N, K, s.topk, itemsize) for M in Ms], IMPL_COLORS["indexing"]),
+            "Part 3: fused kernel": ([fused_kernel_bytes(M, N, K, s.topk, itemsize) for M in Ms], IMPL_COLORS["naive"]),
+            "fewest possible": ([traffic.first_gemm_bytes(M, N, K, s.num_experts, s.topk, itemsize) for M in Ms],
+                                "black"),
+        }
+        for label, (values, color) in lines.items():
+            ax.plot(Ms, [v / 1e9 for v in values], marker="o", ms=3, color=color, label=label,
+                    ls="--" if color == "black" else "-")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("tokens M")
+        ax.set_title(f"{name} (E={s.num_experts}, topk={s.topk})", fontsize=9)
+        ax.grid(True, which="major", alpha=0.3)
+    axes[0][0].set_ylabel("GB moved (bf16)")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("first GEMM: bytes to and from HBM", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------------------
+# GPU results: time against M
+
+#: The implementations Part 3's timing plot compares, in the series' order.
+PART3_IMPLS = ("loop", "indexing", "published", "naive", "sorted", "grouped_mm")
+IMPL_NAMES = {"loop": "Part 1 loop", "indexing": "Part 2 indexing", "published": "Part 3 as published",
+              "naive": "Part 3 kernel (fixed)", "sorted": "Part 4 sorted kernel", "grouped_mm": "torch._grouped_mm"}
+
+
+def _ok(row) -> bool:
+    return str(row.get("status") or "").startswith("ok") and row.get("ms") is not None
+
+
+def draw_time_vs_m(rows: list[dict], models=None, impls=PART3_IMPLS, gemm: str = "first"):
+    """Time per implementation against M from benchmark rows, one panel per model.
+
+    Args:
+        rows: as :func:`moe_tutorial.results.load_rows` gives them.
+        models: which models (default: every one in ``rows`` with ``gemm`` rows, in file order).
+        impls: which implementations, in legend order. ``gemm``: "first" or "layer".
+
+    Timed rows are lines (Part 3's own kernel drawn thicker); rows that failed the correctness
+    check are red crosses on the bottom edge; skipped rows are left out. The dashed line is
+    the roofline floor stored with the rows.
+    """
+    rows = [r for r in rows if r.get("gemm") == gemm and r.get("impl") in impls]
+    if models is None:
+        models = list(dict.fromkeys(r["model"] for r in rows))
+    if not models:
+        raise ValueError(f"rows: no {gemm!r} rows for {', '.join(impls)}")
+    fig, axes = plt.subplots(1, len(models), figsize=(4.3 * len(models), 3.8), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        mine = [r for r in rows if r["model"] == model]
+        for impl in impls:
+            ok = sorted((r["M"], r["ms"]) for r in mine if r["impl"] == impl and _ok(r))
+            wrong = sorted(r["M"] for r in mine if r["impl"] == impl and r.get("status") == "wrong")
+            color = IMPL_COLORS.get(impl, "black")
+            if ok:
+                ax.plot(*zip(*ok), marker="o", ms=3, color=color, lw=2.6 if impl == "naive" else 1.3,
+                        label=IMPL_NAMES.get(impl, impl))
+            if wrong:
+                ax.scatter(wrong, [0.03] * len(wrong), marker="x", s=30, color="#d62728", zorder=5, clip_on=False,
+                           transform=ax.get_xaxis_transform(), label=f"{IMPL_NAMES.get(impl, impl)}: wrong result")
+        floor = sorted({(r["M"], r["floor_ms"]) for r in mine if r.get("floor_ms")})
+        if floor:
+            ax.plot(*zip(*floor), ls="--", color="black", lw=1.0, label="roofline floor")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("tokens M")
+        ax.set_title(model, fontsize=9)
+        ax.grid(True, which="major", alpha=0.3)
+    axes[0][0].set_ylabel("time (ms)")
+    labels = {}
+    for ax in axes[0]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            labels.setdefault(lab, h)
+    fig.legend(list(labels.values()), list(labels), loc="lower center", ncol=min(4, len(labels)), fontsize=8,
+               frameon=False)
+    fig.tight_layout(rect=(0, 0.06 + 0.04 * math.ceil(len(labels) / 4), 1, 1))
+    return fig
+
+
+def best_tflops(rows: list[dict], impl: str = "naive", gemm: str = "first") -> dict[str, float]:
+    """``{model: the highest TFLOP/s impl reached at any M}`` over rows that timed correctly."""
+    best: dict[str, float] = {}
+    for r in rows:
+        if r.get("gemm") == gemm and r.get("impl") == impl and _ok(r) and r.get("tflops") is not None:
+            best[r["model"]] = max(best.get(r["model"], 0.0), r["tflops"])
+    return best
+
+
+
+def fraction_table(rows: list[dict], impl: str = "naive", gemm: str = "first") -> str:
+    """A text table of ``impl``'s fraction of the roofline floor: models down, M across.
+
+    "wrong" where the result failed its check, "-" where the case was skipped.
+    """
+    rows = [r for r in rows if r.get("gemm") == gemm and r.get("impl") == impl]
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    Ms = sorted({r["M"] for r in rows})
+    cell = {(r["model"], r["M"]): r for r in rows}
+    lines = [f"{impl}: fraction of the floor".ljust(28) + "".join(f"{f'M={M}':>9}" for M in Ms)]
+    for model in models:
+        values = []
+        for M in Ms:
+            r = cell.get((model, M))
+            if r is not None and r.get("status") == "wrong":
+                values.append("wrong")
+            elif r is None or not _ok(r) or r.get("fraction_of_floor") is None:
+                values.append("-")
+            else:
+                values.append(f"{r['fraction_of_floor']:.3f}")
+        lines.append(model.ljust(28) + "".join(f"{v:>9}" for v in values))
+    return "\n".join(lines)
