@@ -16,6 +16,12 @@ from .checks import check_tensor
 
 
 @triton.jit
+def _spare_if_invalid(ids, NUM_EXPERTS: tl.constexpr, E_PAD: tl.constexpr):
+    """Ids outside [0, E) go to the spare bin: they are never counted, placed or stored."""
+    return tl.where((ids >= 0) & (ids < NUM_EXPERTS), ids, E_PAD - 1)
+
+
+@triton.jit
 def _runs_from_counts(counts, NUM_EXPERTS: tl.constexpr, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr):
     """Pad each expert's count to a multiple of BLOCK_M and lay the runs end to end."""
     is_expert = tl.arange(0, E_PAD) < NUM_EXPERTS
@@ -52,7 +58,8 @@ def _align_small_kernel(
     """Decode-sized batches (numel <= SMALL): one program does everything, in one launch."""
     offs = tl.arange(0, SMALL)
     ok = offs < numel
-    ids = tl.load(ids_ptr + offs, mask=ok, other=E_PAD - 1).to(tl.int32)
+    ids = _spare_if_invalid(tl.load(ids_ptr + offs, mask=ok, other=E_PAD - 1).to(tl.int32), NUM_EXPERTS, E_PAD)
+    ok = ok & (ids < NUM_EXPERTS)
     onehot = (ids[:, None] == tl.arange(0, E_PAD)[None, :]).to(tl.int32)     # [SMALL, E_PAD]
     counts, starts, ends, is_expert = _runs_from_counts(tl.sum(onehot, axis=0), NUM_EXPERTS, E_PAD, BLOCK_M)
     total = tl.sum(ends - starts, axis=0)
@@ -66,12 +73,14 @@ def _align_small_kernel(
 
 
 @triton.jit
-def _count_chunks_kernel(ids_ptr, numel, partial_ptr, E_PAD: tl.constexpr, CHUNK: tl.constexpr):
+def _count_chunks_kernel(ids_ptr, numel, partial_ptr,
+                         NUM_EXPERTS: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr):
     """Each program counts its chunk's pairs per expert into its own row of ``partial``."""
     pid = tl.program_id(0)
     offs = pid * CHUNK + tl.arange(0, CHUNK)
     # Out-of-range lanes land in the spare bin E_PAD - 1 >= NUM_EXPERTS, dropped later.
     ids = tl.load(ids_ptr + offs, mask=offs < numel, other=E_PAD - 1).to(tl.int32)
+    ids = _spare_if_invalid(ids, NUM_EXPERTS, E_PAD)
     tl.store(partial_ptr + pid * E_PAD + tl.arange(0, E_PAD), tl.histogram(ids, E_PAD))
 
 
@@ -95,7 +104,7 @@ def _plan_blocks_kernel(
 @triton.jit
 def _scatter_and_label_kernel(
     ids_ptr, numel, sorted_ids_ptr, cursor_ptr, ends_ptr, num_post_ptr, expert_ids_ptr, num_blocks, num_scatter,
-    E_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+    NUM_EXPERTS: tl.constexpr, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
     CHUNK: tl.constexpr, LABEL_CHUNK: tl.constexpr,
 ):
     """Programs below num_scatter place pairs; the others label blocks with their expert."""
@@ -106,6 +115,7 @@ def _scatter_and_label_kernel(
         offs = pid * CHUNK + tl.arange(0, CHUNK)
         ok = offs < numel
         expert = tl.load(ids_ptr + offs, mask=ok, other=0).to(tl.int32)
+        ok = ok & (expert >= 0) & (expert < NUM_EXPERTS)       # never touch memory for a bad id
         row = tl.atomic_add(cursor_ptr + expert, 1, mask=ok)
         tl.store(sorted_ids_ptr + row, offs, mask=ok)
     else:
@@ -143,6 +153,8 @@ def align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int):
         - ``expert_ids`` int32 ``[max_padded_rows // block_m]``: the expert of each block,
           -1 for blocks past ``num_tokens_post_padded``.
         - ``num_tokens_post_padded`` int32 ``[1]``: rows actually used, a device tensor.
+        Ids outside ``[0, num_experts)`` are dropped (their pairs appear nowhere); checking
+        them would cost a host sync, so callers validate (``check_matmul_inputs`` does).
         The order of pairs inside one expert's run is not specified (atomics on a GPU for
         more than SMALL_BATCH_PAIRS pairs; token order below that).
     """
@@ -175,7 +187,7 @@ def align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int):
     partial = torch.empty(num_chunks, e_pad, dtype=torch.int32, device=device)
     cursor = torch.empty(e_pad, dtype=torch.int32, device=device)
     ends = torch.empty(e_pad, dtype=torch.int32, device=device)
-    _count_chunks_kernel[(num_chunks,)](ids, numel, partial, E_PAD=e_pad, CHUNK=chunk)
+    _count_chunks_kernel[(num_chunks,)](ids, numel, partial, NUM_EXPERTS=num_experts, E_PAD=e_pad, CHUNK=chunk)
     _plan_blocks_kernel[(1,)](
         partial, num_chunks, numel, sorted_ids, cursor, ends, num_post,
         NUM_EXPERTS=num_experts, E_PAD=e_pad, BLOCK_M=block_m,
@@ -183,6 +195,6 @@ def align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int):
     grid = (num_chunks + triton.cdiv(num_blocks, label_chunk),)
     _scatter_and_label_kernel[grid](
         ids, numel, sorted_ids, cursor, ends, num_post, expert_ids, num_blocks, num_chunks,
-        E_PAD=e_pad, BLOCK_M=block_m, CHUNK=chunk, LABEL_CHUNK=label_chunk,
+        NUM_EXPERTS=num_experts, E_PAD=e_pad, BLOCK_M=block_m, CHUNK=chunk, LABEL_CHUNK=label_chunk,
     )
     return sorted_ids, expert_ids, num_post

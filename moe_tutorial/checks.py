@@ -21,20 +21,22 @@ def check_tensor(name: str, t, ndim: int) -> None:
         _fail(ValueError, name, f"a {ndim}-D tensor", f"shape {tuple(t.shape)}")
 
 
-def check_matmul_inputs(x, weight, topk_ids, *, kernel: bool = False) -> tuple[int, int, int, int, int]:
+def check_matmul_inputs(x, weight, topk_ids, *, kernel: bool = False,
+                        weight_name: str = "weight") -> tuple[int, int, int, int, int]:
     """Check the first-GEMM contract and return ``(M, K, N, E, topk)``.
 
     x ``[M, K]`` float, weight ``[E, N, K]`` of x's dtype and device, topk_ids ``[M, topk]``
     int32/int64 with values in ``[0, E)`` and ``topk <= E``. With ``kernel=True`` the dtype
-    must also be one the Triton kernels accept on the current runtime.
+    must also be one the Triton kernels accept on the current runtime. Errors call the weight
+    ``weight_name`` (the layer's checks pass "w13").
     """
     check_tensor("x", x, 2)
-    check_tensor("weight", weight, 3)
+    check_tensor(weight_name, weight, 3)
     check_tensor("topk_ids", topk_ids, 2)
     M, K = x.shape
     E, N, Kw = weight.shape
     if Kw != K:
-        _fail(ValueError, "weight", f"last dim equal to x's K={K} (weight is [E, N, K])", f"shape {tuple(weight.shape)}")
+        _fail(ValueError, weight_name, f"last dim equal to x's K={K} ({weight_name} is [E, N, K])", f"shape {tuple(weight.shape)}")
     if topk_ids.shape[0] != M:
         _fail(ValueError, "topk_ids", f"{M} rows, one per token of x", f"shape {tuple(topk_ids.shape)}")
     topk = topk_ids.shape[1]
@@ -45,18 +47,24 @@ def check_matmul_inputs(x, weight, topk_ids, *, kernel: bool = False) -> tuple[i
     if x.dtype not in _FLOAT_DTYPES:
         _fail(TypeError, "x", "a floating-point dtype", x.dtype)
     if weight.dtype != x.dtype:
-        _fail(TypeError, "weight", f"x's dtype {x.dtype}", weight.dtype)
-    for name, t in (("weight", weight), ("topk_ids", topk_ids)):
+        _fail(TypeError, weight_name, f"x's dtype {x.dtype}", weight.dtype)
+    for name, t in ((weight_name, weight), ("topk_ids", topk_ids)):
         if t.device != x.device:
             _fail(ValueError, name, f"x's device {x.device}", t.device)
     if kernel:
         check_kernel_dtype("x", x)
-    if topk_ids.numel():
-        lo, hi = int(topk_ids.min()), int(topk_ids.max())
+    if topk_ids.numel() and not _capturing(topk_ids):
+        lo, hi = (int(v) for v in torch.aminmax(topk_ids))   # one host sync on a GPU
         if lo < 0 or hi >= E:
             bad = lo if lo < 0 else hi
             _fail(ValueError, "topk_ids", f"expert ids in [0, {E})", f"an id of {bad}")
     return M, K, N, E, topk
+
+
+def _capturing(t: torch.Tensor) -> bool:
+    """True while a CUDA graph is being captured: reading device values would break it, so the
+    id-range check is skipped (the graph replays inputs that were checked when captured)."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def check_kernel_dtype(name: str, t: torch.Tensor) -> None:
@@ -87,7 +95,7 @@ def check_layer_inputs(x, w13, w2, topk_weights, topk_ids) -> tuple[int, int, in
     """
     check_tensor("w13", w13, 3)
     check_tensor("w2", w2, 3)
-    M, K, N13, E, topk = check_matmul_inputs(x, w13, topk_ids)
+    M, K, N13, E, topk = check_matmul_inputs(x, w13, topk_ids, weight_name="w13")
     if N13 % 2:
         _fail(ValueError, "w13", "an even second dim 2*I (gate rows then up rows)", f"shape {tuple(w13.shape)}")
     inter = N13 // 2

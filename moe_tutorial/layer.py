@@ -42,19 +42,20 @@ def moe_layer(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     """
     if impl not in IMPLS:
         raise ValueError(f"impl: expected one of {', '.join(IMPLS)}, got {impl!r}")
-    M, K, _, _, _ = check_layer_inputs(x, w13, w2, topk_weights, topk_ids)
-    if impl in ("naive", "sorted"):
-        check_kernel_dtype("x", x)
-    if M == 0:
-        return x.new_empty(0, K)
+    # Parts 1 and 4 check their own inputs (once: each check of the ids costs a host sync).
     if impl == "loop":
         from .loop import loop_moe_layer
         return loop_moe_layer(x, w13, w2, topk_weights, topk_ids)
+    if impl == "sorted":
+        from .sorted_kernel import sorted_moe_layer
+        return sorted_moe_layer(x, w13, w2, topk_weights, topk_ids)
+    M, K, _, _, _ = check_layer_inputs(x, w13, w2, topk_weights, topk_ids)
+    if impl == "naive":
+        check_kernel_dtype("x", x)
+    if M == 0:
+        return x.new_empty(0, K)
     if impl == "indexing":
         from .indexing import expert_moe_matmul
         return two_gemm_layer(expert_moe_matmul, x, w13, w2, topk_weights, topk_ids)
-    if impl == "naive":
-        from .fused_kernel import fused_moe_matmul
-        return two_gemm_layer(fused_moe_matmul, x, w13, w2, topk_weights, topk_ids)
-    from .sorted_kernel import sorted_moe_layer
-    return sorted_moe_layer(x, w13, w2, topk_weights, topk_ids)
+    from .fused_kernel import fused_moe_matmul
+    return two_gemm_layer(fused_moe_matmul, x, w13, w2, topk_weights, topk_ids)

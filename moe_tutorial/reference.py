@@ -24,9 +24,10 @@ def reference_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: torch.
 def reference_moe_layer(x, w13, w2, topk_weights, topk_ids) -> torch.Tensor:
     """``[M, K]`` float64: ``y[m] = sum_j w[m, j] * w2[e] @ (silu(gate) * up)``, e = topk_ids[m, j]."""
     M, topk = topk_ids.shape
+    inter, hidden = w2.shape[2], w2.shape[1]
     h = silu_and_mul(reference_moe_matmul(x, w13, topk_ids))        # [M, topk, I] float64
-    down = reference_moe_matmul(h.reshape(M * topk, -1), w2.double(), topk_ids.reshape(-1, 1))
-    return (down.view(M, topk, -1) * topk_weights.double()[..., None]).sum(dim=1)
+    down = reference_moe_matmul(h.reshape(M * topk, inter), w2.double(), topk_ids.reshape(M * topk, 1))
+    return (down.view(M, topk, hidden) * topk_weights.double()[..., None]).sum(dim=1)
 
 
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
