@@ -11,13 +11,11 @@ numbers: copy bandwidth from a large device-to-device copy, matmul rate from an 
 """
 from __future__ import annotations
 
-import contextlib
 import datetime
 import itertools
 import platform
 import statistics
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -117,33 +115,6 @@ def measure_ms(fn: Callable, *, timer: str = "cudagraph", max_seconds: float = 2
             ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
             return ms, "events, graph capture failed"
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"), "events"
-
-
-@contextlib.contextmanager
-def ids_checked_outside():
-    """Skip the host-side expert-id range check inside the package's wrappers, temporarily.
-
-    ``checks.check_matmul_inputs`` reads ``topk_ids.min()`` and ``.max()`` back to the host, a
-    sync that a CUDA graph cannot capture (and that an inference engine would not pay on
-    every call). The bench runs every implementation once with the full checks before timing
-    it, then times it inside this context, where only the shapes are read. Restored on exit.
-    """
-    from . import checks
-
-    original = checks.check_matmul_inputs
-
-    def shapes_only(x, weight, topk_ids, *, kernel: bool = False):
-        return x.shape[0], x.shape[1], weight.shape[1], weight.shape[0], topk_ids.shape[1]
-
-    patched = [m for name, m in list(sys.modules.items())
-               if name.startswith("moe_tutorial") and getattr(m, "check_matmul_inputs", None) is original]
-    for m in patched:
-        m.check_matmul_inputs = shapes_only
-    try:
-        yield
-    finally:
-        for m in patched:
-            m.check_matmul_inputs = original
 
 
 @dataclass(frozen=True)
