@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
 import numpy as np
-import torch
 from matplotlib.colors import to_rgb
 from matplotlib.patches import Rectangle
 
