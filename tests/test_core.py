@@ -283,8 +283,6 @@ def test_layer_of_no_tokens_is_empty(impl):
     assert loop_moe_layer(x, w13, w2, weights, ids).shape == (0, 5)
 
 
-@pytest.mark.xfail(strict=True, reason="reference_moe_layer reshapes with -1, which fails on 0 "
-                   "elements; remove this mark once reference.py passes the size explicitly")
 def test_reference_layer_of_no_tokens_is_empty():
     case = dict(M=0, N=3, K=5, E=4, topk=2, ids_dtype=torch.int32, layout="contiguous")
     assert reference_moe_layer(*layer_problem(case)).shape == (0, 5)
@@ -421,7 +419,11 @@ BAD_LAYER_INPUTS = {
     "weights-device": (_layer_with(topk_weights=lambda t: t.to(META)), ValueError,
                        r"^topk_weights: expected topk_ids' device cpu, got meta"),
     "ids-out-of-range": (_layer_with(topk_ids=lambda t: t + 6), ValueError, r"^topk_ids: expected expert ids in \[0, 6\)"),
-    "x-mixed-dtype": (_layer_with(x=lambda t: t.double()), TypeError, r"^w13: expected x's dtype|^weight: expected x's dtype"),
+    "w13-K-mismatch": (_layer_with(w13=lambda t: t[:, :, :4]), ValueError,
+                       r"^w13: expected last dim equal to x's K=5 .*got shape \(6, 8, 4\)"),
+    "w13-device": (_layer_with(w13=lambda t: t.to(META)), ValueError, r"^w13: expected x's device cpu, got meta"),
+    "x-mixed-dtype": (_layer_with(x=lambda t: t.double()), TypeError,
+                      r"^w13: expected x's dtype torch.float64, got torch.float32"),
 }
 
 
@@ -434,11 +436,6 @@ def test_layer_rejects_bad_input(impl, bad):
         fn(**build())
 
 
-@pytest.mark.xfail(strict=True, reason="check_layer_inputs passes w13 to check_matmul_inputs, whose errors "
-                   "call it 'weight'; remove this mark once the layer's errors say 'w13'")
-def test_layer_errors_name_w13():
-    with pytest.raises(ValueError, match=r"^w13: expected last dim equal to x's K=5"):
-        check_layer_inputs(**_layer_with(w13=lambda t: t[:, :, :4])())
 
 
 def test_layer_rejects_an_unknown_impl():
