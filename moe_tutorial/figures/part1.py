@@ -1,0 +1,201 @@
+"""Figures for Part 1: what an MoE layer is, the expert view of routing, launches against E.
+
+Each function draws one figure from plain tensors or numbers and returns the matplotlib
+Figure; the notebook calls ``plt.show()``.
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import torch
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
+
+from .style import IMPL_COLORS, expert_color
+
+_GREY = "#d9d9d9"
+
+
+def _box(ax, x, y, w, h, text, color="white", *, fontsize=9, edge="#555555"):
+    """A rounded box centred at ``(x, y)`` with centred text."""
+    ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0.02,rounding_size=0.08",
+                                facecolor=color, edgecolor=edge, lw=1.0))
+    ax.text(x, y, text, ha="center", va="center", fontsize=fontsize)
+
+
+def _arrow(ax, start, end, *, color="#555555", lw=1.2, text=None, text_offset=(0.0, 0.12), fontsize=8):
+    ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=10, color=color, lw=lw,
+                                 shrinkA=0, shrinkB=0))
+    if text:
+        mx, my = (start[0] + end[0]) / 2 + text_offset[0], (start[1] + end[1]) / 2 + text_offset[1]
+        ax.text(mx, my, text, ha="center", va="center", fontsize=fontsize, color=color)
+
+
+def draw_routing(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int):
+    """Tokens go to their top-k experts; each output is the weighted sum of what came back.
+
+    Lines from a token to an expert are its (token, slot) pairs, in the expert's colour; lines
+    from an expert to an output are as wide as the router weight, and each output spells out
+    its sum (``E4`` is expert 4 applied to that token). Experts no token chose stay grey.
+
+    Args:
+        topk_ids: ``[M, topk]`` int expert ids. topk_weights: ``[M, topk]`` float.
+        num_experts: E, the number of expert boxes drawn.
+    """
+    ids, weights = topk_ids.cpu().tolist(), topk_weights.float().cpu().tolist()
+    M = len(ids)
+    used = {e for row in ids for e in row}
+    height = max(M, num_experts)
+    fig, ax = plt.subplots(figsize=(8.5, 0.5 * height + 1.0))
+
+    def rows(n):
+        return [height - (i + 0.5) * height / n for i in range(n)]
+
+    ty, ey = rows(M), rows(num_experts)
+    xt, xe, xo = 0.0, 3.0, 6.0
+    for m, row in enumerate(ids):
+        for j, e in enumerate(row):
+            c = expert_color(e)
+            ax.plot([xt + 0.5, xe - 0.5], [ty[m], ey[e]], color=c, lw=1.5, alpha=0.8, zorder=1)
+            ax.plot([xe + 0.5, xo - 0.6], [ey[e], ty[m]], color=c, lw=0.8 + 5 * weights[m][j], alpha=0.75,
+                    solid_capstyle="butt", zorder=1)
+    for m in range(M):
+        _box(ax, xt, ty[m], 1.0, 0.6, f"x{m}", "#f7f7f7")
+        terms = " + ".join(f"{weights[m][j]:.2f}·E{e}" for j, e in enumerate(ids[m]))
+        _box(ax, xo + 0.6, ty[m], 2.4, 0.6, f"y{m} = {terms}", "#f7f7f7", fontsize=8)
+    for e in range(num_experts):
+        _box(ax, xe, ey[e], 1.0, 0.6, f"expert {e}", expert_color(e) if e in used else _GREY)
+    top = height + 0.1
+    ax.text(xt, top, "tokens", ha="center", fontsize=10)
+    ax.text((xt + xe) / 2, top, "top-k routing", ha="center", fontsize=10)
+    ax.text(xe, top, "experts", ha="center", fontsize=10)
+    ax.text((xe + xo) / 2, top, "router weights", ha="center", fontsize=10)
+    ax.text(xo + 0.6, top, "weighted sums", ha="center", fontsize=10)
+    ax.set_xlim(-0.7, 8.0)
+    ax.set_ylim(-0.1, height + 0.5)
+    ax.axis("off")
+    return fig
+
+
+def plot_router(probs: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor):
+    """One panel per token: softmax probabilities over experts, the kept top-k in colour.
+
+    Above each kept bar, its renormalised weight (what the layer multiplies by).
+
+    Args:
+        probs: ``[M, E]`` softmax of the router logits. topk_ids, topk_weights: ``[M, topk]``.
+    """
+    probs = probs.float().cpu()
+    M, E = probs.shape
+    fig, axes = plt.subplots(1, M, figsize=(2.4 * M, 2.4), sharey=True, squeeze=False)
+    for m, ax in enumerate(axes[0]):
+        chosen = dict(zip(topk_ids[m].tolist(), topk_weights[m].float().tolist()))
+        colors = [expert_color(e) if e in chosen else _GREY for e in range(E)]
+        ax.bar(range(E), probs[m].tolist(), color=colors)
+        for e, w in chosen.items():
+            ax.text(e, probs[m, e].item() + 0.02, f"{w:.2f}", ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(range(E))
+        ax.set_xlabel("expert")
+        ax.set_title(f"token {m}")
+    axes[0][0].set_ylabel("softmax probability")
+    axes[0][0].set_ylim(0, 1.1)
+    fig.suptitle("router: softmax over experts, keep the top-k (colour), renormalise (labels)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def draw_gated_mlp():
+    """One expert: ``w2 (silu(w1 x) * (w3 x))``, with the shape of every arrow.
+
+    w1 and w3 are stored stacked as one ``w13 [2I, K]`` so a single GEMM gives both halves.
+    """
+    fig, ax = plt.subplots(figsize=(9, 2.6))
+    _box(ax, 0, 1, 0.9, 0.6, "x\n[K]", "#f7f7f7")
+    _box(ax, 2, 1.8, 1.3, 0.6, "w1 (gate)\n[I, K]", "#fde0c5")
+    _box(ax, 2, 0.2, 1.3, 0.6, "w3 (up)\n[I, K]", "#fde0c5")
+    _box(ax, 4, 1.8, 0.9, 0.6, "SiLU", "#e8f1fa")
+    _box(ax, 5.6, 1.0, 0.6, 0.6, "×", "#e8f1fa", fontsize=12)
+    _box(ax, 7.2, 1.0, 1.3, 0.6, "w2 (down)\n[K, I]", "#fde0c5")
+    _box(ax, 8.9, 1.0, 0.9, 0.6, "out\n[K]", "#f7f7f7")
+    _arrow(ax, (0.45, 1.15), (1.35, 1.75))
+    _arrow(ax, (0.45, 0.85), (1.35, 0.25))
+    _arrow(ax, (2.65, 1.8), (3.55, 1.8), text="[I]")
+    _arrow(ax, (4.45, 1.8), (5.3, 1.2), text="[I]", text_offset=(0.15, 0.1))
+    _arrow(ax, (2.65, 0.2), (5.3, 0.8), text="[I]", text_offset=(0.0, -0.2))
+    _arrow(ax, (5.9, 1.0), (6.55, 1.0), text="[I]")
+    _arrow(ax, (7.85, 1.0), (8.45, 1.0), text="[K]")
+    ax.add_patch(Rectangle((1.25, -0.25), 1.5, 2.5, fill=False, ls="--", ec="#999999"))
+    ax.text(2.0, 2.4, "w13 [2I, K]: one GEMM, then silu_and_mul", ha="center", fontsize=8, color="#666666")
+    ax.set_xlim(-0.6, 9.5)
+    ax.set_ylim(-0.4, 2.6)
+    ax.axis("off")
+    return fig
+
+
+def plot_expert_view(topk_ids: torch.Tensor, num_experts: int):
+    """The same routing seen two ways.
+
+    Left, the token view: ``topk_ids [M, topk]``, each cell coloured by its expert. Right, the
+    expert view the loop walks: for each expert, the ``(m, j)`` pairs of
+    ``torch.where(topk_ids == e)``, i.e. the rows of its one small GEMM. Idle experts are grey.
+    """
+    ids = topk_ids.cpu().tolist()
+    M, topk = len(ids), len(ids[0]) if ids else 0
+    pairs = {e: [(m, j) for m in range(M) for j in range(topk) if ids[m][j] == e] for e in range(num_experts)}
+    widest = max([len(p) for p in pairs.values()] + [1])
+    rows = max(M, num_experts)
+    x0 = topk + 3.2                     # where the expert view starts, in cell units
+    fig, ax = plt.subplots(figsize=(0.75 * (x0 + widest) + 0.8, 0.6 * rows + 0.9))
+    for m in range(M):
+        y = rows - 1 - m
+        ax.text(-0.15, y + 0.5, f"token {m}", ha="right", va="center", fontsize=9)
+        for j in range(topk):
+            e = ids[m][j]
+            ax.add_patch(Rectangle((j, y + 0.05), 1, 0.9, facecolor=expert_color(e), edgecolor="white", lw=2))
+            ax.text(j + 0.5, y + 0.5, str(e), ha="center", va="center", fontsize=10)
+    for j in range(topk):
+        ax.text(j + 0.5, rows - 1 - M + 0.75, f"slot {j}", ha="center", va="center", fontsize=8)
+    ax.text(topk / 2, rows + 0.25, "token view: topk_ids", ha="center", fontsize=10)
+    for e in range(num_experts):
+        y = rows - 1 - e
+        ax.text(x0 - 0.15, y + 0.5, f"expert {e}", ha="right", va="center", fontsize=9)
+        if not pairs[e]:
+            ax.add_patch(Rectangle((x0, y + 0.05), 1, 0.9, facecolor=_GREY, edgecolor="white"))
+            ax.text(x0 + 0.5, y + 0.5, "idle", ha="center", va="center", fontsize=8)
+        for i, (m, j) in enumerate(pairs[e]):
+            ax.add_patch(Rectangle((x0 + i, y + 0.05), 1, 0.9, facecolor=expert_color(e), edgecolor="white", lw=2))
+            ax.text(x0 + i + 0.5, y + 0.5, f"m={m}\nj={j}", ha="center", va="center", fontsize=7)
+    ax.text(x0 + widest / 2, rows + 0.25, "expert view: where(topk_ids == e)", ha="center", fontsize=10)
+    ax.set_xlim(-1.6, x0 + widest + 0.1)
+    ax.set_ylim(-0.5 if M >= num_experts else 0, rows + 0.6)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    return fig
+
+
+def plot_launches(num_experts: list[int], launches: dict[str, list[int]], models: dict[str, int] | None = None):
+    """Kernel launches of one layer forward against the number of experts E.
+
+    Args:
+        num_experts: the E values measured.
+        launches: implementation name -> launches at each E (e.g. ``{"loop": [...], "indexing": [...]}``).
+        models: model name -> its E, marked with a dotted line so readers see where real models sit.
+    """
+    fig, ax = plt.subplots(figsize=(7.5, 3.8))
+    for i, (impl, counts) in enumerate(launches.items()):
+        ax.plot(num_experts, counts, "o-", color=IMPL_COLORS.get(impl, "#333333"), label=impl)
+        for e, c in zip(num_experts, counts):
+            # The first line is labelled above its points, the others below, so labels never meet.
+            ax.annotate(str(c), (e, c), textcoords="offset points", xytext=(0, 7 if i == 0 else -13),
+                        ha="center", fontsize=8)
+    top = max(max(c) for c in launches.values())
+    right = max(num_experts)
+    for i, (name, e) in enumerate(sorted((models or {}).items(), key=lambda kv: kv[1])):
+        ax.axvline(e, color="#bbbbbb", ls=":", lw=1, zorder=0)
+        # Neighbouring names (E = 60 and 64) sit at alternating heights; the last one reads leftwards.
+        ax.text(e + (-2 if e == right else 2), top * (1.22 if i % 2 else 1.12), name, fontsize=7,
+                color="#666666", ha="right" if e == right else "left")
+    ax.set_xlabel("experts E (every expert has tokens)")
+    ax.set_ylabel("kernel launches per forward")
+    ax.set_ylim(-0.06 * top, top * 1.3)
+    ax.legend(loc="center right")
+    fig.tight_layout()
+    return fig
