@@ -68,8 +68,8 @@ def default_blocks(topk: int, N: int, K: int) -> tuple[int, int]:
     """
     topk_pad = triton.next_power_of_2(topk)
     if runtime.INTERPRETED:
-        block_n = min(triton.next_power_of_2(N), 64)
-        block_k = min(triton.next_power_of_2(K), 128)
+        block_n = min(triton.next_power_of_2(max(N, 1)), 64)
+        block_k = min(triton.next_power_of_2(max(K, 1)), 128)
     else:
         block_n = max(16, min(128, 256 // topk_pad))
         block_k = max(16, 8192 // (topk_pad * block_n))
@@ -99,9 +99,10 @@ def fused_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: torch.Tens
     if M == 0 or N == 0:
         return out
     dn, dk = default_blocks(topk, N, K)
-    block_n, block_k = block_n or dn, block_k or dk
+    block_n = dn if block_n is None else block_n
+    block_k = dk if block_k is None else block_k
     for name, b in (("block_n", block_n), ("block_k", block_k)):
-        if b < 1 or b & (b - 1):
+        if isinstance(b, bool) or not isinstance(b, int) or b < 1 or b & (b - 1):
             raise ValueError(f"{name}: expected a power of two, got {b}")
     grid = (M, triton.cdiv(N, block_n))
     fused_moe_kernel[grid](

@@ -7,6 +7,8 @@ kernel module is imported. This module must therefore be imported before any ker
 from __future__ import annotations
 
 import os
+import sys
+import warnings
 
 import torch
 
@@ -14,6 +16,13 @@ import torch
 ON_GPU: bool = torch.cuda.is_available()
 
 if not ON_GPU:
+    if "triton.language" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        # triton.language builds its own helpers (tl.zeros, ...) for the runtime chosen when it
+        # was imported; too late to switch them to the interpreter now.
+        warnings.warn(
+            "triton was imported before moe_tutorial on a machine without a GPU, so its kernels "
+            "cannot run in the interpreter. Restart Python and import moe_tutorial first "
+            "(or set TRITON_INTERPRET=1 before starting it).", RuntimeWarning, stacklevel=2)
     # Must happen before triton.jit decorates anything.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

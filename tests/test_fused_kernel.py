@@ -178,10 +178,16 @@ def test_empty_batch():
     assert out.shape == (0, 2, 8)
 
 
-@pytest.mark.xfail(strict=True, reason="fused_kernel.default_blocks gives block_k = 0 when K = 0 (reported)")
 def test_zero_k_gives_zeros():
     x, weight, ids = random_problem(2, 8, 0, 4, 2, device=DEV)
     assert torch.equal(fused_moe_matmul(x, weight, ids), torch.zeros(2, 2, 8, device=DEV))
+
+
+@pytest.mark.parametrize("bad", [0, 3, -4, 2.0, True])
+def test_block_sizes_must_be_powers_of_two(bad):
+    x, weight, ids = random_problem(2, 8, 8, 4, 2, device=DEV)
+    with pytest.raises(ValueError, match="block_n"):
+        fused_moe_matmul(x, weight, ids, block_n=bad)
 
 
 # ---------------------------------------------------------------------------------------
