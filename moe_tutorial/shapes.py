@@ -59,7 +59,7 @@ def random_problem(M: int, N: int, K: int, num_experts: int, topk: int, *, dtype
     Values are ~N(0, 1) for x and scaled by ``1/sqrt(K)`` for the weights so outputs stay O(1).
     """
     g = torch.Generator().manual_seed(seed)
-    scale = K ** -0.5 if scale is None else scale
+    scale = max(K, 1) ** -0.5 if scale is None else scale
     x = torch.randn(M, K, generator=g).to(device=device, dtype=dtype)
     weight = (torch.randn(num_experts, N, K, generator=g) * scale).to(device=device, dtype=dtype)
     ids = random_topk_ids(M, num_experts, topk, generator=g, device=device)
