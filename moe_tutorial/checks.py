@@ -54,7 +54,7 @@ def check_matmul_inputs(x, weight, topk_ids, *, kernel: bool = False,
     if kernel:
         check_kernel_dtype("x", x)
     if topk_ids.numel() and not _capturing(topk_ids):
-        lo, hi = (int(v) for v in torch.aminmax(topk_ids))   # one host sync on a GPU
+        lo, hi = torch.stack(torch.aminmax(topk_ids)).tolist()   # one host sync on a GPU
         if lo < 0 or hi >= E:
             bad = lo if lo < 0 else hi
             _fail(ValueError, "topk_ids", f"expert ids in [0, {E})", f"an id of {bad}")

@@ -18,9 +18,10 @@ def two_gemm_layer(first_gemm: Callable, x, w13, w2, topk_weights, topk_ids) -> 
     own with a single expert, ``act [M * topk, I]`` and ``topk_ids.reshape(-1, 1)``.
     """
     M, topk = topk_ids.shape
-    act = silu_and_mul(first_gemm(x, w13, topk_ids))                        # [M, topk, I]
-    down = first_gemm(act.reshape(M * topk, -1), w2, topk_ids.reshape(-1, 1))  # [M * topk, 1, K]
-    weighted = down.view(M, topk, -1).float() * topk_weights[..., None].float()
+    hidden, inter = w2.shape[1], w2.shape[2]
+    act = silu_and_mul(first_gemm(x, w13, topk_ids))                                   # [M, topk, I]
+    down = first_gemm(act.reshape(M * topk, inter), w2, topk_ids.reshape(M * topk, 1))  # [M * topk, 1, K]
+    weighted = down.view(M, topk, hidden).float() * topk_weights[..., None].float()
     return weighted.sum(dim=1).to(x.dtype)
 
 
