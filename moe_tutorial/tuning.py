@@ -80,8 +80,8 @@ def config_space(M: int, E: int, N: int, K: int, topk: int, *, gated: bool = Fal
     """Every configuration worth trying for one problem, pruned by what fits and what M needs.
 
     - BLOCK_M from :func:`block_m_range` (16 at decode, up to 128 at prefill);
-    - BLOCK_N in 32..256 and BLOCK_K in 64..256, no wider than N and K need (tl.dot needs a
-      K tile of at least 16, which all of these are);
+    - BLOCK_N in 32..256 (64 and up for tiles of 64 rows or more) and BLOCK_K in 64..256, no
+      wider than N and K need (tl.dot needs a K tile of at least 16, which all of these are);
     - 4 or 8 warps, 2 to 5 stages; GROUP_M 8 only when there are enough row blocks to group;
       the TMA path for the weights when ``tma`` (a Hopper GPU);
     - dropped: tiles whose pipelined A and B buffers exceed ``configs.SMEM_LIMIT``
@@ -95,8 +95,8 @@ def config_space(M: int, E: int, N: int, K: int, topk: int, *, gated: bool = Fal
     for bm in block_m_range(M, E, topk):
         row_blocks = M * topk / bm + min(E, M * topk)      # roughly, padding included
         for bn, bk, warps, stages in itertools.product(block_ns, block_ks, (4, 8), (2, 3, 4, 5)):
-            if bm * bn * halves / (32 * warps) > MAX_ACC_PER_THREAD:
-                continue
+            if bm * bn * halves / (32 * warps) > MAX_ACC_PER_THREAD or (bm >= 64 and bn < 64):
+                continue                                    # spills, or a tall thin tile
             for group in ((1, 8) if row_blocks > 8 else (1,)):
                 for use_tma in ((False, True) if tma else (False,)):
                     extra = {"use_tma": True} if use_tma else {}

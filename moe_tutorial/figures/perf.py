@@ -170,6 +170,30 @@ def plot_fraction(rows: list[dict], model: str, gemm: str = "first", *, ax=None)
     return fig if fig is not None else ax.figure
 
 
+def _shared_legend(fig, axes, ncol: int = 5) -> float:
+    """One legend for all panels, below them; returns the figure fraction it takes."""
+    handles = {}
+    for ax in np.ravel(axes):
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, h)
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=min(ncol, len(handles)), fontsize=8,
+               frameon=False)
+    return 0.06 + 0.03 * ((len(handles) - 1) // ncol)
+
+
+def plot_across_models(rows: list[dict], models: list[str], gemm: str = "first", metric: str = "ms"):
+    """One panel per model of ``metric`` ("ms" or "fraction_of_floor") against M, one legend."""
+    if metric not in ("ms", "fraction_of_floor"):
+        raise ValueError(f"metric: expected 'ms' or 'fraction_of_floor', got {metric!r}")
+    fig, axes = plt.subplots(1, len(models), figsize=(5.6 * len(models), 4.4), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        _plot_metric(ax, rows, model, gemm, metric)
+    what = "time" if metric == "ms" else "fraction of the roofline floor"
+    fig.suptitle(f"{gemm_title(gemm)}: {what} against M")
+    fig.tight_layout(rect=(0, _shared_legend(fig, axes), 1, 1))
+    return fig
+
+
 def plot_model(rows: list[dict], model: str):
     """One model's results: time (top) and fraction of the floor (bottom) for each gemm."""
     gemms = [g for g in ("first", "layer") if any(r["model"] == model and r["gemm"] == g for r in rows)]
@@ -177,15 +201,9 @@ def plot_model(rows: list[dict], model: str):
     for j, gemm in enumerate(gemms):
         _plot_metric(axes[0][j], rows, model, gemm, "ms")
         _plot_metric(axes[1][j], rows, model, gemm, "fraction_of_floor")
-    handles = {}
-    for ax in axes.flat:
-        for h, label in zip(*ax.get_legend_handles_labels()):
-            handles.setdefault(label, h)
-    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=min(5, len(handles)), fontsize=8,
-               frameon=False)
     first = next((r for r in rows if r["model"] == model), {})
     fig.suptitle(f"{model} on {first.get('gpu', '?')} ({first.get('dtype', '')})")
-    fig.tight_layout(rect=(0, 0.06 + 0.03 * ((len(handles) - 1) // 5), 1, 1))
+    fig.tight_layout(rect=(0, _shared_legend(fig, axes), 1, 1))
     return fig
 
 
@@ -205,5 +223,5 @@ def save_bench_figures(rows: list[dict], out_dir) -> list[Path]:
     return paths
 
 
-__all__ = ["IMPL_LABELS", "impl_style", "intensity", "plot_intensity", "plot_roofline",
-           "plot_time", "plot_fraction", "plot_model", "save_bench_figures"]
+__all__ = ["IMPL_LABELS", "impl_style", "intensity", "plot_intensity", "plot_roofline", "plot_time",
+           "plot_fraction", "plot_across_models", "plot_model", "save_bench_figures"]
