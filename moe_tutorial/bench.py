@@ -258,17 +258,24 @@ def run_bench(plan: BenchPlan, *, csv_path: str | Path | None = None, progress: 
                 rows.append({**common, **_skeleton(shape, plan.dtype, gemm, impl, M),
                              "status": f"skipped: over the --max-minutes {plan.max_minutes:g} budget"})
             else:
-                if weights_for != shape.name:
-                    weights_for, inputs_for, refs, inp, w13, w2 = shape.name, None, {}, None, None, None
-                    free_device_memory()
-                    w13, w2 = make_weights(shape, plan.dtype, with_w2="layer" in plan.gemms, seed=plan.seed)
-                if inputs_for != M:
-                    inputs_for, refs, inp = M, {}, None
-                    free_device_memory()
-                    inp = make_inputs(shape, M, plan.dtype, w13, w2, num_rotations=rotations(M), seed=plan.seed)
-                if gemm not in refs:
-                    refs[gemm] = reference_rows(gemm, inp)
-                rows.append({**common, **run_case(gemm, impl, inp, refs[gemm], ceilings, plan)})
+                try:
+                    if weights_for != shape.name:
+                        weights_for, inputs_for, refs, inp, w13, w2 = shape.name, None, {}, None, None, None
+                        free_device_memory()
+                        w13, w2 = make_weights(shape, plan.dtype, with_w2="layer" in plan.gemms, seed=plan.seed)
+                    if inputs_for != M:
+                        inputs_for, refs, inp = M, {}, None
+                        free_device_memory()
+                        inp = make_inputs(shape, M, plan.dtype, w13, w2, num_rotations=rotations(M), seed=plan.seed)
+                    if gemm not in refs:
+                        refs[gemm] = reference_rows(gemm, inp)
+                    row = run_case(gemm, impl, inp, refs[gemm], ceilings, plan)
+                except Exception as e:  # noqa: BLE001  (inputs or reference failed, e.g. out of memory)
+                    weights_for = inputs_for = None     # build them again for the next case
+                    row = {**_skeleton(shape, plan.dtype, gemm, impl, M),
+                           "status": f"skipped: error while preparing inputs: {type(e).__name__}: "
+                                     f"{(str(e).strip().splitlines() or [''])[0][:200]}"}
+                rows.append({**common, **row})
                 if runtime.ON_GPU:
                     torch.cuda.empty_cache()
             if csv_path is not None:

@@ -61,7 +61,7 @@ def test_grouped_mm_states_why_it_cannot_run_here():
 def test_indexing_is_skipped_with_the_size_when_it_would_not_fit(monkeypatch):
     monkeypatch.setattr(bench_impls, "free_memory_bytes", lambda: 200_000)
     inp = inputs(M=64)
-    with pytest.raises(bench_impls.Skip, match=r"intermediate needs 0\.54 MB, more than 50% of the 0\.20 MB free"):
+    with pytest.raises(bench_impls.Skip, match=r"intermediate needs 0\.54 MB, more than 33% of the 0\.20 MB free"):
         bench_impls.prepare("first", "indexing", inp)
     row = bench.run_case("layer", "indexing", inp, bench.reference_rows("layer", inp),
                          timing.Ceilings(1.0, 1.0), bench.BenchPlan([SHAPE], (64,), torch.float32))
@@ -192,6 +192,23 @@ def test_failing_implementation_does_not_end_the_sweep(monkeypatch, tmp_path):
         ("naive", 1, "skipped: error: Runt"), ("loop", 1, "ok"), ("naive", 2, "skipped: error: Runt"), ("loop", 2, "ok")]
     assert rows[0]["status"] == "skipped: error: RuntimeError: CUDA error: out of memory"
     assert (tmp_path / "b.csv").exists()
+
+
+def test_failing_inputs_skip_the_case_and_the_next_one_rebuilds(monkeypatch):
+    real = bench.reference_rows
+    calls = []
+
+    def flaky(gemm, inp, max_rows=None):
+        calls.append(inp.M)
+        if len(calls) == 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 30 GiB")
+        return real(gemm, inp, max_rows)
+    monkeypatch.setattr(bench, "reference_rows", flaky)
+    plan = bench.BenchPlan([SHAPE], (1, 2), torch.float32, gemms=("first",), impls=("loop",))
+    rows = bench.run_bench(plan, progress=False, log=lambda s: None, ceilings=timing.Ceilings(1.0, 1.0))
+    assert rows[0]["status"] == ("skipped: error while preparing inputs: OutOfMemoryError: "
+                                 "CUDA out of memory. Tried to allocate 30 GiB")
+    assert rows[1]["status"] == "ok" and calls == [1, 2]
 
 
 def test_time_budget_skips_the_rest(monkeypatch):
