@@ -157,3 +157,28 @@ def test_module_main_returns_zero_after_a_tiny_run(tmp_path, capsys):
     rows = results.load_rows(tmp_path / "bench.csv")
     assert [(r["model"], r["impl"], r["status"]) for r in rows] == [("custom", "loop", "ok"), ("custom", "sorted", "ok")]
     assert "custom" in capsys.readouterr().out
+
+
+def test_tune_command_wiring_on_a_pretend_gpu(monkeypatch, tmp_path, capsys):
+    """What `tune` passes to the tuner and prints, with the GPU and the search stubbed out."""
+    import torch
+
+    from moe_tutorial import tuning
+    from moe_tutorial.configs import KernelConfig
+
+    seen = {}
+
+    def fake_tune(shape, batch_sizes, variants, dtype, *, out, max_minutes, seed):
+        seen.update(shape=shape.name, batch_sizes=batch_sizes, variants=variants, dtype=dtype, out=out,
+                    max_minutes=max_minutes)
+        c = KernelConfig(16, 64, 128, 1, 4, 3)
+        return [tuning.TuneResult("plain", 1, "key", c, 2.0, c, 1.0, 3, 0)]
+    monkeypatch.setattr(runtime, "ON_GPU", True)
+    monkeypatch.setattr(tuning, "tune", fake_tune)
+    out = tmp_path / "t.json"
+    assert cli.main(["tune", "--model", "qwen3-30b-a3b", "-M", "1,64", "--variants", "plain,down",
+                     "--dtype", "fp16", "--max-minutes", "3", "--out", str(out)]) == 0
+    assert seen == dict(shape="Qwen3-30B-A3B", batch_sizes=(1, 64), variants=("plain", "down"),
+                        dtype=torch.float16, out=out, max_minutes=3.0)
+    printed = capsys.readouterr().out
+    assert "2.00x" in printed and str(out) in printed
