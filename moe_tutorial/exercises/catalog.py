@@ -1,0 +1,65 @@
+"""The exercises of the series: one entry each, used by the checkers, the grader and the README."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One exercise: ``id`` "part.n", the function the student writes, and what it is for."""
+
+    id: str
+    function: str
+    checker: str
+    title: str
+    teaches: str
+    level: str       # "warm-up", "medium" or "hard"
+    minutes: int
+
+    @property
+    def part(self) -> int:
+        return int(self.id.split(".")[0])
+
+
+_ALL = [
+    Exercise("1.1", "route", "check_route", "The router",
+             "softmax in fp32, top-k, renormalise; ids and weights are the input of everything after", "warm-up", 10),
+    Exercise("1.2", "expert_pairs", "check_expert_pairs", "Who chose expert e?",
+             "the expert view: torch.where(topk_ids == e) gives the tokens and the slots", "warm-up", 5),
+    Exercise("1.3", "loop_moe_matmul", "check_loop_matmul", "The expert-view loop",
+             "one small GEMM per expert, results scattered back to out[idx, slot]", "medium", 15),
+    Exercise("1.4", "loop_moe_layer", "check_loop_layer", "The whole layer, by loop",
+             "gate/up GEMM, silu(gate) * up, down GEMM, router weights, sum over slots", "hard", 20),
+    Exercise("2.1", "select_weights", "check_select_weights", "Gather the chosen weights",
+             "advanced indexing weight[topk_ids] and the [M, topk, N, K] shape it makes", "warm-up", 5),
+    Exercise("2.2", "expert_moe_matmul", "check_indexing_matmul", "Vectorise the loop",
+             "one broadcast matmul instead of a loop: which axes broadcast, which contract", "medium", 15),
+    Exercise("2.3", "intermediate_bytes", "check_intermediate_bytes", "What the gather costs",
+             "the size of the [M, topk, N, K] intermediate; Python ints, not int32", "warm-up", 5),
+    Exercise("2.4", "indexing_moe_layer", "check_indexing_layer", "The layer from one first-GEMM function",
+             "the down GEMM as M * topk one-expert tokens: reshape instead of a second design", "hard", 20),
+    Exercise("3.1", "fused_columns", "check_fused_columns", "Decode the fused tile",
+             "pid decoding and FUSED_N = topk * BLOCK_N: slot = lane // BLOCK_N, column = lane % BLOCK_N", "warm-up", 10),
+    Exercise("3.2", "fused_moe_matmul", "check_fused_matmul", "The gather pointer grid",
+             "per-column expert ids, a [BLOCK_K, FUSED_N] pointer grid, masks, the scatter store", "hard", 35),
+    Exercise("3.3", "fused_moe_matmul_any_topk", "check_fused_any_topk", "topk = 6",
+             "tl.arange needs powers of two: pad to TOPK_PAD and mask the spare columns", "medium", 15),
+    Exercise("3.4", "fused_moe_matmul_int64", "check_fused_int64", "DeepSeek-V3 and int32",
+             "expert * stride_we passes 2**31 on big models: cast to int64 before multiplying", "medium", 10),
+    Exercise("4.1", "align_block_size", "check_align", "Sort and pad",
+             "group (token, slot) pairs by expert, pad each run to BLOCK_M with a sentinel", "hard", 25),
+    Exercise("4.2", "grouped_pid", "check_grouped_pid", "Grouped program order",
+             "map a 1-D pid to (pid_m, pid_n) walking GROUP_M row blocks first; the last group is short", "medium", 10),
+    Exercise("4.3", "sorted_moe_matmul", "check_sorted_matmul", "The sorted kernel",
+             "one expert per program, tl.dot on [BLOCK_M, BLOCK_K] x [BLOCK_K, BLOCK_N], padding rows masked", "hard", 40),
+    Exercise("4.4", "sorted_moe_matmul_weighted", "check_router_epilogue", "Router weights in the epilogue",
+             "scale each output row by its pair's router weight before the store", "medium", 10),
+]
+
+#: Every exercise by id, in order.
+EXERCISES: dict[str, Exercise] = {ex.id: ex for ex in _ALL}
+
+
+def for_part(part: int) -> list[Exercise]:
+    """The exercises of one part, in order."""
+    return [ex for ex in _ALL if ex.part == part]

@@ -1,0 +1,138 @@
+"""Checkers for Part 1, the expert view: the router, the pairs of an expert, the loop, the layer."""
+from __future__ import annotations
+
+import torch
+
+from .. import runtime
+from ..reference import tolerance
+from ..routing import route
+from .common import check_first_gemm_fn, check_layer_fn
+from .diagnose import expect_tensor
+from .feedback import Fail, call_student, on, run_check
+from .problems import layer_problems, torch_first_gemm_problems, worked_first_gemm
+
+
+def _route_cases():
+    g = torch.Generator().manual_seed(31)
+    dev = runtime.DEVICE
+    return [
+        ("M=6, E=8, top_k=2", torch.randn(6, 8, generator=g).to(dev), 2, True),
+        ("M=6, E=8, top_k=2, renormalize=False", torch.randn(6, 8, generator=g).to(dev), 2, False),
+        ("M=5, E=60, top_k=4 (Qwen1.5-MoE)", torch.randn(5, 60, generator=g).to(dev), 4, True),
+        ("M=4, E=16, top_k=3, bfloat16 logits", torch.randn(4, 16, generator=g).to(dev, torch.bfloat16), 3, True),
+        ("M=0, E=4, top_k=2 (an empty batch)", torch.randn(0, 4, generator=g).to(dev), 2, True),
+    ]
+
+
+def _route_variant_message(got_w, logits, k, renormalize) -> str:
+    """Name the slip whose weights the student's match: no softmax, the wrong axis, (no) renormalisation."""
+    def kept(scores):
+        top = scores.topk(k, -1).values
+        return top, top / top.sum(-1, keepdim=True)
+
+    bases = [(torch.softmax(logits.float(), -1), ""),
+             (torch.softmax(logits.float(), 0), "the softmax runs over tokens (dim=0); it must be over the experts (dim=-1)."),
+             (logits.float(), "these are the logits themselves: take the softmax over the experts first.")]
+    for scores, text in bases:
+        raw, renormed = kept(scores)
+        for w, is_renormed in ((raw, False), (renormed, True)):
+            if w.shape != got_w.shape or not torch.allclose(got_w.float(), w, atol=1e-6, rtol=1e-5):
+                continue
+            if text:
+                return text
+            if renormalize and not is_renormed:
+                return ("the weights are the raw softmax probabilities: with renormalize=True divide the kept "
+                        "weights by their sum, so each token's weights add up to 1.")
+            if is_renormed and not renormalize:
+                return "the weights add up to 1, but renormalize=False keeps the raw softmax probabilities (DeepSeek-V2 does)."
+    return ""
+
+
+def _expect_route(got, logits, k: int, renorm: bool) -> None:
+    exp_w, exp_ids = route(logits, k, renorm)
+    if not isinstance(got, (tuple, list)) or len(got) != 2:
+        raise Fail(f"expected a pair (topk_weights, topk_ids), got {type(got).__name__}")
+    w, ids = got
+    if isinstance(w, torch.Tensor) and isinstance(ids, torch.Tensor) and ids.is_floating_point() \
+            and not w.is_floating_point():
+        raise Fail("the pair is the wrong way round: return (topk_weights, topk_ids)")
+    sizes = {"M": logits.shape[0], "top_k": k}
+    expect_tensor(w, what="topk_weights", sizes=sizes)
+    expect_tensor(ids, what="topk_ids", sizes=sizes)
+    if ids.dtype != torch.int32:
+        raise Fail(f"topk_ids: expected dtype torch.int32, got {ids.dtype}; convert with .to(torch.int32) "
+                   "(the kernels load ids as int32)")
+    if w.dtype != torch.float32:
+        raise Fail(f"topk_weights: expected dtype torch.float32, got {w.dtype}: do the softmax in float32 "
+                   "(router_logits.float()), whatever the logits' dtype")
+    hint = _route_variant_message(w, logits, k, renorm)
+    for m in range(logits.shape[0]):
+        want, have = exp_ids[m].tolist(), ids[m].tolist()
+        if want == have:
+            continue
+        if sorted(want) == sorted(have):
+            raise Fail(f"token {m}'s experts {have} are the right ones but not in order of decreasing "
+                       f"weight {want} (torch.topk sorts them for you)")
+        raise Fail(f"token {m} should go to experts {want} (its {k} largest probabilities), yours are {have}"
+                   + (f"; {hint}" if hint else ""))
+    if not torch.allclose(w.float(), exp_w, atol=1e-6, rtol=1e-5):
+        m = int(((w.float() - exp_w).abs() > 1e-6).any(1).nonzero()[0])
+        raise Fail(f"token {m}'s weights should be {[round(v, 5) for v in exp_w[m].tolist()]}, yours are "
+                   f"{[round(v, 5) for v in w[m].float().tolist()]}" + (f": {hint}" if hint else ""))
+
+
+def check_route(fn) -> bool:
+    """Exercise 1.1: ``fn(router_logits [M, E], top_k, renormalize=True) -> (weights fp32, ids int32)``."""
+    def body():
+        cases = _route_cases()
+        for label, logits, k, renorm in cases:
+            with on(label):
+                _expect_route(call_student(fn, logits, k, renormalize=renorm), logits, k, renorm)
+        return f"right on all {len(cases)} cases (renormalize on and off, E = 60, bfloat16 logits, an empty batch)."
+    return run_check("1.1", body)
+
+
+def _expect_pairs(got, ids: torch.Tensor, e: int) -> None:
+    if not isinstance(got, (tuple, list)) or len(got) != 2:
+        raise Fail(f"expected a pair (idx, slot), got {type(got).__name__}")
+    idx, slot = (torch.as_tensor(t).flatten().tolist() for t in got)
+    if len(idx) != len(slot):
+        raise Fail(f"idx has {len(idx)} entries but slot has {len(slot)}: one entry per pair in each")
+    want = {(m, j) for m, j in torch.nonzero(ids == e).tolist()}
+    have = list(zip(idx, slot))
+    if set(have) == want and len(have) == len(want):
+        return
+    if {(j, m) for m, j in have} == want:
+        raise Fail("you returned (slot, idx): the token numbers come first "
+                   "(torch.where(topk_ids == e) returns rows, then columns)")
+    if len(have) != len(want):
+        raise Fail(f"expert {e} was chosen by {len(want)} (token, slot) pairs, you returned {len(have)}: "
+                   f"{sorted(have)}; expected {sorted(want)}")
+    m, j = next(p for p in have if p not in want)
+    raise Fail(f"(token {m}, slot {j}) is in your answer, but topk_ids[{m}, {j}] is not {e}; expected {sorted(want)}")
+
+
+def check_expert_pairs(fn) -> bool:
+    """Exercise 1.2: ``fn(topk_ids [M, topk], e) -> (idx, slot)``, the pairs with ``topk_ids[idx, slot] == e``."""
+    def body():
+        g = torch.Generator().manual_seed(32)
+        cases = [worked_first_gemm().topk_ids,
+                 torch.rand(6, 5, generator=g).topk(2, 1).indices.to(runtime.DEVICE, torch.int32)]
+        checked = 0
+        for ids in cases:
+            for e in range(int(ids.max()) + 2):          # + 2: one expert nobody chose
+                with on(f"topk_ids = {ids.tolist()}, e = {e}"):
+                    _expect_pairs(call_student(fn, ids, e), ids, e)
+                checked += 1
+        return f"right on all {checked} (topk_ids, expert) cases, experts nobody chose included."
+    return run_check("1.2", body)
+
+
+def check_loop_matmul(fn) -> bool:
+    """Exercise 1.3: the expert-view loop ``fn(x, weight, topk_ids) -> [M, topk, N]``."""
+    return check_first_gemm_fn("1.3", fn, torch_first_gemm_problems(), tolerance(torch.float32))
+
+
+def check_loop_layer(fn) -> bool:
+    """Exercise 1.4: the whole layer ``fn(x, w13, w2, topk_weights, topk_ids) -> [M, K]``."""
+    return check_layer_fn("1.4", fn, layer_problems())

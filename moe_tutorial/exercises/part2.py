@@ -1,0 +1,96 @@
+"""Checkers for Part 2, the token view: the gather, the broadcast matmul, its cost, the layer."""
+from __future__ import annotations
+
+import torch
+
+from ..indexing import intermediate_bytes
+from ..reference import tolerance
+from ..shapes import get_shape
+from .common import check_first_gemm_fn, check_layer_fn
+from .diagnose import expect_tensor
+from .feedback import Fail, call_student, on, run_check
+from .problems import layer_problems, torch_first_gemm_problems
+
+
+def _expect_selected(got, p) -> None:
+    expect_tensor(got, what="selected", sizes={"M": p.M, "topk": p.topk, "N": p.N, "K": p.K},
+                  dtype=p.weight.dtype, device=p.weight.device)
+    ids = p.topk_ids.long()
+    for m in range(p.M):
+        for j in range(p.topk):
+            if not torch.equal(got[m, j], p.weight[ids[m, j]]):
+                same = [e for e in range(p.E) if torch.equal(got[m, j], p.weight[e])]
+                what = f"expert {same[0]}'s weights" if same else "not any expert's weights"
+                raise Fail(f"selected[{m}, {j}] should be weight[{int(ids[m, j])}] (expert topk_ids[{m}, {j}]), "
+                           f"yours is {what}")
+
+
+def check_select_weights(fn) -> bool:
+    """Exercise 2.1: ``fn(weight [E, N, K], topk_ids [M, topk]) -> weight[topk_ids]`` ``[M, topk, N, K]``."""
+    def body():
+        problems = torch_first_gemm_problems()
+        for p in problems:
+            with on(p.describe()):
+                _expect_selected(call_student(fn, p.weight, p.topk_ids), p)
+        return f"right on all {len(problems)} problems, non-contiguous weights and an empty batch included."
+    return run_check("2.1", body)
+
+
+def check_indexing_matmul(fn) -> bool:
+    """Exercise 2.2: the vectorised first GEMM ``fn(x, weight, topk_ids) -> [M, topk, N]``."""
+    return check_first_gemm_fn("2.2", fn, torch_first_gemm_problems(), tolerance(torch.float32))
+
+
+def _bytes_cases():
+    mixtral, ds3 = get_shape("Mixtral-8x7B"), get_shape("DeepSeek-V3")
+    return [   # the first case tells the factors apart: topk, itemsize and M all differ
+        ("fp32", (5, 3, 10, 6), 4),
+        ("one Mixtral-8x7B token, bf16", (1, mixtral.topk, *mixtral.first_gemm), 2),
+        ("4096 DeepSeek-V3 tokens, bf16", (4096, ds3.topk, *ds3.first_gemm), 2),
+        ("an empty batch", (0, 2, 8, 8), 2),
+        ("itemsize left at its default, 2", (5, 2, 12, 16), None),
+    ]
+
+
+def _expect_bytes(got, dims, itemsize: int) -> None:
+    want = intermediate_bytes(*dims, itemsize)
+    try:
+        value = int(got)
+    except (TypeError, ValueError):
+        raise Fail(f"expected a number of bytes (an int), got {type(got).__name__}") from None
+    if value == want and value == got:
+        return
+    text = f"expected {want:,} bytes, got {got!r}"
+    if value != got:
+        raise Fail(text + ": not a whole number of bytes")
+    M, topk = dims[0], dims[1]
+    for factor, why in ((topk, "each token has topk experts, each with its own [N, K] weights"),
+                        (itemsize, "that counts elements: multiply by itemsize for bytes"),
+                        (M, "that is one token's share: the tensor holds all M tokens")):
+        if factor > 1 and value * factor == want:
+            raise Fail(text + f", {factor} times too small: {why}")
+    if value < 0 or want >= 2**31 > abs(value):
+        raise Fail(text + ": the number wrapped around. int32 holds at most 2**31 - 1; "
+                          "Python ints never overflow (avoid int32 tensors or numpy scalars here)")
+    raise Fail(text)
+
+
+def check_intermediate_bytes(fn) -> bool:
+    """Exercise 2.3: ``fn(M, topk, N, K, itemsize=2) -> int``, bytes of ``selected [M, topk, N, K]``."""
+    def body():
+        cases = _bytes_cases()
+        for label, dims, itemsize in cases:
+            args = dims if itemsize is None else (*dims, itemsize)
+            sizes = ", ".join(f"{n}={v}" for n, v in zip(("M", "topk", "N", "K"), dims))
+            with on(f"{sizes} ({label})"):
+                _expect_bytes(call_student(fn, *args), dims, itemsize or 2)
+        mixtral = get_shape("Mixtral-8x7B")
+        per_token = intermediate_bytes(1, mixtral.topk, *mixtral.first_gemm) / 1e6
+        return (f"right on all {len(cases)} cases: one Mixtral token's selected weights are "
+                f"{per_token:.0f} MB, written to HBM and read back.")
+    return run_check("2.3", body)
+
+
+def check_indexing_layer(fn) -> bool:
+    """Exercise 2.4: the layer built from the vectorised first GEMM ``fn(x, w13, w2, topk_weights, topk_ids)``."""
+    return check_layer_fn("2.4", fn, layer_problems())
