@@ -113,6 +113,11 @@ _KNOWN = [
      "the matrix shapes do not line up: weight[e] is [N, K], x rows are [K]; did you need a transpose (.T)?"),
     (re.compile(r"index \S+ is out of bounds|out of range", re.I),
      "an index is out of range: check which axis you index with topk_ids (experts) and which with token numbers."),
+    (re.compile(r"make_shape_compatible|Cannot broadcast", re.I),
+     "two blocks whose shapes do not broadcast: a [BLOCK_K] vector meets a [BLOCK_K, FUSED_N] tile as v[:, None], "
+     "a row vector as v[None, :]."),
+    (re.compile(r"equal reduction dimensions|dot.*shape", re.I),
+     "tl.dot(a, b) multiplies [BLOCK_M, BLOCK_K] by [BLOCK_K, BLOCK_N]: check the order and the shapes of a and b."),
     (re.compile(r"constexpr", re.I),
      "a value used as a block shape or in tl.arange must be a tl.constexpr parameter."),
 ]
