@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -72,6 +72,26 @@ def load_tables() -> list[dict]:
 SMEM_LIMIT = 227 * 1024
 
 
+def smem_limit() -> int:
+    """Shared memory one program may use on this GPU (Hopper's on the CPU, for planning)."""
+    if runtime.ON_GPU:
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        return getattr(props, "shared_memory_per_block_optin", SMEM_LIMIT) or SMEM_LIMIT
+    return SMEM_LIMIT
+
+
+def shrink(config: KernelConfig) -> KernelConfig | None:
+    """The next smaller configuration to try when one does not fit: fewer pipeline stages,
+    then a shorter K tile, then a narrower N tile; None when nothing is left to shrink."""
+    if config.num_stages > 2:
+        return replace(config, num_stages=config.num_stages - 1)
+    if config.block_k > 32:
+        return replace(config, block_k=config.block_k // 2)
+    if config.block_n > 32:
+        return replace(config, block_n=config.block_n // 2)
+    return None
+
+
 def smem_bytes(config: KernelConfig, gated: bool = False, itemsize: int = 2) -> int:
     """Shared memory the software pipeline needs: ``num_stages`` copies of the A and B tiles
     (two B tiles when gated)."""
@@ -80,13 +100,15 @@ def smem_bytes(config: KernelConfig, gated: bool = False, itemsize: int = 2) -> 
     return per_stage * itemsize * config.num_stages
 
 
-def heuristic_config(M: int, topk: int, E: int, variant: str = "plain") -> KernelConfig:
+def heuristic_config(M: int, topk: int, E: int, variant: str = "plain", itemsize: int = 2,
+                     limit: int = SMEM_LIMIT) -> KernelConfig:
     """An untuned choice from what the tuner found on an H200 (notes/gpu-notes.md).
 
     Decode (a few rows per expert) is memory-bound: one 16-row block per expert and long K
     tiles keep many weight bytes in flight. Around a block's worth of rows per expert, BLOCK_M
     should cover an expert's rows so its weights are read once. Prefill is compute-bound: the
-    largest tiles, 8 warps, weights through TMA.
+    largest tiles, 8 warps, weights through TMA. The result is shrunk until its pipeline fits
+    ``limit`` bytes of shared memory with ``itemsize``-byte elements.
     """
     rows_per_expert = max(1, M * topk // E)
     if rows_per_expert <= 4:
@@ -101,10 +123,8 @@ def heuristic_config(M: int, topk: int, E: int, variant: str = "plain") -> Kerne
     else:
         cfg = KernelConfig(128, 256, 64, 8, 8, 3, True)
     gated = variant == "gated"
-    while smem_bytes(cfg, gated) > SMEM_LIMIT and cfg.num_stages > 2:
-        cfg = KernelConfig(**{**cfg.as_dict(), "num_stages": cfg.num_stages - 1})
-    while smem_bytes(cfg, gated) > SMEM_LIMIT:
-        cfg = KernelConfig(**{**cfg.as_dict(), "block_k": cfg.block_k // 2})
+    while smem_bytes(cfg, gated, itemsize) > limit and shrink(cfg) is not None:
+        cfg = shrink(cfg)
     return cfg
 
 
@@ -121,4 +141,5 @@ def get_config(M: int, E: int, N: int, K: int, topk: int, dtype: torch.dtype, va
         if by_m:
             nearest = min(by_m, key=lambda m: abs(math.log2(int(m)) - math.log2(max(M, 1))))
             return KernelConfig(**by_m[nearest])
-    return heuristic_config(M, topk, E, variant)
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    return heuristic_config(M, topk, E, variant, itemsize, smem_limit())

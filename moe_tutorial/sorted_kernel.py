@@ -10,11 +10,12 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from .align import align_block_size
 from . import runtime
 from .checks import check_kernel_dtype, check_layer_inputs, check_matmul_inputs, check_topk_weights
-from .configs import KernelConfig, get_config
+from .configs import KernelConfig, get_config, shrink
 
 
 @triton.jit
@@ -121,8 +122,31 @@ def _weight_descriptor(b: torch.Tensor, config: KernelConfig):
     return TensorDescriptor.from_tensor(flat, [config.block_n, config.block_k])
 
 
+#: Configurations that did not fit this GPU's shared memory, and what ran instead.
+_FITTED: dict = {}
+
+
 def launch_sorted_gemm(a, b, c, router_weights, alignment, num_pairs: int, a_row_div: int,
                        config: KernelConfig, *, gated: bool = False) -> None:
+    """Launch :func:`sorted_moe_kernel`, shrinking ``config`` if this GPU lacks the shared
+    memory it needs (a table tuned on an H200 may ask for more than a smaller GPU has).
+
+    Same arguments as :func:`_launch`; the shrunk configuration is remembered per process.
+    """
+    key = (config, gated, a.dtype)
+    config = _FITTED.get(key, config)
+    while True:
+        try:
+            return _launch(a, b, c, router_weights, alignment, num_pairs, a_row_div, config, gated=gated)
+        except OutOfResources:
+            smaller = shrink(config)
+            if smaller is None:
+                raise
+            config = _FITTED[key] = smaller
+
+
+def _launch(a, b, c, router_weights, alignment, num_pairs: int, a_row_div: int,
+            config: KernelConfig, *, gated: bool = False) -> None:
     """Launch :func:`sorted_moe_kernel` once. Shapes as flat pairs: ``c`` is ``[num_pairs, N]``.
 
     ``a`` ``[rows, K]``, ``b`` ``[E, N or 2N, K]``, ``router_weights`` ``[num_pairs]`` fp32 or

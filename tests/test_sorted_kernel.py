@@ -378,3 +378,27 @@ def test_small_shapes_on_gpu(M, N, K, E, topk, dtype):
     x, weight, ids = random_problem(M, N, K, E, topk, device="cuda", dtype=dtype, seed=M + N)
     out = sorted_moe_matmul(x, weight, ids)
     assert rel_error(out, reference_moe_matmul(x, weight, ids)) < tolerance(dtype)
+
+
+def test_launch_shrinks_a_config_that_does_not_fit(monkeypatch):
+    """A table tuned on an H200 can ask for more shared memory than a smaller GPU has."""
+    from triton.runtime.errors import OutOfResources
+
+    import moe_tutorial.sorted_kernel as sk
+
+    tried = []
+
+    def fake_launch(*args, config, **kwargs):
+        tried.append(config)
+        if config.num_stages > 2 or config.block_k > 64:
+            raise OutOfResources(300_000, 100_000, "shared memory")
+
+    monkeypatch.setattr(sk, "_launch", lambda *a, **k: fake_launch(*a[:-1], config=a[-1], **k))
+    monkeypatch.setattr(sk, "_FITTED", {})
+    big = KernelConfig(16, 128, 256, 8, 4, 4)
+    a = torch.empty(0, 8)
+    sk.launch_sorted_gemm(a, None, None, None, None, 0, 1, big)
+    assert [(c.num_stages, c.block_k) for c in tried] == [(4, 256), (3, 256), (2, 256), (2, 128), (2, 64)]
+    tried.clear()
+    sk.launch_sorted_gemm(a, None, None, None, None, 0, 1, big)   # remembered: one launch
+    assert [(c.num_stages, c.block_k) for c in tried] == [(2, 64)]
