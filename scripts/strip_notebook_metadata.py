@@ -1,0 +1,15 @@
+"""Drop per-run noise (execution timestamps) from notebooks so diffs show only real changes.
+
+Usage: python scripts/strip_notebook_metadata.py notebooks/*.ipynb notebooks/exercises/*.ipynb
+"""
+import json
+import sys
+
+for path in sys.argv[1:]:
+    with open(path) as f:
+        nb = json.load(f)
+    for cell in nb["cells"]:
+        cell.get("metadata", {}).pop("execution", None)
+    with open(path, "w") as f:
+        json.dump(nb, f, indent=1, ensure_ascii=False)
+        f.write("\n")
