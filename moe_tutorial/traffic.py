@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import math
 
+#: The H200 ceilings DESIGN.md quotes (copy bandwidth, bf16 matmul rate), where no measured ones are at hand.
+H200_COPY_TBPS, H200_MATMUL_TFLOPS = 4.27, 672.0
+
 
 def experts_touched(M: int, num_experts: int, topk: int) -> float:
     """Expected number of distinct experts M tokens route to (uniform routing)."""
@@ -36,6 +39,21 @@ def layer_bytes(M: int, hidden: int, inter: int, num_experts: int, topk: int, it
     """Fewest bytes of the layer: x and y once, each touched expert's w13 and w2 once."""
     touched = experts_touched(M, num_experts, topk) if touched is None else touched
     return itemsize * (2 * M * hidden + touched * 3 * inter * hidden)
+
+
+def per_pair_bytes(M: int, N: int, K: int, topk: int, itemsize: int = 2) -> float:
+    """Bytes of the first GEMM when every (token, slot) pair reads its expert's ``[N, K]``: no reuse.
+
+    What Part 3's one-token programs load when no repeated expert hits in L2, and the read half
+    of Part 2's gather: :func:`first_gemm_bytes` with each of the ``M * topk`` pairs counted as
+    an expert of its own.
+    """
+    return first_gemm_bytes(M, N, K, M * topk, topk, itemsize, touched=M * topk)
+
+
+def indexing_bytes(M: int, N: int, K: int, topk: int, itemsize: int = 2) -> float:
+    """Part 2's first GEMM: the per-pair gather plus ``selected`` written to HBM and read back."""
+    return per_pair_bytes(M, N, K, topk, itemsize) + indexing_extra_bytes(M, N, K, topk, itemsize)
 
 
 def indexing_extra_bytes(M: int, N: int, K: int, topk: int, itemsize: int = 2) -> float:

@@ -9,6 +9,7 @@ import matplotlib.pyplot as plt
 import torch
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
 
+from .cells import cell
 from .style import IMPL_COLORS, expert_color
 
 _GREY = "#d9d9d9"
@@ -149,8 +150,7 @@ def plot_expert_view(topk_ids: torch.Tensor, num_experts: int):
         ax.text(-0.15, y + 0.5, f"token {m}", ha="right", va="center", fontsize=9)
         for j in range(topk):
             e = ids[m][j]
-            ax.add_patch(Rectangle((j, y + 0.05), 1, 0.9, facecolor=expert_color(e), edgecolor="white", lw=2))
-            ax.text(j + 0.5, y + 0.5, str(e), ha="center", va="center", fontsize=10)
+            cell(ax, j, y + 0.05, expert_color(e), e, h=0.9, edge="white", lw=2, fontsize=10)
     for j in range(topk):
         ax.text(j + 0.5, rows - 1 - M + 0.75, f"slot {j}", ha="center", va="center", fontsize=8)
     ax.text(topk / 2, rows + 0.25, "token view: topk_ids", ha="center", fontsize=10)
@@ -158,11 +158,9 @@ def plot_expert_view(topk_ids: torch.Tensor, num_experts: int):
         y = rows - 1 - e
         ax.text(x0 - 0.15, y + 0.5, f"expert {e}", ha="right", va="center", fontsize=9)
         if not pairs[e]:
-            ax.add_patch(Rectangle((x0, y + 0.05), 1, 0.9, facecolor=_GREY, edgecolor="white"))
-            ax.text(x0 + 0.5, y + 0.5, "idle", ha="center", va="center", fontsize=8)
+            cell(ax, x0, y + 0.05, _GREY, "idle", h=0.9, edge="white", lw=1.0, fontsize=8)
         for i, (m, j) in enumerate(pairs[e]):
-            ax.add_patch(Rectangle((x0 + i, y + 0.05), 1, 0.9, facecolor=expert_color(e), edgecolor="white", lw=2))
-            ax.text(x0 + i + 0.5, y + 0.5, f"m={m}\nj={j}", ha="center", va="center", fontsize=7)
+            cell(ax, x0 + i, y + 0.05, expert_color(e), f"m={m}\nj={j}", h=0.9, edge="white", lw=2)
     ax.text(x0 + widest / 2, rows + 0.25, "expert view: where(topk_ids == e)", ha="center", fontsize=10)
     ax.set_xlim(-1.6, x0 + widest + 0.1)
     ax.set_ylim(-0.5 if M >= num_experts else 0, rows + 0.6)

@@ -9,6 +9,7 @@ import matplotlib.pyplot as plt
 import torch
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
+from .cells import cell
 from .part1 import _box
 from .style import IMPL_COLORS, expert_color
 
@@ -42,16 +43,14 @@ def draw_gather(topk_ids: torch.Tensor, num_experts: int):
     ey, py = ys(num_experts), ys(M * topk)
     used = {e for row in ids for e in row}
     for e in range(num_experts):
-        ax.add_patch(Rectangle((0, ey[e] - 0.35), 1.4, 0.7, facecolor=expert_color(e), edgecolor="white",
-                               alpha=1.0 if e in used else 0.35))
-        ax.text(0.7, ey[e], f"weight[{e}]", ha="center", va="center", fontsize=8)
+        cell(ax, 0, ey[e] - 0.35, expert_color(e), f"weight[{e}]", w=1.4, h=0.7, edge="white", lw=1.0, fontsize=8,
+             alpha=1.0 if e in used else 0.35)
     for m in range(M):
         for j in range(topk):
             e, y = ids[m][j], py[m * topk + j]
             ax.add_patch(FancyArrowPatch((1.45, ey[e]), (3.95, y), arrowstyle="-|>", mutation_scale=9,
                                          color=expert_color(e), lw=1.2, shrinkA=0, shrinkB=0))
-            ax.add_patch(Rectangle((4, y - 0.35), 1.4, 0.7, facecolor=expert_color(e), edgecolor="white"))
-            ax.text(4.7, y, f"copy of [{e}]", ha="center", va="center", fontsize=8)
+            cell(ax, 4, y - 0.35, expert_color(e), f"copy of [{e}]", w=1.4, h=0.7, edge="white", lw=1.0, fontsize=8)
             ax.text(5.55, y, f"selected[{m}, {j}]", ha="left", va="center", fontsize=8)
     ax.text(0.7, rows + 0.15, "weight [E, N, K]", ha="center", fontsize=10)
     ax.text(4.7, rows + 0.15, "selected [M, topk, N, K]", ha="center", fontsize=10)
