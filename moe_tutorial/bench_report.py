@@ -1,12 +1,15 @@
 """Text tables from benchmark rows: fraction of the floor per M, geometric means, speed-ups.
 
-The bench prints them at the end of a run and notebook 05 prints them from the shipped H200
+The bench prints them at the end of a run and notebooks 03 to 05 print them from the shipped H200
 results. Rows are dicts with :data:`moe_tutorial.results.FIELDS` keys (as ``load_rows`` gives).
 A cell reads "wrong" where the result failed its check and "-" where the case was skipped.
+Tables name implementations as the CSV does; pass ``labels`` (e.g.
+:data:`moe_tutorial.figures.style.IMPL_LABELS`) for the series' words.
 """
 from __future__ import annotations
 
 from .bench_impls import FIRST_IMPLS, LAYER_IMPLS
+from .shapes import MODEL_SHAPES
 from .traffic import geomean
 
 
@@ -15,23 +18,42 @@ def is_ok(row: dict) -> bool:
     return str(row.get("status") or "").startswith("ok")
 
 
+def gemm_title(gemm: str) -> str:
+    """What tables and figures call a ``gemm`` column value ("first" or "layer")."""
+    return "gate/up GEMM" if gemm == "first" else "whole layer"
+
+
 def _ordered(values, order=()) -> list:
     seen = list(dict.fromkeys(values))
     return sorted(seen, key=lambda v: (order.index(v) if v in order else len(order), seen.index(v)))
 
 
-def models(rows: list[dict]) -> list[str]:
-    """Models in the order they were measured."""
-    return _ordered(r["model"] for r in rows)
+def model_order(rows: list[dict]) -> list[str]:
+    """Models in the series' order (:data:`moe_tutorial.shapes.MODEL_SHAPES`), others as measured."""
+    return _ordered((r["model"] for r in rows), tuple(MODEL_SHAPES))
 
 
-def impls(rows: list[dict]) -> list[str]:
+def impl_order(rows: list[dict]) -> list[str]:
     """Implementations in the series' order (loop first, the reference library last)."""
     return _ordered((r["impl"] for r in rows), FIRST_IMPLS + LAYER_IMPLS)
 
 
 def batch_sizes(rows: list[dict]) -> list[int]:
     return sorted({r["M"] for r in rows})
+
+
+def subset(rows: list[dict], gemm: str | None = None, dtype: str | None = None, impls=None) -> list[dict]:
+    """The rows of one ``gemm`` and one ``dtype`` (None: any), of the given ``impls`` (None: all).
+
+    With ``dtype=None`` the rows must hold a single dtype: tables and figures key a case by
+    model, gemm, implementation and M, and two dtypes of one case would collide.
+    """
+    rows = [r for r in rows if (gemm is None or r["gemm"] == gemm) and (dtype is None or r.get("dtype") == dtype)
+            and (impls is None or r["impl"] in impls)]
+    dtypes = sorted({r["dtype"] for r in rows if r.get("dtype")})
+    if len(dtypes) > 1:
+        raise ValueError(f"dtype: the results hold several dtypes {dtypes}; expected one of them, got None")
+    return rows
 
 
 def format_table(header: list[str], body: list[list[str]]) -> str:
@@ -65,42 +87,78 @@ def _index(rows):
     return {(r["model"], r["gemm"], r["impl"], r["M"]): r for r in rows}
 
 
-def fraction_table(rows: list[dict], gemm: str | None = None) -> str:
-    """model, gemm, impl, then the fraction of the floor reached at each M, then the geomean."""
-    rows = [r for r in rows if gemm is None or r["gemm"] == gemm]
-    index, sizes = _index(rows), batch_sizes(rows)
+def fraction_table(rows: list[dict], gemm: str | None = None, *, impls=None, dtype: str | None = None,
+                   labels: dict | None = None) -> str:
+    """model, gemm, impl, then the fraction of the floor reached at each M, then the geomean.
+
+    ``gemm``, ``dtype`` and ``impls`` pick rows as :func:`subset` does; ``labels`` maps an
+    implementation to the name its line shows.
+    """
+    rows = subset(rows, gemm, dtype, impls)
+    index, sizes, labels = _index(rows), batch_sizes(rows), labels or {}
     body = []
-    for model in models(rows):
+    for model in model_order(rows):
         for g in _ordered((r["gemm"] for r in rows if r["model"] == model), ("first", "layer")):
-            for impl in impls([r for r in rows if r["model"] == model and r["gemm"] == g]):
+            for impl in impl_order([r for r in rows if r["model"] == model and r["gemm"] == g]):
                 cells = [index.get((model, g, impl, M)) for M in sizes]
                 fractions = [c["fraction_of_floor"] for c in cells if c and is_ok(c)]
-                body.append([model, g, impl] + [_cell(c) for c in cells]
+                body.append([model, g, labels.get(impl, impl)] + [_cell(c) for c in cells]
                             + [fraction(geomean(fractions)) if fractions else "-"])
     return format_table(["model", "gemm", "impl"] + [f"M={M}" for M in sizes] + ["geomean"], body)
 
 
-def geomean_table(rows: list[dict], gemm: str = "first") -> str:
-    """DESIGN.md's table: one line per implementation, the geomean fraction of the floor per model.
+def floor_geomeans(rows: list[dict], gemm: str = "first", *, dtype: str | None = None) -> dict:
+    """``{(model, impl): value}``: the geometric mean over M of the fraction of the floor.
 
-    A model's cell reads "wrong" when any of its cases failed the check, and counts only the
-    M where the implementation ran.
+    ``value`` is a float over the M where the implementation timed correctly (skipped M are
+    left out, not counted as zero), or "wrong" when any of that model's cases failed its
+    check. Pairs with no timed M are absent.
     """
-    rows = [r for r in rows if r["gemm"] == gemm]
-    names = models(rows)
-    body = []
-    for impl in impls(rows):
-        line = [impl]
-        for model in names:
-            mine = [r for r in rows if r["impl"] == impl and r["model"] == model]
+    rows = subset(rows, gemm, dtype)
+    out: dict = {}
+    for model in model_order(rows):
+        for impl in impl_order(rows):
+            mine = [r for r in rows if r["model"] == model and r["impl"] == impl]
             if any(r.get("status") == "wrong" for r in mine):
-                line.append("wrong")
+                out[model, impl] = "wrong"
                 continue
-            fractions = [r["fraction_of_floor"] for r in mine if is_ok(r)]
-            done = fraction(geomean(fractions)) if fractions else "-"
-            line.append(done if len(fractions) == len(mine) or not fractions else f"{done} ({len(fractions)}/{len(mine)} M)")
+            fractions = [r["fraction_of_floor"] for r in mine if is_ok(r) and r.get("fraction_of_floor")]
+            if fractions:
+                out[model, impl] = geomean(fractions)
+    return out
+
+
+def geomean_table(rows: list[dict], gemm: str = "first", *, dtype: str | None = None,
+                  labels: dict | None = None) -> str:
+    """DESIGN.md's table: one line per implementation, :func:`floor_geomeans` per model.
+
+    A cell that counts only some of the M reads e.g. "0.10 (3/7 M)". ``labels`` maps an
+    implementation to the name its line shows.
+    """
+    rows = subset(rows, gemm, dtype)
+    values, names, labels = floor_geomeans(rows, gemm), model_order(rows), labels or {}
+    body = []
+    for impl in impl_order(rows):
+        line = [labels.get(impl, impl)]
+        for model in names:
+            value = values.get((model, impl))
+            if value is None or value == "wrong":
+                line.append(value or "-")
+                continue
+            mine = [r for r in rows if r["impl"] == impl and r["model"] == model]
+            timed = sum(1 for r in mine if is_ok(r) and r.get("fraction_of_floor"))
+            line.append(fraction(value) if timed == len(mine) else f"{fraction(value)} ({timed}/{len(mine)} M)")
         body.append(line)
-    return format_table([f"{gemm} GEMM" if gemm == "first" else "whole layer"] + names, body)
+    return format_table([gemm_title(gemm)] + names, body)
+
+
+def best_tflops(rows: list[dict], impl: str = "naive", gemm: str = "first") -> dict[str, float]:
+    """``{model: the highest TFLOP/s impl reached at any M}`` over rows that timed correctly."""
+    best: dict[str, float] = {}
+    for r in subset(rows, gemm, impls=(impl,)):
+        if is_ok(r) and r.get("tflops") is not None:
+            best[r["model"]] = max(best.get(r["model"], 0.0), r["tflops"])
+    return best
 
 
 def speedup_table(rows: list[dict], model: str, gemm: str = "first", baseline: str = "sorted") -> str:
@@ -108,7 +166,7 @@ def speedup_table(rows: list[dict], model: str, gemm: str = "first", baseline: s
     rows = [r for r in rows if r["model"] == model and r["gemm"] == gemm]
     index, sizes = _index(rows), batch_sizes(rows)
     body = []
-    for impl in impls(rows):
+    for impl in impl_order(rows):
         if impl == baseline:
             continue
         line = [impl]

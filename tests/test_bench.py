@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from moe_tutorial import bench, bench_impls, bench_report, runtime, sorted_kernel, timing
+from moe_tutorial import bench, bench_impls, runtime, sorted_kernel, timing
 from moe_tutorial.reference import reference_moe_layer, reference_moe_matmul, rel_error
 from moe_tutorial.shapes import ModelShape
 
@@ -218,62 +218,3 @@ def test_time_budget_skips_the_rest(monkeypatch):
     rows = bench.run_bench(plan, progress=False, log=lambda s: None, ceilings=timing.Ceilings(1.0, 1.0))
     assert [r["status"] for r in rows] == ["ok", "skipped: over the --max-minutes 3 budget",
                                            "skipped: over the --max-minutes 3 budget"]
-
-
-def test_tables_show_wrong_and_skipped_cells():
-    base = dict(model="m", gemm="first", ms=2.0, floor_ms=1.0, fraction_of_floor=0.5)
-    rows = [dict(base, impl="sorted", M=1, status="ok", ms=1.0, fraction_of_floor=1.0),
-            dict(base, impl="sorted", M=8, status="ok", fraction_of_floor=0.25, ms=4.0),
-            dict(base, impl="naive", M=1, status="wrong"),
-            dict(base, impl="naive", M=8, status="ok", ms=8.0),
-            dict(base, impl="loop", M=1, status="skipped: slow"),
-            dict(base, impl="loop", M=8, status="ok (events, graph capture failed)", ms=40.0)]
-    table = bench_report.fraction_table(rows)
-    assert "wrong" in table and "0.50" in table
-    sorted_line = next(line for line in table.splitlines() if " sorted " in f" {line} ")
-    assert sorted_line.split()[-1] == "0.50"                       # geomean of 1.0 and 0.25
-    geo = bench_report.geomean_table(rows)
-    assert "wrong" in geo.splitlines()[3] and "(1/2 M)" in geo
-    speed = bench_report.speedup_table(rows, "m")
-    assert "wrong" in speed and "2.00x" in speed and "10.00x" in speed
-    assert "loop (first): slow" in bench_report.skipped_reasons(rows)
-
-
-def _synthetic_rows():
-    """Rows shaped like the bench's, from the traffic model (no timing involved)."""
-    from moe_tutorial import traffic
-    rows = []
-    for impl, frac in (("sorted", 0.9), ("naive", 0.2), ("sorted+align", 0.7)):
-        for M in (1, 8, 64):
-            nbytes = traffic.first_gemm_bytes(M, 64, 64, 8, 2)
-            flops = traffic.first_gemm_flops(M, 64, 64, 2)
-            floor = 1e3 * traffic.floor_seconds(nbytes, flops, 4e12, 600e12)
-            ms = floor / frac
-            rows.append(dict(gpu="Fake", dtype="bfloat16", model="custom", gemm="first", impl=impl, M=M,
-                             copy_tbps=4.0, matmul_tflops=600.0, ms=ms, floor_ms=floor, fraction_of_floor=frac,
-                             tflops=flops / ms / 1e9, gbps=nbytes / ms / 1e6, status="ok"))
-    rows.append(dict(rows[0], impl="published", status="wrong"))
-    return rows
-
-
-def test_performance_figures_draw_every_implementation(tmp_path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from moe_tutorial.figures import perf
-    rows = _synthetic_rows()
-    fig = perf.plot_roofline(rows, "custom")
-    labels = fig.axes[0].get_legend_handles_labels()[1]
-    assert {"Part 4 sorted", "Part 3 fixed", "Part 4 + align"} <= set(labels) and labels[0].startswith("roof")
-    fig = perf.plot_across_models(rows, ["custom"], "first", "fraction_of_floor")
-    assert "Part 3 as published: wrong result" in [t.get_text() for t in fig.legends[0].get_texts()]
-    with pytest.raises(ValueError, match="metric"):
-        perf.plot_across_models(rows, ["custom"], "first", "speed")
-    with pytest.raises(ValueError, match="no timed results"):
-        perf.plot_roofline(rows, "custom", "layer")
-    ai = perf.intensity(ModelShape("m", 8, 2, 4096, 14336), [1, 16384])
-    assert ai[0] < 2 < 150 < ai[1]                        # decode: ~1 FLOP/byte; prefill: far above the ridge
-    perf.plot_intensity([SHAPE])
-    assert [p.name for p in perf.save_bench_figures(rows, tmp_path)] == ["custom.png"]
-    plt.close("all")

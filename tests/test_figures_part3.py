@@ -1,4 +1,4 @@
-"""Part 3's figures: the index arithmetic they draw, the pid explorer, the GPU-results plot."""
+"""Part 3's figures: the index arithmetic they draw, the pid explorer, the bytes they plot."""
 import moe_tutorial  # noqa: F401,I001  (first: picks the runtime before triton is imported)
 
 import matplotlib
@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from moe_tutorial import results  # noqa: E402
+from moe_tutorial import traffic  # noqa: E402
 from moe_tutorial.figures import part3  # noqa: E402
 from moe_tutorial.shapes import random_topk_ids  # noqa: E402
 
@@ -78,51 +78,8 @@ def test_static_figures_draw():
 
 def test_fusion_saves_two_thirds_of_part2_bytes():
     for M in (1, 64, 4096):
-        fused = part3.fused_kernel_bytes(M, 2816, 2048, 6)
-        assert part3.indexing_bytes(M, 2816, 2048, 6) == pytest.approx(3 * fused, rel=1e-3)
-
-
-def synthetic_rows():
-    """Made-up rows in the CSV schema (never committed): two models, four impls, three M."""
-    rows = []
-    for model in ("Mixtral-8x7B", "DeepSeek-V3"):
-        for impl, scale in (("loop", 40.0), ("published", 5.0), ("naive", 4.0), ("sorted", 1.2)):
-            for M in (1, 64, 4096):
-                status = "ok"
-                if impl == "published" and model == "DeepSeek-V3":
-                    status = "wrong"
-                if impl == "loop" and M == 4096:
-                    status = "skipped: too slow"
-                ms = scale * (1 + M / 64)
-                rows.append(dict(gpu="synthetic", model=model, E=8, N=64, K=64, topk=2, dtype="bfloat16",
-                                 gemm="first", impl=impl, M=M, ms=ms if status == "ok" else None,
-                                 tflops=10.0 * M / (1 + M), floor_ms=1.0 * (1 + M / 64),
-                                 fraction_of_floor=(1.0 / scale) if status == "ok" else None, status=status))
-    rows.append(dict(model="Mixtral-8x7B", gemm="layer", impl="naive", M=1, ms=1.0, status="ok"))
-    return rows
-
-
-def test_time_plot_from_a_results_csv(tmp_path):
-    path = results.write_rows(tmp_path / "bench.csv", synthetic_rows())
-    rows = results.load_rows(path)
-    fig = part3.draw_time_vs_m(rows)
-    assert [ax.get_title() for ax in fig.axes] == ["Mixtral-8x7B", "DeepSeek-V3"]
-    mixtral, v3 = fig.axes
-    labels = [line.get_label() for line in mixtral.get_lines()]
-    assert labels == ["Part 1 loop", "Part 3 as published", "Part 3 kernel (fixed)", "Part 4 sorted kernel",
-                      "roofline floor"]
-    assert len(mixtral.get_lines()[0].get_xdata()) == 2          # the skipped M = 4096 is left out
-    assert "Part 3 as published" not in [line.get_label() for line in v3.get_lines()]
-    assert len(v3.collections) == 1                             # its wrong results are crosses
-
-    table = part3.fraction_table(rows, "published")
-    assert table.splitlines()[1].split()[1:] == ["0.200"] * 3
-    assert table.splitlines()[2].split()[1:] == ["wrong"] * 3
-    assert "-" in part3.fraction_table(rows, "loop").splitlines()[1].split()
-    assert part3.best_tflops(rows, "naive") == {"Mixtral-8x7B": pytest.approx(10.0 * 4096 / 4097),
-                                                "DeepSeek-V3": pytest.approx(10.0 * 4096 / 4097)}
-
-
-def test_time_plot_needs_rows():
-    with pytest.raises(ValueError, match="^rows: "):
-        part3.draw_time_vs_m([])
+        fused = traffic.per_pair_bytes(M, 2816, 2048, 6)
+        assert traffic.indexing_bytes(M, 2816, 2048, 6) == pytest.approx(3 * fused, rel=1e-3)
+    # One token reads each of its experts once: Part 3 is at the fewest bytes there.
+    assert traffic.per_pair_bytes(1, 2816, 2048, 6) == traffic.first_gemm_bytes(1, 2816, 2048, 64, 6, touched=6)
+    assert traffic.per_pair_bytes(64, 2816, 2048, 6) > 5 * traffic.first_gemm_bytes(64, 2816, 2048, 64, 6)

@@ -1,11 +1,8 @@
-"""Part 4's figure helpers: the pid-to-tile mapping, the sorted layout, the results plots.
+"""Part 4's figure helpers: the pid-to-tile mapping, the sorted layout.
 
-The results tests write a small synthetic CSV under pytest's tmp_path (never into the package)
-and read it back through ``moe_tutorial.results``.
+The GPU results Part 4 shows are drawn by ``figures.perf``: tests/test_bench_report.py.
 """
 from __future__ import annotations
-
-import math
 
 import matplotlib
 
@@ -16,7 +13,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from moe_tutorial import align_block_size, results, runtime  # noqa: E402
+from moe_tutorial import align_block_size, runtime  # noqa: E402
 from moe_tutorial.figures import part4  # noqa: E402
 
 
@@ -72,74 +69,3 @@ def test_sorting_and_pid_figures_draw():
     fig = part4.plot_pid_order([0, 0, 1, -1], num_pid_n=5, group_ms=(1, 2, 4), wave=4)
     assert len(fig.axes) == 3
     assert "=" in fig.axes[1].get_title()
-
-
-# --------------------------------------------------------------------------------------
-# Results
-# --------------------------------------------------------------------------------------
-
-def _rows():
-    """Two models, three implementations; one wrong and one skipped entry."""
-    rows = []
-    for model in ("DeepSeek-V3", "Mixtral-8x7B"):
-        for impl, frac in (("sorted", 0.8), ("grouped_mm", 0.5), ("published", 0.05)):
-            for M, scale in ((1, 1.0), (64, 0.5), (4096, 2.0)):
-                status = "ok"
-                if impl == "published" and model == "DeepSeek-V3":
-                    status = "wrong"
-                if impl == "grouped_mm" and M == 4096 and model == "Mixtral-8x7B":
-                    status = "skipped: out of memory"
-                f = min(1.0, frac * scale)
-                rows.append(dict(gpu="H200", model=model, E=8, N=64, K=32, topk=2, dtype="bfloat16",
-                                 gemm="first", impl=impl, M=M, ms=0.1 / f, floor_ms=0.1,
-                                 fraction_of_floor=f if status == "ok" else "", status=status))
-    return rows
-
-
-@pytest.fixture
-def csv_rows(tmp_path):
-    path = results.write_rows(tmp_path / "bench.csv", _rows())
-    return results.load_rows(path)
-
-
-def test_floor_geomeans(csv_rows):
-    values = part4.floor_geomeans(csv_rows, gemm="first")
-    assert values["DeepSeek-V3", "published"] == "wrong"
-    assert values["Mixtral-8x7B", "sorted"] == pytest.approx((0.8 * 0.4 * 1.0) ** (1 / 3))
-    # The skipped M = 4096 row is left out of the mean, not counted as zero.
-    assert values["Mixtral-8x7B", "grouped_mm"] == pytest.approx(math.sqrt(0.5 * 0.25))
-    assert part4.floor_geomeans(csv_rows, gemm="layer") == {}
-
-
-def test_geomean_table(csv_rows):
-    table = part4.format_geomean_table(csv_rows, gemm="first")
-    lines = table.splitlines()
-    assert lines[0].split() == ["implementation", "Mixtral-8x7B", "DeepSeek-V3"]   # the series' order
-    published = next(line for line in lines if line.startswith("Part 3 as published"))
-    assert published.split()[-2:] == ["0.05", "wrong"]
-    sorted_line = next(line for line in lines if line.startswith("Part 4 sorted"))
-    assert sorted_line.split()[-2] == f"{(0.8 * 0.4 * 1.0) ** (1 / 3):.2f}"
-
-
-@pytest.mark.parametrize("metric", ["ms", "fraction_of_floor"])
-def test_plot_results(csv_rows, metric):
-    fig = part4.plot_results(csv_rows, metric, gemm="first")
-    assert [ax.get_title() for ax in fig.axes[:2]] == ["Mixtral-8x7B", "DeepSeek-V3"]
-    labels = fig.legends[0].get_texts()
-    assert "Part 3 as published: wrong result" in [t.get_text() for t in labels]
-
-
-def test_plot_results_wraps_many_models(csv_rows):
-    extra = [dict(r, model=m) for r in csv_rows for m in ("Qwen3-30B-A3B", "DeepSeek-V2-Lite")]
-    fig = part4.plot_results(csv_rows + extra, "fraction_of_floor")
-    assert len(fig.axes) == 6 and sum(ax.axison for ax in fig.axes) == 4
-
-
-def test_plot_results_bad_input(csv_rows):
-    with pytest.raises(ValueError, match="metric"):
-        part4.plot_results(csv_rows, "tflops")
-    with pytest.raises(ValueError, match="no results"):
-        part4.plot_results(csv_rows, gemm="layer")
-    with pytest.raises(ValueError, match="several dtypes"):
-        part4.plot_results(csv_rows + [dict(csv_rows[0], dtype="float16")])
-    assert part4.plot_results(csv_rows + [dict(csv_rows[0], dtype="float16")], dtype="bfloat16")

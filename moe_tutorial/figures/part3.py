@@ -17,24 +17,15 @@ from matplotlib.patches import Rectangle
 
 from .. import traffic
 from ..shapes import get_shape
+from .cells import cell
 from .style import IMPL_COLORS, PADDING_COLOR, expert_color
 
 #: Colours of a program's slots (topk_idx 0, 1, ...): greys and blues, so they never read as experts.
 SLOT_COLORS = ["#c6dbef", "#9ecae1", "#6baed6", "#4292c6", "#2171b5", "#08519c", "#08306b", "#041f45"]
 #: One colour per pid_n in the pid-grid figure.
 PID_COLORS = ["#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69", "#fccde5"]
-_MASKED = "#ffffff"
 _DIM = "#f2f2f2"
 _EDGE = "#999999"
-
-
-def _cell(ax, x, y, color, text="", *, w=1.0, h=1.0, fontsize=7, hatch=None, edge=_EDGE, alpha=1.0,
-          text_color="black", rotation=0):
-    """A ``w x h`` cell with its lower-left corner at ``(x, y)`` (y grows downward in these figures)."""
-    ax.add_patch(Rectangle((x, y), w, h, facecolor=color, edgecolor=edge, lw=0.5, hatch=hatch, alpha=alpha))
-    if text != "":
-        ax.text(x + w / 2, y + h / 2, str(text), ha="center", va="center", fontsize=fontsize,
-                color=text_color, rotation=rotation)
 
 
 def _tint(color: str, alpha: float):
@@ -124,7 +115,7 @@ def draw_pid_grid(M: int, N: int, topk: int, block_n: int):
                 pid_n = n // block_n
                 if n < N:
                     text = f"{m},{pid_n}" if n % block_n == 0 else ""
-                    _cell(ax, x0 + n, m, PID_COLORS[pid_n % len(PID_COLORS)], text, fontsize=6)
+                    cell(ax, x0 + n, m, PID_COLORS[pid_n % len(PID_COLORS)], text, fontsize=6)
                 else:
                     ax.add_patch(Rectangle((x0 + n, m), 1, 1, facecolor="none", edgecolor="#bbbbbb", lw=0.6, ls="--"))
     for j in range(topk):
@@ -156,14 +147,14 @@ def _draw_columns(ax, cols: list[Column], topk: int, N: int, block_n: int, title
         pad = c.topk_idx >= topk
         slot_color = PADDING_COLOR if pad else SLOT_COLORS[c.topk_idx % len(SLOT_COLORS)]
         light = c.topk_idx >= 4 and not pad
-        _cell(ax, i, 0, "white", i, fontsize=6, rotation=rotate)
-        _cell(ax, i, 1, slot_color, c.topk_idx, hatch="///" if pad else None,
+        cell(ax, i, 0, "white", i, fontsize=6, rotation=rotate)
+        cell(ax, i, 1, slot_color, c.topk_idx, hatch="///" if pad else None,
               text_color="white" if light else "black")
-        _cell(ax, i, 2, "white", c.n_inner, fontsize=6)
+        cell(ax, i, 2, "white", c.n_inner, fontsize=6)
         over = c.n_global >= N
-        _cell(ax, i, 3, "white", c.n_global, fontsize=6, rotation=rotate,
+        cell(ax, i, 3, "white", c.n_global, fontsize=6, rotation=rotate,
               text_color="#d62728" if over else "black", hatch="xx" if over else None, h=1.6)
-        _cell(ax, i, 4.6, expert_color(c.expert) if c.valid else PADDING_COLOR,
+        cell(ax, i, 4.6, expert_color(c.expert) if c.valid else PADDING_COLOR,
               "-" if c.expert is None else c.expert, hatch=None if c.valid else "///")
     for r, name in enumerate(rows):
         y = (r if r < 4 else 4.6) + (0.8 if r == 3 else 0.5)
@@ -253,7 +244,7 @@ def draw_program(topk_ids, num_experts: int, N: int, K: int, pid_m: int, pid_n: 
         k = ks.start + r
         for i, c in enumerate(cols):
             ok = c.valid and k < K
-            _cell(ax_s, i, r, expert_color(c.expert) if ok else PADDING_COLOR, hatch=None if ok else "///")
+            cell(ax_s, i, r, expert_color(c.expert) if ok else PADDING_COLOR, hatch=None if ok else "///")
     for b in range(0, fused_n + 1, block_n):
         ax_s.plot([b, b], [-0.1, block_k + 0.1], color="black", lw=1.0)
     for j in range(topk_pad(topk)):
@@ -319,7 +310,8 @@ def pid_explorer(topk_ids, num_experts: int, N: int, K: int, block_n: int, block
 # Why tl.sum and not tl.dot
 
 def draw_dot_padding(block_n: int = 16, block_k: int = 16, min_dim: int = 16, *,
-                     copy_tbps: float = 4.27, matmul_tflops: float = 672.0, itemsize: int = 2):
+                     copy_tbps: float = traffic.H200_COPY_TBPS, matmul_tflops: float = traffic.H200_MATMUL_TFLOPS,
+                     itemsize: int = 2):
     """Left: a tensor-core tile fed one token row (the rest padding). Right: the roofline of tiles.
 
     Right panel: a ``[BLOCK_M, BLOCK_K] x [BLOCK_K, BLOCK_N]`` tile does ``2 BM BN BK`` FLOPs on
@@ -331,10 +323,10 @@ def draw_dot_padding(block_n: int = 16, block_k: int = 16, min_dim: int = 16, *,
     for r in range(min_dim):
         for k in range(block_k):
             real = r == 0
-            _cell(ax, k, r, "#ffd92f" if real else PADDING_COLOR, hatch=None if real else "///")
+            cell(ax, k, r, "#ffd92f" if real else PADDING_COLOR, hatch=None if real else "///")
     for k in range(block_k):
         for n in range(block_n):
-            _cell(ax, block_k + 2 + n, k, expert_color(0))
+            cell(ax, block_k + 2 + n, k, expert_color(0))
     ax.text(block_k / 2, min_dim + 0.6, f"x tile [{min_dim}, {block_k}]:\n1 token row, {min_dim - 1} rows of padding",
             ha="center", va="top", fontsize=8)
     ax.text(block_k + 2 + block_n / 2, min_dim + 0.6, f"weight tile [{block_k}, {block_n}]", ha="center", va="top",
@@ -368,35 +360,23 @@ def draw_dot_padding(block_n: int = 16, block_k: int = 16, min_dim: int = 16, *,
 # --------------------------------------------------------------------------------------
 # What fusion bought: bytes
 
-def fused_kernel_bytes(M: int, N: int, K: int, topk: int, itemsize: int = 2) -> float:
-    """Bytes Part 3's programs load and store: every (token, slot) reads its expert's ``[N, K]``.
-
-    Weights ``M topk N K``, x once, out once. Whether a repeated expert comes from L2 or HBM is
-    up to the cache; this is what HBM serves when nothing is reused.
-    """
-    return itemsize * (M * topk * N * K + M * K + M * topk * N)
-
-
-def indexing_bytes(M: int, N: int, K: int, topk: int, itemsize: int = 2) -> float:
-    """Part 2: the same gather, plus ``selected [M, topk, N, K]`` written to HBM and read back."""
-    return fused_kernel_bytes(M, N, K, topk, itemsize) + traffic.indexing_extra_bytes(M, N, K, topk, itemsize)
-
-
 def draw_traffic(models=("Mixtral-8x7B", "Qwen3-30B-A3B", "DeepSeek-V3"), Ms=(1, 8, 64, 256, 1024, 4096, 16384),
                  itemsize: int = 2):
     """Bytes to and from HBM of the first GEMM against M, one panel per model (bf16).
 
-    Part 2 (gather, write ``selected``, read it back), Part 3 (gather straight into the
-    program), and the fewest bytes possible (each touched expert once,
-    :func:`moe_tutorial.traffic.first_gemm_bytes`).
+    Part 2 (gather, write ``selected``, read it back: :func:`moe_tutorial.traffic.indexing_bytes`),
+    Part 3 (every pair's gather straight into the program: ``traffic.per_pair_bytes``), and the
+    fewest bytes possible (each touched expert once, ``traffic.first_gemm_bytes``).
     """
     fig, axes = plt.subplots(1, len(models), figsize=(4.1 * len(models), 3.6), squeeze=False)
     for ax, name in zip(axes[0], models):
         s = get_shape(name)
         N, K = s.first_gemm
         lines = {
-            "Part 2: indexing": ([indexing_bytes(M, N, K, s.topk, itemsize) for M in Ms], IMPL_COLORS["indexing"]),
-            "Part 3: fused kernel": ([fused_kernel_bytes(M, N, K, s.topk, itemsize) for M in Ms], IMPL_COLORS["naive"]),
+            "Part 2: indexing": ([traffic.indexing_bytes(M, N, K, s.topk, itemsize) for M in Ms],
+                                 IMPL_COLORS["indexing"]),
+            "Part 3: fused kernel": ([traffic.per_pair_bytes(M, N, K, s.topk, itemsize) for M in Ms],
+                                     IMPL_COLORS["naive"]),
             "fewest possible": ([traffic.first_gemm_bytes(M, N, K, s.num_experts, s.topk, itemsize) for M in Ms],
                                 "black"),
         }
@@ -413,99 +393,3 @@ def draw_traffic(models=("Mixtral-8x7B", "Qwen3-30B-A3B", "DeepSeek-V3"), Ms=(1,
     fig.suptitle("first GEMM: bytes to and from HBM", fontsize=10)
     fig.tight_layout()
     return fig
-
-
-# --------------------------------------------------------------------------------------
-# GPU results: time against M
-
-#: The implementations Part 3's timing plot compares, in the series' order.
-PART3_IMPLS = ("loop", "indexing", "published", "naive", "sorted", "grouped_mm")
-IMPL_NAMES = {"loop": "Part 1 loop", "indexing": "Part 2 indexing", "published": "Part 3 as published",
-              "naive": "Part 3 kernel (fixed)", "sorted": "Part 4 sorted kernel", "grouped_mm": "torch._grouped_mm"}
-
-
-def _ok(row) -> bool:
-    return str(row.get("status") or "").startswith("ok") and row.get("ms") is not None
-
-
-def draw_time_vs_m(rows: list[dict], models=None, impls=PART3_IMPLS, gemm: str = "first"):
-    """Time per implementation against M from benchmark rows, one panel per model.
-
-    Args:
-        rows: as :func:`moe_tutorial.results.load_rows` gives them.
-        models: which models (default: every one in ``rows`` with ``gemm`` rows, in file order).
-        impls: which implementations, in legend order. ``gemm``: "first" or "layer".
-
-    Timed rows are lines (Part 3's own kernel drawn thicker); rows that failed the correctness
-    check are red crosses on the bottom edge; skipped rows are left out. The dashed line is
-    the roofline floor stored with the rows.
-    """
-    rows = [r for r in rows if r.get("gemm") == gemm and r.get("impl") in impls]
-    if models is None:
-        models = list(dict.fromkeys(r["model"] for r in rows))
-    if not models:
-        raise ValueError(f"rows: no {gemm!r} rows for {', '.join(impls)}")
-    fig, axes = plt.subplots(1, len(models), figsize=(4.3 * len(models), 3.8), squeeze=False)
-    for ax, model in zip(axes[0], models):
-        mine = [r for r in rows if r["model"] == model]
-        for impl in impls:
-            ok = sorted((r["M"], r["ms"]) for r in mine if r["impl"] == impl and _ok(r))
-            wrong = sorted(r["M"] for r in mine if r["impl"] == impl and r.get("status") == "wrong")
-            color = IMPL_COLORS.get(impl, "black")
-            if ok:
-                ax.plot(*zip(*ok), marker="o", ms=3, color=color, lw=2.6 if impl == "naive" else 1.3,
-                        label=IMPL_NAMES.get(impl, impl))
-            if wrong:
-                ax.scatter(wrong, [0.03] * len(wrong), marker="x", s=30, color="#d62728", zorder=5, clip_on=False,
-                           transform=ax.get_xaxis_transform(), label=f"{IMPL_NAMES.get(impl, impl)}: wrong result")
-        floor = sorted({(r["M"], r["floor_ms"]) for r in mine if r.get("floor_ms")})
-        if floor:
-            ax.plot(*zip(*floor), ls="--", color="black", lw=1.0, label="roofline floor")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("tokens M")
-        ax.set_title(model, fontsize=9)
-        ax.grid(True, which="major", alpha=0.3)
-    axes[0][0].set_ylabel("time (ms)")
-    labels = {}
-    for ax in axes[0]:
-        for h, lab in zip(*ax.get_legend_handles_labels()):
-            labels.setdefault(lab, h)
-    fig.legend(list(labels.values()), list(labels), loc="lower center", ncol=min(4, len(labels)), fontsize=8,
-               frameon=False)
-    fig.tight_layout(rect=(0, 0.06 + 0.04 * math.ceil(len(labels) / 4), 1, 1))
-    return fig
-
-
-def best_tflops(rows: list[dict], impl: str = "naive", gemm: str = "first") -> dict[str, float]:
-    """``{model: the highest TFLOP/s impl reached at any M}`` over rows that timed correctly."""
-    best: dict[str, float] = {}
-    for r in rows:
-        if r.get("gemm") == gemm and r.get("impl") == impl and _ok(r) and r.get("tflops") is not None:
-            best[r["model"]] = max(best.get(r["model"], 0.0), r["tflops"])
-    return best
-
-
-
-def fraction_table(rows: list[dict], impl: str = "naive", gemm: str = "first") -> str:
-    """A text table of ``impl``'s fraction of the roofline floor: models down, M across.
-
-    "wrong" where the result failed its check, "-" where the case was skipped.
-    """
-    rows = [r for r in rows if r.get("gemm") == gemm and r.get("impl") == impl]
-    models = list(dict.fromkeys(r["model"] for r in rows))
-    Ms = sorted({r["M"] for r in rows})
-    cell = {(r["model"], r["M"]): r for r in rows}
-    lines = [f"{impl}: fraction of the floor".ljust(28) + "".join(f"{f'M={M}':>9}" for M in Ms)]
-    for model in models:
-        values = []
-        for M in Ms:
-            r = cell.get((model, M))
-            if r is not None and r.get("status") == "wrong":
-                values.append("wrong")
-            elif r is None or not _ok(r) or r.get("fraction_of_floor") is None:
-                values.append("-")
-            else:
-                values.append(f"{r['fraction_of_floor']:.3f}")
-        lines.append(model.ljust(28) + "".join(f"{v:>9}" for v in values))
-    return "\n".join(lines)

@@ -11,30 +11,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from .. import traffic
-from ..bench_report import batch_sizes, impls, is_ok, models
+from ..bench_report import batch_sizes, gemm_title, impl_order, is_ok, model_order, subset
 from ..shapes import ModelShape
-from .style import IMPL_COLORS
-
-#: Legend names, in the series' words.
-IMPL_LABELS = {
-    "loop": "Part 1 loop", "indexing": "Part 2 indexing", "published": "Part 3 as published",
-    "naive": "Part 3 fixed", "sorted": "Part 4 sorted", "sorted+align": "Part 4 + align",
-    "sorted-heuristic": "Part 4, untuned", "grouped_mm": "torch._grouped_mm",
-}
-#: Implementations drawn as variations of another one: same colour, a different line.
-_VARIANT_OF = {"sorted+align": ("sorted", ":"), "sorted-heuristic": ("sorted", "--")}
-#: The H200 ceilings DESIGN.md quotes, used where no measured ones are at hand.
-H200_COPY_TBPS, H200_MATMUL_TFLOPS = 4.27, 672.0
-
-
-def impl_style(impl: str) -> dict:
-    """Colour, line style and label of an implementation."""
-    base, ls = _VARIANT_OF.get(impl, (impl, "-"))
-    return {"color": IMPL_COLORS.get(base, "#555555"), "ls": ls, "label": IMPL_LABELS.get(impl, impl)}
-
-
-def gemm_title(gemm: str) -> str:
-    return "gate/up GEMM" if gemm == "first" else "whole layer"
+from ..traffic import H200_COPY_TBPS, H200_MATMUL_TFLOPS
+from .style import WRONG_COLOR, impl_style
 
 
 def intensity(shape: ModelShape, M, gemm: str = "first", itemsize: int = 2) -> np.ndarray:
@@ -104,7 +84,7 @@ def plot_roofline(rows: list[dict], model: str, gemm: str = "first", *, ax=None)
     ais = [1e3 * r["tflops"] / r["gbps"] for r in mine]
     x = np.logspace(np.log10(min(ais) / 2), np.log10(max(max(ais) * 2, 2 * peak / bw)), 200)
     ax.plot(x, np.minimum(bw * x, peak), color="black", lw=1.5, label=f"roof: {bw:.2f} TB/s, {peak:.0f} TFLOP/s")
-    for impl in impls(mine):
+    for impl in impl_order(mine):
         pts = sorted((r["M"], 1e3 * r["tflops"] / r["gbps"], r["tflops"]) for r in mine if r["impl"] == impl)
         style = impl_style(impl)
         ax.plot([p[1] for p in pts], [p[2] for p in pts], marker="o", ms=3.5, lw=1, **style)
@@ -119,16 +99,22 @@ def plot_roofline(rows: list[dict], model: str, gemm: str = "first", *, ax=None)
     return fig if fig is not None else ax.figure
 
 
-def _plot_metric(ax, rows, model, gemm, metric):
-    mine = [r for r in rows if r["model"] == model and r["gemm"] == gemm]
-    for impl in impls(mine):
+def _plot_metric(ax, rows, model: str, metric: str, *, title: str, highlight: str | None = None) -> None:
+    """One panel: ``metric`` of each implementation against M for ``model`` (``rows`` of one gemm).
+
+    Timed rows are lines (``highlight`` thicker); rows that failed the correctness check are
+    red crosses along the bottom edge, since a wrong answer's speed means nothing; skipped rows
+    are left out. "ms" gets the roofline floor dashed, "fraction_of_floor" the line at 1.0.
+    """
+    mine = [r for r in rows if r["model"] == model]
+    for impl in impl_order(mine):
+        style = impl_style(impl)
         pts = sorted((r["M"], r[metric]) for r in mine if r["impl"] == impl and is_ok(r) and r.get(metric))
         wrong = sorted(r["M"] for r in mine if r["impl"] == impl and r.get("status") == "wrong")
-        style = impl_style(impl)
         if pts:
-            ax.plot(*zip(*pts), marker="o", ms=3.5, lw=1.4, **style)
-        if wrong:   # a wrong answer's speed means nothing: crosses along the bottom edge
-            ax.scatter(wrong, [0.04] * len(wrong), marker="x", color=style["color"], s=30, clip_on=False,
+            ax.plot(*zip(*pts), marker="o", ms=3.5, lw=2.6 if impl == highlight else 1.4, **style)
+        if wrong:
+            ax.scatter(wrong, [0.04] * len(wrong), marker="x", color=WRONG_COLOR, s=30, zorder=5, clip_on=False,
                        transform=ax.get_xaxis_transform(), label=f"{style['label']}: wrong result")
     if metric == "ms":
         floor = sorted({(r["M"], r["floor_ms"]) for r in mine if r.get("floor_ms")})
@@ -141,7 +127,7 @@ def _plot_metric(ax, rows, model, gemm, metric):
         top = max([1.0] + [r["fraction_of_floor"] for r in mine if is_ok(r) and r.get("fraction_of_floor")])
         ax.set(ylim=(0, max(1.1, top + 0.05)), ylabel="fraction of the floor")
     _m_axis(ax, batch_sizes(mine))
-    ax.set(title=f"{model}, {gemm_title(gemm)}")
+    ax.set_title(title)
     ax.grid(True, which="major", alpha=0.3)
 
 
@@ -154,43 +140,58 @@ def _m_axis(ax, sizes) -> None:
     ax.set_xlabel("tokens M")
 
 
-def plot_time(rows: list[dict], model: str, gemm: str = "first", *, ax=None):
-    """Time against M for each implementation, with the roofline floor dashed."""
-    fig, ax = (plt.subplots(figsize=(6.0, 3.8)) if ax is None else (None, ax))
-    _plot_metric(ax, rows, model, gemm, "ms")
-    ax.legend(fontsize=7, loc="upper left")
-    return fig if fig is not None else ax.figure
-
-
-def plot_fraction(rows: list[dict], model: str, gemm: str = "first", *, ax=None):
-    """Fraction of the roofline floor reached against M (1.0 = as fast as the hardware allows)."""
-    fig, ax = (plt.subplots(figsize=(6.0, 3.8)) if ax is None else (None, ax))
-    _plot_metric(ax, rows, model, gemm, "fraction_of_floor")
-    ax.legend(fontsize=7, loc="upper left")
-    return fig if fig is not None else ax.figure
-
-
 def _shared_legend(fig, axes, ncol: int = 5) -> float:
-    """One legend for all panels, below them; returns the figure fraction it takes."""
+    """One legend for all panels, below them; returns the fraction of the figure's height it takes."""
     handles = {}
     for ax in np.ravel(axes):
         for h, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, h)
     fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=min(ncol, len(handles)), fontsize=8,
                frameon=False)
-    return 0.06 + 0.03 * ((len(handles) - 1) // ncol)
+    return (0.1 + 0.2 * -(-len(handles) // ncol)) / fig.get_figheight()
 
 
-def plot_across_models(rows: list[dict], models: list[str], gemm: str = "first", metric: str = "ms"):
-    """One panel per model of ``metric`` ("ms" or "fraction_of_floor") against M, one legend."""
+def plot_across_models(rows: list[dict], models=None, gemm: str = "first", metric: str = "ms", *, impls=None,
+                       dtype: str | None = None, highlight: str | None = None, ncols: int = 3):
+    """``metric`` against M, one panel per model, one line per implementation, one legend.
+
+    Args:
+        rows: results as :func:`moe_tutorial.results.load_rows` returns them.
+        models: one panel each, in this order (default: every model in ``rows``, the series' order).
+        gemm: "first" (the gate/up GEMM) or "layer" (the whole layer).
+        metric: "ms" (log scale, the roofline floor dashed) or "fraction_of_floor" (1.0 dashed;
+            the panels share their y axis).
+        impls: which implementations to draw (default: all), in the series' order.
+        dtype: keep only this dtype; None when the rows hold a single one.
+        highlight: an implementation drawn thicker, e.g. the notebook's own kernel.
+        ncols: panels per row; more models wrap onto further rows.
+
+    Timed rows are lines; rows that failed the correctness check are red crosses along the
+    bottom edge; skipped rows are left out.
+    """
     if metric not in ("ms", "fraction_of_floor"):
         raise ValueError(f"metric: expected 'ms' or 'fraction_of_floor', got {metric!r}")
-    fig, axes = plt.subplots(1, len(models), figsize=(5.6 * len(models), 4.4), squeeze=False)
-    for ax, model in zip(axes[0], models):
-        _plot_metric(ax, rows, model, gemm, metric)
+    rows = subset(rows, gemm, dtype, impls)
+    models = list(models) if models is not None else model_order(rows)
+    if not models:
+        raise ValueError(f"rows: no results for gemm={gemm!r}" + (f", dtype={dtype!r}" if dtype else "")
+                         + (f", impls={list(impls)}" if impls is not None else ""))
+    ncols = min(ncols, len(models))
+    nrows = -(-len(models) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.8 * ncols, 3.5 * nrows + 0.9), squeeze=False,
+                             sharey=metric != "ms")
+    panels = list(axes.flat)
+    for i, (ax, model) in enumerate(zip(panels, models)):
+        _plot_metric(ax, rows, model, metric, title=model, highlight=highlight)
+        if i % ncols:
+            ax.set_ylabel("")
+    for ax in panels[len(models):]:
+        ax.set_axis_off()
+    if metric != "ms":          # one shared y axis: tall enough for every panel
+        panels[0].set_ylim(0, max(ax.get_ylim()[1] for ax in panels[:len(models)]))
     what = "time" if metric == "ms" else "fraction of the roofline floor"
     fig.suptitle(f"{gemm_title(gemm)}: {what} against M")
-    fig.tight_layout(rect=(0, _shared_legend(fig, axes), 1, 1))
+    fig.tight_layout(rect=(0, _shared_legend(fig, panels), 1, 1))
     return fig
 
 
@@ -199,8 +200,8 @@ def plot_model(rows: list[dict], model: str):
     gemms = [g for g in ("first", "layer") if any(r["model"] == model and r["gemm"] == g for r in rows)]
     fig, axes = plt.subplots(2, len(gemms), figsize=(6.0 * len(gemms), 7.2), squeeze=False)
     for j, gemm in enumerate(gemms):
-        _plot_metric(axes[0][j], rows, model, gemm, "ms")
-        _plot_metric(axes[1][j], rows, model, gemm, "fraction_of_floor")
+        for i, metric in enumerate(("ms", "fraction_of_floor")):
+            _plot_metric(axes[i][j], subset(rows, gemm), model, metric, title=f"{model}, {gemm_title(gemm)}")
     first = next((r for r in rows if r["model"] == model), {})
     fig.suptitle(f"{model} on {first.get('gpu', '?')} ({first.get('dtype', '')})")
     fig.tight_layout(rect=(0, _shared_legend(fig, axes), 1, 1))
@@ -212,7 +213,7 @@ def save_bench_figures(rows: list[dict], out_dir) -> list[Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
-    for model in models(rows):
+    for model in model_order(rows):
         if not any(r["model"] == model and is_ok(r) for r in rows):
             continue
         fig = plot_model(rows, model)
@@ -223,5 +224,4 @@ def save_bench_figures(rows: list[dict], out_dir) -> list[Path]:
     return paths
 
 
-__all__ = ["IMPL_LABELS", "impl_style", "intensity", "plot_intensity", "plot_roofline", "plot_time",
-           "plot_fraction", "plot_across_models", "plot_model", "save_bench_figures"]
+__all__ = ["intensity", "plot_intensity", "plot_roofline", "plot_across_models", "plot_model", "save_bench_figures"]
