@@ -73,14 +73,22 @@ def fraction(value: float) -> str:
     return f"{value:.2f}" if value >= 0.01 else f"{value:.0e}"
 
 
-def _cell(row: dict | None) -> str:
+def _cell(row: dict | None, show) -> str:
+    """A case's cell: "" where there is none, "wrong", "-" where it was not timed, else ``show(row)``."""
     if row is None:
         return ""
     if row.get("status") == "wrong":
         return "wrong"
-    if not is_ok(row) or row.get("fraction_of_floor") is None:
-        return "-"
-    return fraction(row["fraction_of_floor"])
+    return show(row) if is_ok(row) else "-"
+
+
+def _fraction_cell(row: dict) -> str:
+    return "-" if row.get("fraction_of_floor") is None else fraction(row["fraction_of_floor"])
+
+
+def _geomean_cell(value) -> str:
+    """A :func:`floor_geomeans` value as a cell: "wrong", the geomean, or "-" where nothing ran."""
+    return "-" if value is None else value if value == "wrong" else fraction(value)
 
 
 def _index(rows):
@@ -89,21 +97,22 @@ def _index(rows):
 
 def fraction_table(rows: list[dict], gemm: str | None = None, *, impls=None, dtype: str | None = None,
                    labels: dict | None = None) -> str:
-    """model, gemm, impl, then the fraction of the floor reached at each M, then the geomean.
+    """model, gemm, impl, then the fraction of the floor reached at each M, then :func:`floor_geomeans`.
 
     ``gemm``, ``dtype`` and ``impls`` pick rows as :func:`subset` does; ``labels`` maps an
     implementation to the name its line shows.
     """
     rows = subset(rows, gemm, dtype, impls)
     index, sizes, labels = _index(rows), batch_sizes(rows), labels or {}
+    gemms = _ordered((r["gemm"] for r in rows), ("first", "layer"))
+    geomeans = {g: floor_geomeans(rows, g) for g in gemms}
     body = []
     for model in model_order(rows):
-        for g in _ordered((r["gemm"] for r in rows if r["model"] == model), ("first", "layer")):
+        for g in [g for g in gemms if any(r["model"] == model and r["gemm"] == g for r in rows)]:
             for impl in impl_order([r for r in rows if r["model"] == model and r["gemm"] == g]):
-                cells = [index.get((model, g, impl, M)) for M in sizes]
-                fractions = [c["fraction_of_floor"] for c in cells if c and is_ok(c)]
-                body.append([model, g, labels.get(impl, impl)] + [_cell(c) for c in cells]
-                            + [fraction(geomean(fractions)) if fractions else "-"])
+                cells = [_cell(index.get((model, g, impl, M)), _fraction_cell) for M in sizes]
+                body.append([model, g, labels.get(impl, impl)] + cells
+                            + [_geomean_cell(geomeans[g].get((model, impl)))])
     return format_table(["model", "gemm", "impl"] + [f"M={M}" for M in sizes] + ["geomean"], body)
 
 
@@ -142,12 +151,10 @@ def geomean_table(rows: list[dict], gemm: str = "first", *, dtype: str | None = 
         line = [labels.get(impl, impl)]
         for model in names:
             value = values.get((model, impl))
-            if value is None or value == "wrong":
-                line.append(value or "-")
-                continue
             mine = [r for r in rows if r["impl"] == impl and r["model"] == model]
             timed = sum(1 for r in mine if is_ok(r) and r.get("fraction_of_floor"))
-            line.append(fraction(value) if timed == len(mine) else f"{fraction(value)} ({timed}/{len(mine)} M)")
+            partial = isinstance(value, float) and timed < len(mine)
+            line.append(_geomean_cell(value) + (f" ({timed}/{len(mine)} M)" if partial else ""))
         body.append(line)
     return format_table([gemm_title(gemm)] + names, body)
 
@@ -172,14 +179,8 @@ def speedup_table(rows: list[dict], model: str, gemm: str = "first", baseline: s
         line = [impl]
         for M in sizes:
             base, other = index.get((model, gemm, baseline, M)), index.get((model, gemm, impl, M))
-            if base is None or other is None or not is_ok(base):
-                line.append("")
-            elif other.get("status") == "wrong":
-                line.append("wrong")
-            elif not is_ok(other):
-                line.append("-")
-            else:
-                line.append(f"{other['ms'] / base['ms']:.2f}x")
+            ok = base is not None and is_ok(base)
+            line.append(_cell(other, lambda r: f"{r['ms'] / base['ms']:.2f}x") if ok else "")
         body.append(line)
     return format_table([f"{baseline} vs"] + [f"M={M}" for M in sizes], body)
 

@@ -77,6 +77,8 @@ def test_tables_show_wrong_and_skipped_cells():
     assert "wrong" in table and "0.50" in table
     sorted_line = next(line for line in table.splitlines() if " sorted " in f" {line} ")
     assert sorted_line.split()[-1] == "0.50"                       # geomean of 1.0 and 0.25
+    naive_line = next(line for line in table.splitlines() if " naive " in f" {line} ")
+    assert naive_line.split()[-3:] == ["wrong", "0.50", "wrong"]   # one wrong M makes the geomean "wrong"
     geo = bench_report.geomean_table(rows)
     assert "wrong" in geo.splitlines()[3] and "(1/2 M)" in geo
     speed = bench_report.speedup_table(rows, "m")
@@ -137,7 +139,7 @@ def part3_rows(tmp_path):
 def test_one_implementation_fraction_table(part3_rows):
     table = bench_report.fraction_table(part3_rows, "first", impls=["published"]).splitlines()
     assert table[2].split()[3:] == ["0.20"] * 3 + ["0.20"]           # three M, then the geomean
-    assert table[3].split()[3:] == ["wrong"] * 3 + ["-"]
+    assert table[3].split()[3:] == ["wrong"] * 4                     # the geomean too, as in geomean_table
     assert "-" in bench_report.fraction_table(part3_rows, "first", impls=["loop"]).splitlines()[2].split()
     named = bench_report.fraction_table(part3_rows, "first", impls=["naive"], labels=IMPL_LABELS)
     assert "Part 3 fixed" in named and " naive " not in f" {named} "

@@ -16,9 +16,10 @@ from matplotlib.colors import to_rgb
 from matplotlib.patches import Rectangle
 
 from .. import traffic
+from ..bench import GPU_BATCH_SIZES, GPU_MODELS
 from ..shapes import get_shape
 from .cells import cell
-from .style import IMPL_COLORS, PADDING_COLOR, expert_color
+from .style import IMPL_COLORS, PADDING_COLOR, expert_color, m_axis
 
 #: Colours of a program's slots (topk_idx 0, 1, ...): greys and blues, so they never read as experts.
 SLOT_COLORS = ["#c6dbef", "#9ecae1", "#6baed6", "#4292c6", "#2171b5", "#08519c", "#08306b", "#041f45"]
@@ -360,13 +361,13 @@ def draw_dot_padding(block_n: int = 16, block_k: int = 16, min_dim: int = 16, *,
 # --------------------------------------------------------------------------------------
 # What fusion bought: bytes
 
-def draw_traffic(models=("Mixtral-8x7B", "Qwen3-30B-A3B", "DeepSeek-V3"), Ms=(1, 8, 64, 256, 1024, 4096, 16384),
-                 itemsize: int = 2):
+def draw_traffic(models=GPU_MODELS, Ms=GPU_BATCH_SIZES, itemsize: int = 2):
     """Bytes to and from HBM of the first GEMM against M, one panel per model (bf16).
 
     Part 2 (gather, write ``selected``, read it back: :func:`moe_tutorial.traffic.indexing_bytes`),
     Part 3 (every pair's gather straight into the program: ``traffic.per_pair_bytes``), and the
-    fewest bytes possible (each touched expert once, ``traffic.first_gemm_bytes``).
+    fewest bytes possible (each touched expert once, ``traffic.first_gemm_bytes``). By default
+    the models and batch sizes the GPU benchmark measures.
     """
     fig, axes = plt.subplots(1, len(models), figsize=(4.1 * len(models), 3.6), squeeze=False)
     for ax, name in zip(axes[0], models):
@@ -383,9 +384,8 @@ def draw_traffic(models=("Mixtral-8x7B", "Qwen3-30B-A3B", "DeepSeek-V3"), Ms=(1,
         for label, (values, color) in lines.items():
             ax.plot(Ms, [v / 1e9 for v in values], marker="o", ms=3, color=color, label=label,
                     ls="--" if color == "black" else "-")
-        ax.set_xscale("log", base=2)
+        m_axis(ax, Ms)
         ax.set_yscale("log")
-        ax.set_xlabel("tokens M")
         ax.set_title(f"{name} (E={s.num_experts}, topk={s.topk})", fontsize=9)
         ax.grid(True, which="major", alpha=0.3)
     axes[0][0].set_ylabel("GB moved (bf16)")

@@ -11,10 +11,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from .. import traffic
+from ..bench import GPU_BATCH_SIZES
 from ..bench_report import batch_sizes, gemm_title, impl_order, is_ok, model_order, subset
 from ..shapes import ModelShape
 from ..traffic import H200_COPY_TBPS, H200_MATMUL_TFLOPS
-from .style import WRONG_COLOR, impl_style
+from .style import WRONG_COLOR, impl_style, m_axis
 
 
 def intensity(shape: ModelShape, M, gemm: str = "first", itemsize: int = 2) -> np.ndarray:
@@ -55,7 +56,7 @@ def plot_intensity(shapes: list[ModelShape], *, gemm: str = "first", copy_tbps: 
     ax.text(Ms[-1], ridge * 3, "compute-bound", ha="right", fontsize=8, color="#2f6e3a")
     ax.set(yscale="log", ylabel="FLOPs per byte moved", title=f"Arithmetic intensity of the {gemm_title(gemm)}",
            ylim=(0.5, None))
-    _m_axis(ax, [m for m in (1, 8, 64, 256, 1024, 4096, 16384) if m <= max_m])
+    m_axis(ax, [m for m in GPU_BATCH_SIZES if m <= max_m])
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(True, which="major", alpha=0.3)
     fig.tight_layout()
@@ -126,18 +127,9 @@ def _plot_metric(ax, rows, model: str, metric: str, *, title: str, highlight: st
         # Above 1 happens: a read-only stream outruns the copy that sets the bandwidth ceiling.
         top = max([1.0] + [r["fraction_of_floor"] for r in mine if is_ok(r) and r.get("fraction_of_floor")])
         ax.set(ylim=(0, max(1.1, top + 0.05)), ylabel="fraction of the floor")
-    _m_axis(ax, batch_sizes(mine))
+    m_axis(ax, batch_sizes(mine))
     ax.set_title(title)
     ax.grid(True, which="major", alpha=0.3)
-
-
-def _m_axis(ax, sizes) -> None:
-    """A log2 M axis labelled with the measured batch sizes themselves."""
-    ax.set_xscale("log", base=2)
-    if sizes:
-        ax.set_xticks(sizes, [str(m) for m in sizes])
-        ax.minorticks_off()
-    ax.set_xlabel("tokens M")
 
 
 def _shared_legend(fig, axes, ncol: int = 5) -> float:

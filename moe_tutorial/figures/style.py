@@ -36,6 +36,15 @@ def impl_style(impl: str) -> dict:
     return {"color": IMPL_COLORS.get(base, "#555555"), "ls": ls, "label": IMPL_LABELS.get(impl, impl)}
 
 
+def m_axis(ax, sizes) -> None:
+    """A log2 axis of tokens M, labelled with the batch sizes ``sizes`` themselves (1, 8, 64, ...)."""
+    ax.set_xscale("log", base=2)
+    if len(sizes):
+        ax.set_xticks(sizes, [str(m) for m in sizes])
+        ax.minorticks_off()
+    ax.set_xlabel("tokens M")
+
+
 def use_style() -> None:
     """Deterministic, readable defaults; call once at the top of a notebook."""
     matplotlib.rcParams.update({
