@@ -3,6 +3,7 @@
 Every drawing is computed from the same index arithmetic the kernel does (``program_columns``),
 so a figure cannot disagree with :mod:`moe_tutorial.fused_kernel`. Functions return a matplotlib
 Figure (the notebook calls ``plt.show()``), except :func:`pid_explorer`, which returns a widget.
+The GPU results Part 3 shows are drawn by :mod:`moe_tutorial.figures.perf`.
 """
 from __future__ import annotations
 
