@@ -1,8 +1,13 @@
 """Fixtures shared by the package tests. Kept small: a test module's own helpers live in it."""
 import moe_tutorial  # noqa: F401,I001  (first: picks the runtime before anything imports triton)
 
+import matplotlib
 import pytest
 import torch
+
+matplotlib.use("Agg")   # figures render off-screen, the same on every machine
+
+import matplotlib.pyplot as plt  # noqa: E402
 
 from moe_tutorial import runtime
 from moe_tutorial.examples import worked_example
@@ -18,3 +23,10 @@ def device() -> torch.device:
 def worked(device):
     """The series' worked example (M=2, K=3, N=2, E=4, topk=2) in fp32 on ``device``."""
     return worked_example(torch.float32, device)
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    """Every test starts with no open figures (matplotlib keeps them all otherwise)."""
+    yield
+    plt.close("all")

@@ -6,11 +6,6 @@ notebooks read the shipped H200 results.
 """
 import math
 
-import matplotlib
-
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 from moe_tutorial import bench_report, results, traffic  # noqa: E402
@@ -20,11 +15,6 @@ from moe_tutorial.shapes import ModelShape  # noqa: E402
 
 SMALL = ModelShape("custom", num_experts=6, topk=2, hidden=32, intermediate=16)
 
-
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
 
 
 def bench_rows(fractions: dict, models=("Mixtral-8x7B", "DeepSeek-V3"), Ms=(1, 64, 4096), *, wrong=(), skipped=(),

@@ -1,11 +1,6 @@
 """Part 3's figures: the index arithmetic they draw, the pid explorer, the bytes they plot."""
 import moe_tutorial  # noqa: F401,I001  (first: picks the runtime before triton is imported)
 
-import matplotlib
-
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
@@ -13,11 +8,6 @@ from moe_tutorial import traffic  # noqa: E402
 from moe_tutorial.figures import part3  # noqa: E402
 from moe_tutorial.shapes import random_topk_ids  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
 
 
 @pytest.mark.parametrize("topk,N,block_n", [(1, 7, 4), (3, 10, 4), (6, 33, 8), (8, 5, 2), (2, 2, 2)])

@@ -4,11 +4,6 @@ The GPU results Part 4 shows are drawn by ``figures.perf``: tests/test_bench_rep
 """
 from __future__ import annotations
 
-import matplotlib
-
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -16,11 +11,6 @@ import torch  # noqa: E402
 from moe_tutorial import align_block_size, runtime  # noqa: E402
 from moe_tutorial.figures import part4  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
 
 
 @pytest.mark.parametrize("num_pid_m,num_pid_n,group_m", [(1, 1, 1), (5, 4, 2), (7, 3, 4), (8, 12, 8), (3, 5, 8)])

@@ -11,6 +11,7 @@ from .common import check_first_gemm_fn, hint_by_name, kernel_tolerance
 from .diagnose import ranges
 from .feedback import Fail, call_student, on, run_check
 from .problems import kernel_problems, random_first_gemm
+from ..figures.part4 import pid_to_tile  # the kernel's grouped order, in Python
 
 
 # --------------------------------------------------------------------------- 4.1
@@ -124,14 +125,6 @@ def check_align(fn) -> bool:
 
 
 # --------------------------------------------------------------------------- 4.2
-def grouped_pid_reference(pid: int, num_pid_m: int, num_pid_n: int, group_m: int) -> tuple[int, int]:
-    """The grouped order of :func:`moe_tutorial.sorted_kernel.sorted_moe_kernel`, in Python."""
-    per_group = group_m * num_pid_n
-    first_m = (pid // per_group) * group_m
-    rows = min(num_pid_m - first_m, group_m)
-    return first_m + (pid % per_group) % rows, (pid % per_group) // rows
-
-
 def _expect_order(fn, num_pid_m: int, num_pid_n: int, group_m: int) -> None:
     got = {}
     for pid in range(num_pid_m * num_pid_n):
@@ -153,7 +146,7 @@ def _expect_order(fn, num_pid_m: int, num_pid_n: int, group_m: int) -> None:
             raise Fail(f"pids {by_tile[tile]} and {pid} both map to tile {tile}: it is computed twice and "
                        "another tile never")
         by_tile[tile] = pid
-    want = {pid: grouped_pid_reference(pid, num_pid_m, num_pid_n, group_m) for pid in got}
+    want = {pid: pid_to_tile(pid, num_pid_m, num_pid_n, group_m) for pid in got}
     if got == want:
         return
     pid = next(p for p in got if got[p] != want[p])
