@@ -17,8 +17,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (moe_tutorial)" >/dev/null
 	touch $(STAMP)
 
+# Jupyter refuses to run as root unless told; containers and cloud boxes often are root.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
+
 lab: $(STAMP)
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/jupyter lab notebooks/ $(ROOT_FLAG)
 
 # Everything: package tests, exercise checkers, notebooks through nbval, then the browser test.
 test: $(STAMP)
