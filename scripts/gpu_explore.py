@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import moe_tutorial as mt  # noqa: E402
 from moe_tutorial import traffic  # noqa: E402
 from moe_tutorial.align import align_block_size  # noqa: E402
-from moe_tutorial.configs import KernelConfig, heuristic_config  # noqa: E402
+from moe_tutorial.configs import KernelConfig  # noqa: E402
 from moe_tutorial.sorted_kernel import launch_sorted_gemm  # noqa: E402
 
 OUT = os.environ.get("OUT", "/tmp/out")
