@@ -8,7 +8,6 @@ switched off: the test machine has no network.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import socket
 import subprocess
