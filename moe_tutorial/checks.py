@@ -107,3 +107,12 @@ def check_layer_inputs(x, w13, w2, topk_weights, topk_ids) -> tuple[int, int, in
         _fail(ValueError, "w2", f"x's device {x.device}", w2.device)
     check_topk_weights(topk_weights, topk_ids)
     return M, K, inter, E, topk
+
+
+def check_out(out, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """A caller's output buffer must have the result's shape and dtype; returns it."""
+    if not isinstance(out, torch.Tensor):
+        _fail(TypeError, "out", "a torch.Tensor", type(out).__name__)
+    if tuple(out.shape) != tuple(shape) or out.dtype != dtype:
+        _fail(ValueError, "out", f"shape {tuple(shape)} and dtype {dtype}", f"shape {tuple(out.shape)} and dtype {out.dtype}")
+    return out

@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from . import runtime
-from .checks import check_matmul_inputs
+from .checks import check_matmul_inputs, check_out
 
 
 @triton.jit
@@ -76,6 +76,17 @@ def default_blocks(topk: int, N: int, K: int) -> tuple[int, int]:
     return block_n, block_k
 
 
+def resolve_blocks(topk: int, N: int, K: int, block_n: int | None, block_k: int | None) -> tuple[int, int]:
+    """``(BLOCK_N, BLOCK_K)``: the ones given, checked to be powers of two, or the defaults."""
+    dn, dk = default_blocks(topk, N, K)
+    block_n = dn if block_n is None else block_n
+    block_k = dk if block_k is None else block_k
+    for name, b in (("block_n", block_n), ("block_k", block_k)):
+        if isinstance(b, bool) or not isinstance(b, int) or b < 1 or b & (b - 1):
+            raise ValueError(f"{name}: expected a power of two, got {b}")
+    return block_n, block_k
+
+
 def fused_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: torch.Tensor, *,
                      block_n: int | None = None, block_k: int | None = None,
                      out: torch.Tensor | None = None) -> torch.Tensor:
@@ -92,18 +103,10 @@ def fused_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: torch.Tens
         ``[M, topk, N]`` in x's dtype, accumulated in fp32.
     """
     M, K, N, E, topk = check_matmul_inputs(x, weight, topk_ids, kernel=True)
-    if out is None:
-        out = x.new_empty(M, topk, N)
-    elif tuple(out.shape) != (M, topk, N) or out.dtype != x.dtype:
-        raise ValueError(f"out: expected shape {(M, topk, N)} and dtype {x.dtype}, got {tuple(out.shape)} {out.dtype}")
+    out = x.new_empty(M, topk, N) if out is None else check_out(out, (M, topk, N), x.dtype)
+    block_n, block_k = resolve_blocks(topk, N, K, block_n, block_k)
     if M == 0 or N == 0:
         return out
-    dn, dk = default_blocks(topk, N, K)
-    block_n = dn if block_n is None else block_n
-    block_k = dk if block_k is None else block_k
-    for name, b in (("block_n", block_n), ("block_k", block_k)):
-        if isinstance(b, bool) or not isinstance(b, int) or b < 1 or b & (b - 1):
-            raise ValueError(f"{name}: expected a power of two, got {b}")
     grid = (M, triton.cdiv(N, block_n))
     fused_moe_kernel[grid](
         x, weight, topk_ids, out,

@@ -22,8 +22,8 @@ import triton
 import triton.language as tl
 
 from . import runtime  # noqa: F401  (the runtime must be chosen before @triton.jit runs)
-from .checks import check_matmul_inputs
-from .fused_kernel import default_blocks
+from .checks import check_matmul_inputs, check_out
+from .fused_kernel import resolve_blocks
 
 
 @triton.jit
@@ -88,7 +88,7 @@ def published_fused_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: 
             int32 ids (offsets wrap) and may read outside the tensor.
         topk_ids: ``[M, topk]`` int32/int64 in ``[0, E)``. ``topk * block_n`` must be a power
             of two or the kernel fails to compile (a Triton error naming ``arange``).
-        block_n, block_k: defaults from :func:`moe_tutorial.fused_kernel.default_blocks`,
+        block_n, block_k: defaults from :func:`moe_tutorial.fused_kernel.resolve_blocks`,
             the same tiles the fixed kernel uses, so timings compare like with like.
         out: optional ``[M, topk, N]`` buffer of x's dtype; by default zeros, as published.
 
@@ -100,12 +100,11 @@ def published_fused_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: 
     M, K, N, E, topk = check_matmul_inputs(x, weight, topk_ids, kernel=True)
     if out is None:
         out = torch.zeros(M, topk, N, dtype=x.dtype, device=x.device)
-    elif tuple(out.shape) != (M, topk, N) or out.dtype != x.dtype:
-        raise ValueError(f"out: expected shape {(M, topk, N)} and dtype {x.dtype}, got {tuple(out.shape)} {out.dtype}")
+    else:
+        check_out(out, (M, topk, N), x.dtype)
+    block_n, block_k = resolve_blocks(topk, N, K, block_n, block_k)
     if M == 0 or N == 0:
         return out
-    dn, dk = default_blocks(topk, N, K)
-    block_n, block_k = block_n or dn, block_k or dk
     grid = (M, triton.cdiv(N, block_n))
     published_fused_moe_kernel[grid](
         x, weight, topk_ids, out,

@@ -455,3 +455,16 @@ def test_random_topk_ids_are_distinct_per_token():
     assert ids.dtype == torch.int32 and ids.shape == (50, 4)
     assert all(len(set(row)) == 4 for row in ids.tolist())
     assert 0 <= int(ids.min()) and int(ids.max()) < 9
+
+
+def test_check_out_names_the_buffer():
+    from moe_tutorial.checks import check_out
+
+    good = torch.empty(2, 3)
+    assert check_out(good, (2, 3), torch.float32) is good
+    with pytest.raises(ValueError, match=r"^out: expected shape \(2, 3\) and dtype torch.float32, got shape \(3, 2\)"):
+        check_out(torch.empty(3, 2), (2, 3), torch.float32)
+    with pytest.raises(ValueError, match="dtype torch.float64"):
+        check_out(good, (2, 3), torch.float64)
+    with pytest.raises(TypeError, match="^out: expected a torch.Tensor"):
+        check_out([[0.0] * 3] * 2, (2, 3), torch.float32)

@@ -107,3 +107,17 @@ def test_bf16_on_cpu_is_refused_naming_x():
 def test_empty_batch():
     x, weight, ids = random_problem(0, 8, 8, 4, 2, device=DEV)
     assert published_fused_moe_matmul(x, weight, ids).shape == (0, 2, 8)
+
+
+@pytest.mark.parametrize("bad", [0, 3])
+def test_block_sizes_checked_like_the_fixed_kernel(bad):
+    """The launcher shares the fixed kernel's block-size rules (our addition, not the article's)."""
+    ex = worked_example(device=runtime.DEVICE)
+    with pytest.raises(ValueError, match=f"block_k: expected a power of two, got {bad}"):
+        published_fused_moe_matmul(ex.x, ex.weight, ex.topk_ids, block_k=bad)
+
+
+def test_wrong_out_buffer_is_refused():
+    ex = worked_example(device=runtime.DEVICE)
+    with pytest.raises(ValueError, match=r"^out: expected shape \(2, 2, 2\)"):
+        published_fused_moe_matmul(ex.x, ex.weight, ex.topk_ids, out=torch.zeros(2, 2, 3, device=runtime.DEVICE))

@@ -7,8 +7,8 @@ student can fix otherwise. Everything is compared with the float64 references.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from ..activation import silu_and_mul
 from ..reference import reference_moe_matmul, rel_error
 from .feedback import Fail
 from .problems import Problem
@@ -264,16 +264,11 @@ def _factor_detail(*, o, exp, thr, **_):
 
 
 # --------------------------------------------------------------------------- the layer
-def _silu_mul(h):
-    inter = h.shape[-1] // 2
-    return F.silu(h[..., :inter]) * h[..., inter:]
-
-
 _LAYER_VARIANTS = [
     ("without router weights", dict(weights="ones"),
      "your output is the layer without router weights: scale each expert's output by topk_weights[m, j] "
      "before summing over the slots."),
-    ("silu on the up half", dict(act=lambda h: _silu_mul(torch.cat([h[..., h.shape[-1] // 2:], h[..., :h.shape[-1] // 2]], -1))),
+    ("silu on the up half", dict(act=lambda h: silu_and_mul(torch.cat([h[..., h.shape[-1] // 2:], h[..., :h.shape[-1] // 2]], -1))),
      "silu is applied to the wrong half: w13 holds the gate rows first (w13[e, :I]), then the up rows; "
      "the activation is silu(gate) * up."),
     ("no silu", dict(act=lambda h: h[..., :h.shape[-1] // 2] * h[..., h.shape[-1] // 2:]),
@@ -285,7 +280,7 @@ _LAYER_VARIANTS = [
 ]
 
 
-def _layer_variant(problem: Problem, act=_silu_mul, weights: str = "as given") -> torch.Tensor:
+def _layer_variant(problem: Problem, act=silu_and_mul, weights: str = "as given") -> torch.Tensor:
     M, topk = problem.topk_ids.shape
     h = act(reference_moe_matmul(problem.x, problem.weight, problem.topk_ids))          # [M, topk, I]
     down = reference_moe_matmul(h.reshape(M * topk, -1), problem.w2.double(), problem.topk_ids.reshape(-1, 1))
