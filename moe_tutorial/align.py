@@ -53,23 +53,37 @@ def _label_blocks(expert_ids_ptr, b, num_blocks, ends, total, BLOCK_M: tl.conste
 @triton.jit
 def _align_small_kernel(
     ids_ptr, numel, sorted_ids_ptr, expert_ids_ptr, num_post_ptr, num_blocks,
-    NUM_EXPERTS: tl.constexpr, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, SMALL: tl.constexpr,
+    NUM_EXPERTS: tl.constexpr, BLOCK_M: tl.constexpr, SMALL: tl.constexpr,
 ):
-    """Decode-sized batches (numel <= SMALL): one program does everything, in one launch."""
-    offs = tl.arange(0, SMALL)
-    ok = offs < numel
-    ids = _spare_if_invalid(tl.load(ids_ptr + offs, mask=ok, other=E_PAD - 1).to(tl.int32), NUM_EXPERTS, E_PAD)
-    ok = ok & (ids < NUM_EXPERTS)
-    onehot = (ids[:, None] == tl.arange(0, E_PAD)[None, :]).to(tl.int32)     # [SMALL, E_PAD]
-    counts, starts, ends, is_expert = _runs_from_counts(tl.sum(onehot, axis=0), NUM_EXPERTS, E_PAD, BLOCK_M)
-    total = tl.sum(ends - starts, axis=0)
+    """Decode-sized batches (numel <= SMALL): one program, one launch, every pair compared
+    with every other. The work is SMALL x SMALL whatever the number of experts, so a batch of
+    8 pairs costs the same for 8 experts as for 256.
+    """
+    i = tl.arange(0, SMALL)
+    ok = i < numel
+    ids = tl.load(ids_ptr + i, mask=ok, other=-1).to(tl.int32)
+    ok = ok & (ids >= 0) & (ids < NUM_EXPERTS)
+    same = (ids[:, None] == ids[None, :]) & ok[:, None] & ok[None, :]      # [SMALL, SMALL]
+    count = tl.sum(same.to(tl.int32), axis=1)                 # pairs sharing my expert
+    rank = tl.sum((same & (i[None, :] < i[:, None])).to(tl.int32), axis=1)   # ... before me
+    opens = ok & (rank == 0)                                  # I am my expert's first pair
+    padded = (count + BLOCK_M - 1) // BLOCK_M * BLOCK_M      # my expert's run length
+    # My run starts after the runs of all smaller experts, each counted once, by its first pair.
+    before = opens[None, :] & (ids[None, :] < ids[:, None])
+    start = tl.sum(tl.where(before, padded[None, :], 0), axis=1)
+    total = tl.sum(tl.where(opens, padded, 0), axis=0)
     tl.store(num_post_ptr, total)
-    # A pair's row: its run's start plus how many earlier pairs chose the same expert.
-    rank = tl.sum(onehot * (tl.cumsum(onehot, axis=0) - 1), axis=1)
-    row = tl.sum(onehot * starts[None, :], axis=1) + rank
-    tl.store(sorted_ids_ptr + row, offs, mask=ok)
-    _fill_padding(sorted_ids_ptr, counts, starts, ends, is_expert, numel, E_PAD, BLOCK_M)
-    _label_blocks(expert_ids_ptr, offs, num_blocks, ends, total, BLOCK_M)   # num_blocks <= numel
+    tl.store(sorted_ids_ptr + start + rank, i, mask=ok)
+    # Each run's first pair writes the run's padding rows: at most BLOCK_M - 1 of them.
+    t = tl.arange(0, BLOCK_M)
+    pad_rows = (start + count)[:, None] + t[None, :]
+    is_pad = opens[:, None] & (t[None, :] < (padded - count)[:, None])
+    tl.store(sorted_ids_ptr + pad_rows, tl.zeros((SMALL, BLOCK_M), dtype=tl.int32) + numel, mask=is_pad)
+    # Block b (num_blocks <= numel <= SMALL) takes the expert of the run holding row b * BLOCK_M.
+    first_row = i * BLOCK_M
+    holds = opens[None, :] & (start[None, :] <= first_row[:, None]) & (first_row[:, None] < (start + padded)[None, :])
+    label = tl.sum(tl.where(holds, ids[None, :], 0), axis=1)
+    tl.store(expert_ids_ptr + i, tl.where(first_row < total, label, -1), mask=i < num_blocks)
 
 
 @triton.jit
@@ -125,7 +139,7 @@ def _scatter_and_label_kernel(
 
 
 #: Up to this many (token, slot) pairs, one program aligns them in a single launch.
-SMALL_BATCH_PAIRS = 64
+SMALL_BATCH_PAIRS = 128
 
 
 def max_padded_rows(numel: int, block_m: int, num_experts: int) -> int:
@@ -176,10 +190,10 @@ def align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int):
         return sorted_ids, expert_ids, num_post
     e_pad = triton.next_power_of_2(num_experts + 1)   # + 1: a spare bin for masked lanes
     num_blocks = expert_ids.numel()
-    if numel <= SMALL_BATCH_PAIRS and e_pad <= 1024:
+    if numel <= SMALL_BATCH_PAIRS:
         _align_small_kernel[(1,)](
             ids, numel, sorted_ids, expert_ids, num_post, num_blocks,
-            NUM_EXPERTS=num_experts, E_PAD=e_pad, BLOCK_M=block_m, SMALL=SMALL_BATCH_PAIRS,
+            NUM_EXPERTS=num_experts, BLOCK_M=block_m, SMALL=SMALL_BATCH_PAIRS,
         )
         return sorted_ids, expert_ids, num_post
     chunk, label_chunk = 1024, max(16, 8192 // e_pad)

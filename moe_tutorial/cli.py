@@ -170,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     timing = bench.add_argument_group("how to time")
     timing.add_argument("--timer", choices=TIMERS, default="cudagraph",
                         help="cudagraph: many calls captured in one CUDA graph and replayed "
-                             "(do_bench_cudagraph), so host launch gaps vanish as in an engine at decode; "
+                             "after a 100 ms warm-up, so host launch gaps vanish as in an engine at decode; "
                              "used for every implementation but the Part 1 loop, whose host syncs cannot be "
                              "captured. events: do_bench, CUDA events around each call with L2 flushed, "
                              "launch gaps included. Calls slower than 20 ms are timed with a few events either "

@@ -77,9 +77,11 @@ CASES = [
     (600, 2, 8, 16),     # 1200 pairs: more than one scatter program
     (7, 2, 4, 1),        # block_m = 1: no padding at all
     (9, 2, 4, 2),
-    (32, 2, 8, 16),      # 64 pairs: the largest batch of the one-launch path
-    (65, 1, 8, 16),      # 65 pairs: the smallest of the multi-launch path
-    (2, 4, 1024, 16),    # many experts: multi-launch path even for a tiny batch
+    (64, 2, 8, 16),      # 128 pairs: the largest batch of the one-launch path
+    (129, 1, 8, 16),     # 129 pairs: the smallest of the multi-launch path
+    (2, 4, 1024, 16),    # many experts, a tiny batch: still one launch
+    (1, 8, 4096, 128),   # more experts than the multi-launch path's histogram would hold
+    (16, 8, 8, 128),     # every expert's run holds many pairs, one launch
 ]
 
 
@@ -160,6 +162,24 @@ def test_checker_catches_mistakes(corrupt):
     corrupt(*alignment)
     with pytest.raises(AssertionError):
         check_alignment(ids, 4, 4, alignment)
+
+
+@pytest.mark.parametrize("M,topk", [(3, 4), (200, 2)])     # one-launch path, multi-launch path
+def test_ids_out_of_range_are_dropped(M, topk):
+    """Ids outside [0, E) appear nowhere; the valid pairs are aligned as if alone."""
+    E, block_m = 8, 16
+    ids = random_topk_ids(M, E, topk, generator=torch.Generator().manual_seed(M), device=DEVICE)
+    ids[0, 0], ids[-1, -1] = -1, E
+    sorted_ids, expert_ids, num_post = align_block_size(ids, block_m, E)
+    flat = ids.reshape(-1).cpu().long()
+    valid = (flat >= 0) & (flat < E)
+    counts = torch.bincount(flat[valid], minlength=E)
+    num_post = int(num_post)
+    assert num_post == int(((counts + block_m - 1) // block_m * block_m).sum())
+    used = sorted_ids[:num_post].cpu().long()
+    real = used[used != flat.numel()]
+    assert torch.equal(real.sort().values, valid.nonzero().flatten())
+    assert bool((expert_ids[: num_post // block_m] >= 0).all())
 
 
 def test_empty_batch():

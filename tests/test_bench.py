@@ -129,8 +129,8 @@ class FakeTesting:
     def __init__(self, capture_fails=False):
         self.capture_fails, self.calls = capture_fails, []
 
-    def do_bench_cudagraph(self, fn, rep, return_mode):
-        self.calls.append(("cudagraph", return_mode))
+    def cudagraph_ms(self, fn):
+        self.calls.append(("cudagraph", "median"))
         if self.capture_fails:
             raise RuntimeError("operation not permitted when stream is capturing")
         return 0.5
@@ -150,6 +150,7 @@ def gpu_timers(monkeypatch):
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
 
     def use(fake):
+        monkeypatch.setattr(timing, "_cudagraph_ms", fake.cudagraph_ms)
         monkeypatch.setattr(triton, "testing", fake, raising=False)
         import sys
         monkeypatch.setitem(sys.modules, "triton.testing", fake)
@@ -218,3 +219,17 @@ def test_time_budget_skips_the_rest(monkeypatch):
     rows = bench.run_bench(plan, progress=False, log=lambda s: None, ceilings=timing.Ceilings(1.0, 1.0))
     assert [r["status"] for r in rows] == ["ok", "skipped: over the --max-minutes 3 budget",
                                            "skipped: over the --max-minutes 3 budget"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not runtime.ON_GPU, reason="needs a CUDA GPU")
+def test_graph_timer_agrees_with_events_on_a_long_kernel():
+    """On a GPU, a 4096^3 matmul (launch gaps negligible) reads the same with both timers."""
+    import triton.testing
+
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    c = torch.empty_like(a)
+    graph = timing._cudagraph_ms(lambda: torch.matmul(a, a, out=c))
+    events = triton.testing.do_bench(lambda: torch.matmul(a, a, out=c), return_mode="median")
+    assert 0.05 < graph < 5.0
+    assert abs(graph / events - 1) < 0.2, (graph, events)

@@ -174,3 +174,16 @@ def test_search_keeps_only_correct_candidates_and_saves_the_fastest(pretend_gpu,
     N, K = tuning.problem_dims(TINY, "down")
     assert get_config(4, 8, N, K, 2, torch.float32, "down") == results[2].best
     assert "gain" in tuning.results_table(results)
+
+
+def test_stage_one_compares_tiles_with_the_heuristics_weight_path():
+    """Large M: the heuristic loads weights through TMA, so every stage-1 tile does too
+    (where the space offers it); at decode without TMA in the space, none does."""
+    s = MODEL_SHAPES["Mixtral-8x7B"]
+    N, K = tuning.problem_dims(s, "plain")
+    h = heuristic_config(4096, 2, 8, "plain")
+    assert h.use_tma
+    tiles = tuning.tile_candidates(tuning.config_space(4096, 8, N, K, 2, tma=True), h)
+    assert len(tiles) > 3 and all(c.use_tma for c in tiles)
+    tiles = tuning.tile_candidates(tuning.config_space(4096, 8, N, K, 2, tma=False), h)
+    assert not any(c.use_tma for c in tiles)
