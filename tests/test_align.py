@@ -77,8 +77,8 @@ CASES = [
     (600, 2, 8, 16),     # 1200 pairs: more than one scatter program
     (7, 2, 4, 1),        # block_m = 1: no padding at all
     (9, 2, 4, 2),
-    (64, 2, 8, 16),      # 128 pairs: the largest batch of the one-launch path
-    (129, 1, 8, 16),     # 129 pairs: the smallest of the multi-launch path
+    (32, 2, 8, 16),      # 64 pairs: the largest batch of the one-launch path
+    (65, 1, 8, 16),      # 65 pairs: the smallest of the multi-launch path
     (2, 4, 1024, 16),    # many experts, a tiny batch: still one launch
     (1, 8, 4096, 128),   # more experts than the multi-launch path's histogram would hold
     (16, 8, 8, 128),     # every expert's run holds many pairs, one launch
