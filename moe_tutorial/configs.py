@@ -29,6 +29,7 @@ class KernelConfig:
     num_warps: int = 4
     num_stages: int = 3
     use_tma: bool = False      # B tiles through a Hopper tensor descriptor (GPU only)
+    short_tails: bool = True   # blocks at most half full multiply half as many rows (BLOCK_M >= 32)
 
     def as_dict(self) -> dict:
         return asdict(self)

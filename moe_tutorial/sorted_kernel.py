@@ -19,45 +19,19 @@ from .configs import KernelConfig, get_config, shrink
 
 
 @triton.jit
-def sorted_moe_kernel(
-    a_ptr, b_ptr, b_desc, c_ptr, router_w_ptr,
-    sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
-    N, K, num_pairs, max_padded, a_row_div, stride_b_up, b_rows_per_expert,
-    stride_am, stride_ak,
-    stride_be, stride_bn, stride_bk,
-    stride_cm, stride_cn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+def _sorted_tile(
+    a_ptr, b_ptr, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr, pid_m, pid_n, expert,
+    N, K, num_pairs, a_row_div, stride_b_up, b_rows_per_expert,
+    stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
+    ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GATED: tl.constexpr, ROUTER_WEIGHTS: tl.constexpr, EVEN_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
 ):
-    """C[pair, n] = A[pair // a_row_div] . B[expert(pair), n] for one [BLOCK_M, BLOCK_N] tile.
-
-    Pairs are flat indices m * topk + j. For the first GEMM A is x and a_row_div = topk; for
-    the down GEMM A holds one row per pair and a_row_div = 1. With GATED, B has 2N rows
-    (gate then up, the up rows stride_b_up further on) and C = silu(A.B_gate) * (A.B_up).
-    With USE_TMA (Hopper), B tiles come through ``b_desc``, a tensor descriptor over B viewed
-    as ``[E * rows_per_expert, K]``, so the copy engine fetches them instead of the threads.
-    """
-    # Grouped ordering: walk GROUP_M blocks of rows down before moving right, so the programs
-    # running together share A rows and expert weights in L2.
-    pid = tl.program_id(axis=0)
-    num_pid_m = tl.cdiv(max_padded, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    pids_per_group = GROUP_M * num_pid_n
-    first_m = (pid // pids_per_group) * GROUP_M
-    group_rows = tl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % pids_per_group) % group_rows
-    pid_n = (pid % pids_per_group) // group_rows
-
-    # max_padded is a host-side bound; blocks past the real end have nothing to do.
-    if pid_m * BLOCK_M >= tl.load(num_post_ptr):
-        return
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    """The first ROWS rows of row block ``pid_m`` times one expert's ``[BLOCK_N, K]`` slice."""
+    offs_m = pid_m * BLOCK_M + tl.arange(0, ROWS)
     pair = tl.load(sorted_ids_ptr + offs_m)
     row_ok = pair < num_pairs                       # padding rows hold num_pairs
     a_row = (pair // a_row_div).to(tl.int64)
-    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
 
     # Columns wrap modulo N so that loads stay in bounds without a mask; the store masks them.
     offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
@@ -66,8 +40,8 @@ def sorted_moe_kernel(
     b_ptrs = b_ptr + expert * stride_be + offs_n[None, :].to(tl.int64) * stride_bn + offs_k[:, None] * stride_bk
     b_row = (expert * b_rows_per_expert + pid_n * BLOCK_N).to(tl.int32)   # TMA path only
 
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         if EVEN_K:
             a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
@@ -103,6 +77,61 @@ def sorted_moe_kernel(
     offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     c_ptrs = c_ptr + pair.to(tl.int64)[:, None] * stride_cm + offs_cn[None, :] * stride_cn
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_cn[None, :] < N))
+
+
+@triton.jit
+def sorted_moe_kernel(
+    a_ptr, b_ptr, b_desc, c_ptr, router_w_ptr,
+    sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
+    N, K, num_pairs, max_padded, a_row_div, stride_b_up, b_rows_per_expert,
+    stride_am, stride_ak,
+    stride_be, stride_bn, stride_bk,
+    stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    GATED: tl.constexpr, ROUTER_WEIGHTS: tl.constexpr, EVEN_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, SHORT_TAILS: tl.constexpr,
+):
+    """C[pair, n] = A[pair // a_row_div] . B[expert(pair), n] for one [BLOCK_M, BLOCK_N] tile.
+
+    Pairs are flat indices m * topk + j. For the first GEMM A is x and a_row_div = topk; for
+    the down GEMM A holds one row per pair and a_row_div = 1. With GATED, B has 2N rows
+    (gate then up, the up rows stride_b_up further on) and C = silu(A.B_gate) * (A.B_up).
+    With USE_TMA (Hopper), B tiles come through ``b_desc``, a tensor descriptor over B viewed
+    as ``[E * rows_per_expert, K]``, so the copy engine fetches them instead of the threads.
+    With SHORT_TAILS, a block at most half full multiplies only its first BLOCK_M // 2 rows.
+    """
+    # Grouped ordering: walk GROUP_M blocks of rows down before moving right, so the programs
+    # running together share A rows and expert weights in L2.
+    pid = tl.program_id(axis=0)
+    num_pid_m = tl.cdiv(max_padded, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pids_per_group = GROUP_M * num_pid_n
+    first_m = (pid // pids_per_group) * GROUP_M
+    group_rows = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % pids_per_group) % group_rows
+    pid_n = (pid % pids_per_group) // group_rows
+
+    # max_padded is a host-side bound; blocks past the real end have nothing to do.
+    if pid_m * BLOCK_M >= tl.load(num_post_ptr):
+        return
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+
+    half_full = False
+    if SHORT_TAILS:
+        # A run's padding comes after its pairs, so a block's real rows are a prefix of it: the
+        # last block of an expert's run often holds a few, and needs only half the multiply.
+        offs_half = pid_m * BLOCK_M + BLOCK_M // 2 + tl.arange(0, BLOCK_M // 2)
+        half_full = tl.min(tl.load(sorted_ids_ptr + offs_half)) == num_pairs   # all padding
+    if half_full:
+        _sorted_tile(a_ptr, b_ptr, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr, pid_m, pid_n, expert,
+                     N, K, num_pairs, a_row_div, stride_b_up, b_rows_per_expert,
+                     stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
+                     BLOCK_M // 2, BLOCK_M, BLOCK_N, BLOCK_K, GATED, ROUTER_WEIGHTS, EVEN_K, DOT_PRECISION, USE_TMA)
+    else:
+        _sorted_tile(a_ptr, b_ptr, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr, pid_m, pid_n, expert,
+                     N, K, num_pairs, a_row_div, stride_b_up, b_rows_per_expert,
+                     stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
+                     BLOCK_M, BLOCK_M, BLOCK_N, BLOCK_K, GATED, ROUTER_WEIGHTS, EVEN_K, DOT_PRECISION, USE_TMA)
 
 
 def _weight_descriptor(b: torch.Tensor, config: KernelConfig):
@@ -167,7 +196,7 @@ def _launch(a, b, c, router_weights, alignment, num_pairs: int, a_row_div: int,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
         GATED=gated, ROUTER_WEIGHTS=router_weights is not None, EVEN_K=K % config.block_k == 0,
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
-        USE_TMA=b_desc is not None,
+        USE_TMA=b_desc is not None, SHORT_TAILS=config.short_tails and config.block_m >= 32,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
 

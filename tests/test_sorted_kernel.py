@@ -84,6 +84,42 @@ def test_first_gemm_explicit_configs(config, weighted):
     assert rel_error(out, ref) < FP32_TOL
 
 
+def _tail_ids(topk: int) -> torch.Tensor:
+    """Runs of 16, 17, 48 and 1 pairs for experts 0..3: with BLOCK_M = 32, blocks exactly half
+    full, one row past half, a full block followed by a half one, and a single row."""
+    flat = torch.cat([torch.full((n,), e, dtype=torch.int32) for e, n in enumerate((16, 17, 48, 1))])
+    flat = flat[torch.randperm(flat.numel(), generator=torch.Generator().manual_seed(0))]
+    return flat.view(-1, topk).to(DEVICE)
+
+
+@pytest.mark.parametrize("topk", [1, 2])
+def test_short_tails_match_full_tiles(topk):
+    """A block at most half full takes the half-height path; the result must not change."""
+    ids = _tail_ids(topk)
+    M, N, K, E = ids.shape[0], 24, 40, 4
+    x, weight, _ = random_problem(M, N, K, E, topk, device=DEVICE, seed=11)
+    w = torch.rand(M, topk, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    ref = reference_moe_matmul(x, weight, ids) * w.double()[..., None]
+    outs = []
+    for short in (False, True):
+        config = KernelConfig(32, 16, 16, 4, 4, 2, short_tails=short)
+        outs.append(sorted_moe_matmul(x, weight, ids, w, config=config))
+        assert rel_error(outs[-1], ref) < FP32_TOL, short
+    assert rel_error(outs[0], outs[1]) < 1e-6
+
+
+def test_short_tails_in_the_layer():
+    """Both GEMMs of the layer (SiLU*up epilogue, router weights) with short tails on and off."""
+    ids = _tail_ids(2)
+    M, K, inter, E = ids.shape[0], 32, 24, 4
+    x, w13, w2, _, _ = layer_problem(M, K, inter, E, 2)
+    w = torch.rand(M, 2, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    ref = reference_moe_layer(x, w13, w2, w, ids)
+    for short in (False, True):
+        cfg = KernelConfig(32, 16, 16, 4, 4, 2, short_tails=short)
+        assert rel_error(sorted_moe_layer(x, w13, w2, w, ids, configs=(cfg, cfg)), ref) < FP32_TOL, short
+
+
 def test_precomputed_alignment():
     M, N, K, E, topk = 9, 20, 24, 8, 2
     x, weight, ids = random_problem(M, N, K, E, topk, device=DEVICE, seed=4)
