@@ -194,3 +194,18 @@ def skipped_reasons(rows: list[dict]) -> str:
             key = f"{r['impl']} ({r['gemm']}): {status[len('skipped: '):]}"
             reasons[key] = reasons.get(key, 0) + 1
     return "\n".join(f"  {n:3d} x {k}" for k, n in reasons.items())
+
+
+def run_lines(rows: list[dict]) -> str:
+    """One line per bench run in ``rows`` (a run: rows sharing a model and a date), with the
+    ceilings measured in it and the implementations it timed, in the series' order."""
+    runs: dict[tuple, list[dict]] = {}
+    for r in rows:
+        runs.setdefault((r["model"], r.get("date") or ""), []).append(r)
+    models = model_order(rows)
+    lines = []
+    for (model, date), run in sorted(runs.items(), key=lambda kv: (models.index(kv[0][0]), kv[0][1])):
+        r = run[0]
+        lines.append(f"  {model}, run of {date or 'unknown date'}: copy {r['copy_tbps']:.2f} TB/s, "
+                     f"{r['dtype']} matmul {r['matmul_tflops']:.0f} TFLOP/s; {', '.join(impl_order(run))}")
+    return "\n".join(lines)

@@ -211,3 +211,17 @@ def test_performance_figures_draw_every_implementation(tmp_path):
     assert ai[0] < 2 < 150 < ai[1]                        # decode: ~1 FLOP/byte; prefill: far above the ridge
     perf.plot_intensity([SMALL])
     assert [p.name for p in perf.save_bench_figures(rows, tmp_path)] == ["custom.png"]
+
+
+def test_run_lines_one_per_model_and_date():
+    rows = bench_rows({"sorted": 0.9, "loop": 0.3}, Ms=(1, 64))
+    for r in rows:
+        r["date"] = "2026-01-02T03:04:05" if r["impl"] == "loop" else "2026-01-02T04:00:00"
+    for r in rows:
+        if r["impl"] == "loop" and r["model"] == "Mixtral-8x7B":
+            r["matmul_tflops"] = 650.0          # the ceiling of that run
+    lines = bench_report.run_lines(rows).splitlines()
+    assert len(lines) == 4                      # 2 models x 2 runs, earlier run first
+    assert lines[0].startswith("  Mixtral-8x7B, run of 2026-01-02T03:04:05") and lines[0].endswith("; loop")
+    assert "bfloat16 matmul 650 TFLOP/s" in lines[0] and "matmul 600 TFLOP/s" in lines[1]
+    assert lines[1].endswith("; sorted") and lines[2].startswith("  DeepSeek-V3")
