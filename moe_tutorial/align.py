@@ -188,7 +188,6 @@ def align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int):
     if numel == 0:
         return sorted_ids, expert_ids, torch.zeros(1, dtype=torch.int32, device=device)
     num_post = torch.empty(1, dtype=torch.int32, device=device)    # a kernel writes it: no memset launch
-    e_pad = triton.next_power_of_2(num_experts + 1)   # + 1: a spare bin for masked lanes
     num_blocks = expert_ids.numel()
     if numel <= SMALL_BATCH_PAIRS:
         # Sized to the batch: SMALL x SMALL tensors, about 16 elements per thread. On an H200:
@@ -201,6 +200,7 @@ def align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int):
             num_warps=max(1, min(8, small * small // (32 * 16))),
         )
         return sorted_ids, expert_ids, num_post
+    e_pad = triton.next_power_of_2(num_experts + 1)   # + 1: a spare bin for masked lanes
     chunk, label_chunk = 1024, max(16, 8192 // e_pad)
     num_chunks = triton.cdiv(numel, chunk)
     partial = torch.empty(num_chunks, e_pad, dtype=torch.int32, device=device)

@@ -3,9 +3,8 @@
 On a GPU a call is timed either with ``triton.testing.do_bench`` (CUDA events around each
 call, L2 flushed before each one) or by :func:`_cudagraph_ms` (many calls captured in one CUDA
 graph and replayed after a warm-up, so the host's launch gaps vanish, as in an inference engine
-at decode). On
-the CPU there is only ``time.perf_counter``, and Triton kernels run in the interpreter: those
-numbers say nothing about GPU speed.
+at decode). On the CPU there is only ``time.perf_counter``, and Triton kernels run in the
+interpreter: those numbers say nothing about GPU speed.
 
 The ceilings are measured in the same run as the cases, so each floor uses the machine's own
 numbers: copy bandwidth from a large device-to-device copy, matmul rate from an 8192^3 matmul.
@@ -88,9 +87,10 @@ def _cudagraph_ms(fn: Callable, rep_ms: float = 20.0, warmup_ms: float = 100.0, 
     """Median ms per call of ``fn``, from replays of one CUDA graph holding enough calls to
     last ``rep_ms``.
 
-    Like ``triton.testing.do_bench_cudagraph``, plus ``warmup_ms`` of replays before timing.
-    Without them the first replays after an idle gap (compiling, checking) ran up to 13%
-    slower at M = 4096, while the ceilings are timed after a warm-up too (notes/gpu-notes.md).
+    Like ``triton.testing.do_bench_cudagraph``, plus ``warmup_ms`` of replays before timing,
+    so that a case follows its compile and correctness check (an idle GPU) under load, as the
+    ceilings are timed after a warm-up too. Heat alone moved an H200's times by 2-4%
+    (notes/gpu-notes.md).
     """
     with torch.cuda.stream(torch.cuda.Stream()):
         fn()
