@@ -10,9 +10,9 @@ runtime.announce()
 from .routing import route  # noqa: E402
 from .loop import loop_moe_matmul, loop_moe_layer  # noqa: E402
 from .indexing import expert_moe_matmul, intermediate_bytes  # noqa: E402
-from .fused_kernel import fused_moe_kernel, fused_moe_matmul  # noqa: E402
-from .align import align_block_size  # noqa: E402
-from .sorted_kernel import sorted_moe_kernel, sorted_moe_matmul, sorted_moe_layer  # noqa: E402
+from .kernels.fused_kernel import fused_moe_kernel, fused_moe_matmul  # noqa: E402
+from .kernels.align import align_block_size  # noqa: E402
+from .kernels.sorted_kernel import sorted_moe_kernel, sorted_moe_matmul, sorted_moe_layer  # noqa: E402
 from .layer import moe_layer  # noqa: E402
 from .reference import reference_moe_layer, reference_moe_matmul, rel_error  # noqa: E402
 from .examples import worked_example  # noqa: E402

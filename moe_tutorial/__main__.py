@@ -1,6 +1,6 @@
-"""``python -m moe_tutorial bench|tune``: see :mod:`moe_tutorial.cli`."""
+"""``python -m moe_tutorial bench|tune``: see :mod:`moe_tutorial.perf.cli`."""
 import sys
 
-from .cli import main
+from .perf.cli import main
 
 sys.exit(main())

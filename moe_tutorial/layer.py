@@ -48,7 +48,7 @@ def moe_layer(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
         from .loop import loop_moe_layer
         return loop_moe_layer(x, w13, w2, topk_weights, topk_ids)
     if impl == "sorted":
-        from .sorted_kernel import sorted_moe_layer
+        from .kernels.sorted_kernel import sorted_moe_layer
         return sorted_moe_layer(x, w13, w2, topk_weights, topk_ids)
     M, K, _, _, _ = check_layer_inputs(x, w13, w2, topk_weights, topk_ids)
     if impl == "naive":
@@ -58,5 +58,5 @@ def moe_layer(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     if impl == "indexing":
         from .indexing import expert_moe_matmul
         return two_gemm_layer(expert_moe_matmul, x, w13, w2, topk_weights, topk_ids)
-    from .fused_kernel import fused_moe_matmul
+    from .kernels.fused_kernel import fused_moe_matmul
     return two_gemm_layer(fused_moe_matmul, x, w13, w2, topk_weights, topk_ids)

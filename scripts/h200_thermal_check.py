@@ -10,8 +10,8 @@ import time
 
 import torch
 
-from moe_tutorial import bench, timing
-from moe_tutorial.bench_impls import prepare
+from moe_tutorial.perf import bench, timing
+from moe_tutorial.perf.impls import prepare
 from moe_tutorial.shapes import MODEL_SHAPES
 
 

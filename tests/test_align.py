@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from moe_tutorial import align_block_size, runtime
-from moe_tutorial.align import max_padded_rows
+from moe_tutorial.kernels.align import max_padded_rows
 from moe_tutorial.shapes import random_topk_ids
 
 DEVICE = runtime.DEVICE

@@ -4,7 +4,9 @@ import math
 import pytest
 import torch
 
-from moe_tutorial import bench, bench_impls, runtime, sorted_kernel, timing
+from moe_tutorial import runtime
+from moe_tutorial.kernels import sorted_kernel
+from moe_tutorial.perf import bench, impls as bench_impls, timing
 from moe_tutorial.reference import reference_moe_layer, reference_moe_matmul, rel_error
 from moe_tutorial.shapes import ModelShape
 

@@ -1,14 +1,14 @@
 """Tables and figures from benchmark rows: ``bench_report`` and ``figures.perf``.
 
 The rows are made up (never committed) and timed from the traffic model; most tests write them
-to a CSV under pytest's tmp_path and read them back through ``moe_tutorial.results``, as the
+to a CSV under pytest's tmp_path and read them back through ``moe_tutorial.perf.results``, as the
 notebooks read the shipped H200 results.
 """
 import math
 
 import pytest  # noqa: E402
 
-from moe_tutorial import bench_report, results, traffic  # noqa: E402
+from moe_tutorial.perf import report as bench_report, results, traffic  # noqa: E402
 from moe_tutorial.figures import perf  # noqa: E402
 from moe_tutorial.figures.style import IMPL_LABELS  # noqa: E402
 from moe_tutorial.shapes import ModelShape  # noqa: E402

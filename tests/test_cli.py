@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from moe_tutorial import cli, results, runtime
-from moe_tutorial.bench import INTERPRETER_NOTE
-from moe_tutorial.bench_impls import FIRST_IMPLS, LAYER_IMPLS
+from moe_tutorial import runtime
+from moe_tutorial.perf import cli, results
+from moe_tutorial.perf.bench import INTERPRETER_NOTE
+from moe_tutorial.perf.impls import FIRST_IMPLS, LAYER_IMPLS
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = ("published", "naive", "sorted", "sorted+align")
@@ -140,7 +141,7 @@ def test_tune_refuses_on_the_cpu():
 
 def test_entry_point_is_declared_and_installed():
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["moe-tutorial"] == "moe_tutorial.cli:main"
+    assert scripts["moe-tutorial"] == "moe_tutorial.perf.cli:main"
     exe = Path(sys.executable).parent / "moe-tutorial"
     if not exe.exists():
         pytest.skip("the package is not installed in this environment (pip install -e .)")
@@ -163,8 +164,8 @@ def test_tune_command_wiring_on_a_pretend_gpu(monkeypatch, tmp_path, capsys):
     """What `tune` passes to the tuner and prints, with the GPU and the search stubbed out."""
     import torch
 
-    from moe_tutorial import tuning
-    from moe_tutorial.configs import KernelConfig
+    from moe_tutorial.perf import tuning
+    from moe_tutorial.kernels.configs import KernelConfig
 
     seen = {}
 

@@ -4,7 +4,7 @@ import moe_tutorial  # noqa: F401,I001  (first: picks the runtime before triton 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from moe_tutorial import traffic  # noqa: E402
+from moe_tutorial.perf import traffic  # noqa: E402
 from moe_tutorial.figures import part3  # noqa: E402
 from moe_tutorial.shapes import random_topk_ids  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Part 3's fixed kernel (moe_tutorial.fused_kernel) against the float64 reference.
+"""Part 3's fixed kernel (moe_tutorial.kernels.fused_kernel) against the float64 reference.
 
 Each fix the issue lists has a test here: any topk (3, 5, 6, 7 included), int64 offsets
 (DeepSeek-V3 on the GPU), N and K that are not multiples of the blocks, non-contiguous
@@ -13,11 +13,11 @@ import torch
 
 from moe_tutorial import runtime
 from moe_tutorial.examples import worked_example
-from moe_tutorial.fused_kernel import fused_moe_matmul
+from moe_tutorial.kernels.fused_kernel import fused_moe_matmul
 from moe_tutorial.indexing import expert_moe_matmul
 from moe_tutorial.layer import moe_layer
 from moe_tutorial.loop import loop_moe_matmul
-from moe_tutorial.published_kernel import published_fused_moe_matmul
+from moe_tutorial.kernels.published_kernel import published_fused_moe_matmul
 from moe_tutorial.reference import reference_moe_layer, reference_moe_matmul, rel_error, tolerance
 from moe_tutorial.shapes import get_shape, random_problem, random_topk_ids
 

@@ -1,4 +1,4 @@
-"""The seed article's kernel as published (moe_tutorial.published_kernel): right where the article
+"""The seed article's kernel as published (moe_tutorial.kernels.published_kernel): right where the article
 tested it, and each fault the fixed kernel removes, shown to happen.
 
 The real int32 overflow (DeepSeek-V3's 7.5e9-element weights) needs a GPU and lives in
@@ -11,8 +11,8 @@ import torch
 
 from moe_tutorial import runtime
 from moe_tutorial.examples import worked_example
-from moe_tutorial.fused_kernel import fused_moe_matmul
-from moe_tutorial.published_kernel import int32_offset, published_fused_moe_kernel, published_fused_moe_matmul
+from moe_tutorial.kernels.fused_kernel import fused_moe_matmul
+from moe_tutorial.kernels.published_kernel import int32_offset, published_fused_moe_kernel, published_fused_moe_matmul
 from moe_tutorial.reference import reference_moe_matmul, rel_error
 from moe_tutorial.shapes import get_shape, random_problem
 

@@ -14,11 +14,11 @@ from moe_tutorial import (
     align_block_size, moe_layer, reference_moe_layer, reference_moe_matmul, rel_error, route, runtime,
     sorted_moe_layer, sorted_moe_matmul, worked_example,
 )
-from moe_tutorial.configs import KernelConfig, get_config
+from moe_tutorial.kernels.configs import KernelConfig, get_config
 from moe_tutorial.mixtral_block import MixtralSparseMoeBlock, pack_weights
 from moe_tutorial.reference import tolerance
 from moe_tutorial.shapes import MODEL_SHAPES, random_problem, random_topk_ids
-from moe_tutorial.sorted_kernel import launch_sorted_gemm
+from moe_tutorial.kernels.sorted_kernel import launch_sorted_gemm
 
 DEVICE = runtime.DEVICE
 FP32_TOL = tolerance(torch.float32)
@@ -420,7 +420,7 @@ def test_launch_shrinks_a_config_that_does_not_fit(monkeypatch):
     """A table tuned on an H200 can ask for more shared memory than a smaller GPU has."""
     from triton.runtime.errors import OutOfResources
 
-    import moe_tutorial.sorted_kernel as sk
+    import moe_tutorial.kernels.sorted_kernel as sk
 
     tried = []
 

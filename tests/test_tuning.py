@@ -6,8 +6,10 @@ import random
 import pytest
 import torch
 
-from moe_tutorial import configs, runtime, tuning
-from moe_tutorial.configs import KernelConfig, get_config, heuristic_config, problem_key
+from moe_tutorial import runtime
+from moe_tutorial.kernels import configs
+from moe_tutorial.perf import tuning
+from moe_tutorial.kernels.configs import KernelConfig, get_config, heuristic_config, problem_key
 from moe_tutorial.shapes import MODEL_SHAPES, ModelShape
 
 TINY = ModelShape("custom", num_experts=8, topk=2, hidden=64, intermediate=32)

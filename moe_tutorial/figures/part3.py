@@ -1,7 +1,7 @@
 """Figures for Part 3: the pid grid, the fused-topk columns, the gather, its explorer, the costs.
 
 Every drawing is computed from the same index arithmetic the kernel does (``program_columns``),
-so a figure cannot disagree with :mod:`moe_tutorial.fused_kernel`. Functions return a matplotlib
+so a figure cannot disagree with :mod:`moe_tutorial.kernels.fused_kernel`. Functions return a matplotlib
 Figure (the notebook calls ``plt.show()``), except :func:`pid_explorer`, which returns a widget.
 The GPU results Part 3 shows are drawn by :mod:`moe_tutorial.figures.perf`.
 """
@@ -16,8 +16,8 @@ import numpy as np
 from matplotlib.colors import to_rgb
 from matplotlib.patches import Rectangle
 
-from .. import traffic
-from ..bench import GPU_BATCH_SIZES, GPU_MODELS
+from ..perf import traffic
+from ..perf.bench import GPU_BATCH_SIZES, GPU_MODELS
 from ..shapes import get_shape
 from .cells import cell
 from .style import IMPL_COLORS, PADDING_COLOR, expert_color, m_axis
@@ -365,7 +365,7 @@ def draw_dot_padding(block_n: int = 16, block_k: int = 16, min_dim: int = 16, *,
 def draw_traffic(models=GPU_MODELS, Ms=GPU_BATCH_SIZES, itemsize: int = 2):
     """Bytes to and from HBM of the first GEMM against M, one panel per model (bf16).
 
-    Part 2 (gather, write ``selected``, read it back: :func:`moe_tutorial.traffic.indexing_bytes`),
+    Part 2 (gather, write ``selected``, read it back: :func:`moe_tutorial.perf.traffic.indexing_bytes`),
     Part 3 (every pair's gather straight into the program: ``traffic.per_pair_bytes``), and the
     fewest bytes possible (each touched expert once, ``traffic.first_gemm_bytes``). By default
     the models and batch sizes the GPU benchmark measures.

@@ -1,6 +1,6 @@
 """Figures for the performance notebook and the bench: intensity, roofline, time and floor vs M.
 
-Every function takes benchmark rows (dicts with :data:`moe_tutorial.results.FIELDS` keys, as
+Every function takes benchmark rows (dicts with :data:`moe_tutorial.perf.results.FIELDS` keys, as
 ``results.load_rows`` returns them) or model shapes, and returns the matplotlib Figure.
 """
 from __future__ import annotations
@@ -10,11 +10,11 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from .. import traffic
-from ..bench import GPU_BATCH_SIZES
-from ..bench_report import batch_sizes, gemm_title, impl_order, is_ok, model_order, subset
+from ..perf import traffic
+from ..perf.bench import GPU_BATCH_SIZES
+from ..perf.report import batch_sizes, gemm_title, impl_order, is_ok, model_order, subset
 from ..shapes import ModelShape
-from ..traffic import H200_COPY_TBPS, H200_MATMUL_TFLOPS
+from ..perf.traffic import H200_COPY_TBPS, H200_MATMUL_TFLOPS
 from .style import WRONG_COLOR, impl_style, m_axis
 
 
@@ -148,7 +148,7 @@ def plot_across_models(rows: list[dict], models=None, gemm: str = "first", metri
     """``metric`` against M, one panel per model, one line per implementation, one legend.
 
     Args:
-        rows: results as :func:`moe_tutorial.results.load_rows` returns them.
+        rows: results as :func:`moe_tutorial.perf.results.load_rows` returns them.
         models: one panel each, in this order (default: every model in ``rows``, the series' order).
         gemm: "first" (the gate/up GEMM) or "layer" (the whole layer).
         metric: "ms" (log scale, the roofline floor dashed) or "fraction_of_floor" (1.0 dashed;

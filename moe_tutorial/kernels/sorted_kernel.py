@@ -1,6 +1,6 @@
 """Part 4: the production kernel. Pairs sorted by expert, one expert per program, ``tl.dot``.
 
-:func:`moe_tutorial.align.align_block_size` groups the (token, slot) pairs by expert in runs
+:func:`moe_tutorial.kernels.align.align_block_size` groups the (token, slot) pairs by expert in runs
 padded to BLOCK_M. Each program then owns one block of BLOCK_M pairs (all of one expert) and
 one BLOCK_N slice of the output, gathers the pairs' input rows, and multiplies them by the
 expert's weights on tensor cores. Epilogues fuse SiLU(gate) * up and the router weights.
@@ -13,8 +13,8 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from .align import align_block_size
-from . import runtime
-from .checks import check_kernel_dtype, check_layer_inputs, check_matmul_inputs, check_topk_weights
+from .. import runtime
+from ..checks import check_kernel_dtype, check_layer_inputs, check_matmul_inputs, check_topk_weights
 from .configs import KernelConfig, get_config, shrink
 
 
@@ -211,7 +211,7 @@ def sorted_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: torch.Ten
         weight: ``[E, N, K]`` x's dtype; any strides.
         topk_ids: ``[M, topk]`` int32/int64 in ``[0, E)``.
         topk_weights: optional ``[M, topk]`` float; multiplied into each output row.
-        config: launch parameters; default from :func:`moe_tutorial.configs.get_config`.
+        config: launch parameters; default from :func:`moe_tutorial.kernels.configs.get_config`.
         alignment: a precomputed ``align_block_size(topk_ids, config.block_m, E)``.
 
     Returns:

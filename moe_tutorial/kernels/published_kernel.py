@@ -1,7 +1,7 @@
 """Part 3's kernel as the seed article published it, faults included, for tests and benchmarks.
 
 This is a re-implementation of the published design, not the kernel the series teaches with
-(that is :mod:`moe_tutorial.fused_kernel`). It keeps the three faults on purpose, so that tests
+(that is :mod:`moe_tutorial.kernels.fused_kernel`). It keeps the three faults on purpose, so that tests
 can show each one and the benchmark can time the kernel as readers first met it:
 
 1. ``FUSED_N = topk * BLOCK_N`` is handed to ``tl.arange``, which only takes powers of two:
@@ -21,8 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from . import runtime  # noqa: F401  (the runtime must be chosen before @triton.jit runs)
-from .checks import check_matmul_inputs, check_out
+from .. import runtime  # noqa: F401  (the runtime must be chosen before @triton.jit runs)
+from ..checks import check_matmul_inputs, check_out
 from .fused_kernel import resolve_blocks
 
 
@@ -88,7 +88,7 @@ def published_fused_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: 
             int32 ids (offsets wrap) and may read outside the tensor.
         topk_ids: ``[M, topk]`` int32/int64 in ``[0, E)``. ``topk * block_n`` must be a power
             of two or the kernel fails to compile (a Triton error naming ``arange``).
-        block_n, block_k: defaults from :func:`moe_tutorial.fused_kernel.resolve_blocks`,
+        block_n, block_k: defaults from :func:`moe_tutorial.kernels.fused_kernel.resolve_blocks`,
             the same tiles the fixed kernel uses, so timings compare like with like.
         out: optional ``[M, topk, N]`` buffer of x's dtype; by default zeros, as published.
 

@@ -1,7 +1,7 @@
 """``moe-tutorial`` / ``python -m moe_tutorial``: the ``bench`` and ``tune`` commands.
 
 ``bench`` sweeps implementations x model shapes x batch sizes on the device it finds and writes
-a CSV (:data:`moe_tutorial.results.FIELDS`) and PNG plots; ``tune`` finds Part 4's best launch
+a CSV (:data:`moe_tutorial.perf.results.FIELDS`) and PNG plots; ``tune`` finds Part 4's best launch
 configurations for this GPU and saves them where the package looks first.
 """
 from __future__ import annotations
@@ -69,7 +69,7 @@ def _dtype(text: str) -> str:
 
 
 def _model_list(text: str):
-    from .shapes import MODEL_SHAPES, get_shape
+    from ..shapes import MODEL_SHAPES, get_shape
 
     if text.strip().lower() == "all":
         return list(MODEL_SHAPES.values())
@@ -80,7 +80,7 @@ def _model_list(text: str):
 
 
 def _model(text: str):
-    from .shapes import get_shape
+    from ..shapes import get_shape
 
     try:
         return get_shape(text)
@@ -99,8 +99,8 @@ def _text(template: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     from .bench import CPU_BATCH_SIZES, CPU_SHAPE, GPU_BATCH_SIZES, GPU_MODELS, GEMMS
-    from .bench_impls import FIRST_IMPLS, IMPL_HELP, LAYER_IMPLS
-    from .shapes import MODEL_SHAPES
+    from .impls import FIRST_IMPLS, IMPL_HELP, LAYER_IMPLS
+    from ..shapes import MODEL_SHAPES
     from .timing import TIMERS
     from .tuning import VARIANTS
 
@@ -228,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _custom_shape(parser, args):
-    from .shapes import ModelShape
+    from ..shapes import ModelShape
 
     given = {k: getattr(args, k) for k in ("E", "N", "K", "topk")}
     if not any(v is not None for v in given.values()):
@@ -244,10 +244,10 @@ def _custom_shape(parser, args):
 
 
 def plan_from_args(parser: argparse.ArgumentParser, args):
-    """Turn ``bench``'s arguments into a :class:`moe_tutorial.bench.BenchPlan`, or ``parser.error``."""
+    """Turn ``bench``'s arguments into a :class:`moe_tutorial.perf.bench.BenchPlan`, or ``parser.error``."""
     import torch
 
-    from . import runtime
+    from .. import runtime
     from .bench import default_plan
 
     plan = default_plan(quick=args.quick)
@@ -281,10 +281,10 @@ def run_bench_command(parser, args) -> int:
     import matplotlib
 
     matplotlib.use("Agg")   # files only; no display needed
-    from . import runtime
+    from .. import runtime
     from .bench import INTERPRETER_NOTE, run_bench
-    from .bench_report import fraction_table, geomean_table, skipped_reasons
-    from .figures.perf import save_bench_figures
+    from .report import fraction_table, geomean_table, skipped_reasons
+    from ..figures.perf import save_bench_figures
 
     plan = plan_from_args(parser, args)
     if not runtime.ON_GPU:
@@ -317,8 +317,8 @@ def run_bench_command(parser, args) -> int:
 def run_tune_command(parser, args) -> int:
     import torch
 
-    from . import runtime
-    from .configs import user_table_path
+    from .. import runtime
+    from ..kernels.configs import user_table_path
     from .tuning import REFUSAL, results_table, tune
 
     if not runtime.ON_GPU:

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .checks import check_tensor
+from ..checks import check_tensor
 
 
 @triton.jit

@@ -9,7 +9,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-DATA_DIR = Path(__file__).parent / "data"
+DATA_DIR = Path(__file__).parent.parent / "data"
 H200_RESULTS = DATA_DIR / "h200_bench.csv"
 
 #: Columns, in order. ``gemm`` is "first" (the [M, topk, N] GEMM) or "layer" (the whole

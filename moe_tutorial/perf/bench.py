@@ -2,9 +2,9 @@
 
 For every case the bench builds random inputs on the device, runs the implementation once with
 all its input checks and compares a few output rows with the float64 reference, then times it
-(:func:`moe_tutorial.timing.measure_ms`) and sets the time against the roofline floor of the
-problem, from :mod:`moe_tutorial.traffic` and the two ceilings measured at the start of the run.
-Rows follow :data:`moe_tutorial.results.FIELDS`. ``python -m moe_tutorial bench`` drives it.
+(:func:`moe_tutorial.perf.timing.measure_ms`) and sets the time against the roofline floor of the
+problem, from :mod:`moe_tutorial.perf.traffic` and the two ceilings measured at the start of the run.
+Rows follow :data:`moe_tutorial.perf.results.FIELDS`. ``python -m moe_tutorial bench`` drives it.
 """
 from __future__ import annotations
 
@@ -17,12 +17,13 @@ from typing import Callable
 
 import torch
 
-from . import runtime, traffic
-from .bench_impls import FIRST_IMPLS, INT32_LIMIT, LAYER_IMPLS, Inputs, Skip, prepare
-from .reference import reference_moe_layer, reference_moe_matmul, rel_error, tolerance
+from .. import runtime
+from . import traffic
+from .impls import FIRST_IMPLS, INT32_LIMIT, LAYER_IMPLS, Inputs, Skip, prepare
+from ..reference import reference_moe_layer, reference_moe_matmul, rel_error, tolerance
 from .results import write_rows
-from .routing import route
-from .shapes import ModelShape, get_shape
+from ..routing import route
+from ..shapes import ModelShape, get_shape
 from .timing import SLOW_CALL_TIMER, Ceilings, TooSlow, cycle, machine_info, measure_ceilings, measure_ms
 
 GEMMS = ("first", "layer")
@@ -67,7 +68,7 @@ def default_plan(quick: bool = False) -> BenchPlan:
 
 def has_tuned_config(shape: ModelShape, gemm: str, dtype: torch.dtype) -> bool:
     """True when a tuned table has an entry for this GPU and one of the gemm's problems."""
-    from .configs import gpu_name, load_tables, problem_key
+    from ..kernels.configs import gpu_name, load_tables, problem_key
 
     E, topk, H, inter = shape.num_experts, shape.topk, shape.hidden, shape.intermediate
     keys = ([problem_key(E, 2 * inter, H, topk, dtype, "plain")] if gemm == "first" else
@@ -172,7 +173,7 @@ def traffic_of(gemm: str, inp: Inputs) -> tuple[float, float]:
 def nominal_timer(timer: str, graphable: bool) -> str:
     """The timer a case uses when nothing goes wrong.
 
-    Calls slower than :data:`moe_tutorial.timing.SLOW_CALL_S` are timed with a few events
+    Calls slower than :data:`moe_tutorial.perf.timing.SLOW_CALL_S` are timed with a few events
     instead (launch gaps are negligible there); both count as plain "ok". Any other timer, that
     is events after a failed graph capture, is named in the status: "ok (events, ...)".
     """

@@ -4,7 +4,7 @@ For each GEMM variant of a model ("plain": the first GEMM as the bench times it,
 layer's gate/up GEMM with SiLU*up fused, "down": the layer's down GEMM with the router weights
 fused) and each batch size M, it times a curated set of :class:`KernelConfig` with CUDA graphs,
 keeps only candidates whose output matches the heuristic configuration's, and writes the fastest
-into the JSON table :func:`moe_tutorial.configs.get_config` reads
+into the JSON table :func:`moe_tutorial.kernels.configs.get_config` reads
 (``{gpu_name: {problem_key: {str(M): config}}}``), merged with what is already there.
 
 The search runs in two stages within a time budget shared evenly by the problems: first the
@@ -25,10 +25,10 @@ from typing import Callable
 import torch
 import triton
 
-from . import runtime
-from . import configs
-from .configs import KernelConfig, heuristic_config, problem_key
-from .shapes import ModelShape
+from .. import runtime
+from ..kernels import configs
+from ..kernels.configs import KernelConfig, heuristic_config, problem_key
+from ..shapes import ModelShape
 from .traffic import experts_touched
 
 VARIANTS = ("plain", "gated", "down")
@@ -184,14 +184,14 @@ class _Problem:
         self.rows = torch.arange(0, pairs, max(1, pairs // 4096), device=runtime.DEVICE)
 
     def alignments(self, block_m: int):
-        from .align import align_block_size
+        from ..kernels.align import align_block_size
 
         if block_m not in self._alignments:
             self._alignments[block_m] = [align_block_size(i, block_m, self.shape.num_experts) for i in self.ids]
         return self._alignments[block_m]
 
     def calls(self, config: KernelConfig) -> list[Callable]:
-        from .sorted_kernel import launch_sorted_gemm
+        from ..kernels.sorted_kernel import launch_sorted_gemm
 
         aligned = self.alignments(config.block_m)
         gated = self.variant == "gated"
@@ -211,7 +211,7 @@ class _Problem:
 def tune_problem(problem: _Problem, dtype: torch.dtype, deadline: float, *,
                  measure: Callable | None = None, log: Callable[[str], None] = print) -> TuneResult:
     """Search one problem until ``deadline`` (``time.monotonic()``); the heuristic is always timed."""
-    from .reference import rel_error
+    from ..reference import rel_error
     from .timing import cycle, measure_ms
 
     measure = measure or (lambda fn: measure_ms(fn, timer="cudagraph", max_seconds=1.0)[0])
@@ -335,7 +335,7 @@ def format_config(c: KernelConfig) -> str:
 
 def results_table(results: list[TuneResult]) -> str:
     """Per problem: the heuristic's time, the best time, the gain and the best configuration."""
-    from .bench_report import format_table
+    from .report import format_table
 
     body = [[r.variant, str(r.M), f"{r.heuristic_ms:.4f}", f"{r.best_ms:.4f}", f"{r.gain:.2f}x",
              format_config(r.heuristic), format_config(r.best)] for r in results]

@@ -10,8 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
-from . import runtime
-from .checks import check_matmul_inputs, check_out
+from .. import runtime
+from ..checks import check_matmul_inputs, check_out
 
 
 @triton.jit

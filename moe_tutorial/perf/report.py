@@ -1,15 +1,15 @@
 """Text tables from benchmark rows: fraction of the floor per M, geometric means, speed-ups.
 
 The bench prints them at the end of a run and notebooks 03 to 05 print them from the shipped H200
-results. Rows are dicts with :data:`moe_tutorial.results.FIELDS` keys (as ``load_rows`` gives).
+results. Rows are dicts with :data:`moe_tutorial.perf.results.FIELDS` keys (as ``load_rows`` gives).
 A cell reads "wrong" where the result failed its check and "-" where the case was skipped.
 Tables name implementations as the CSV does; pass ``labels`` (e.g.
 :data:`moe_tutorial.figures.style.IMPL_LABELS`) for the series' words.
 """
 from __future__ import annotations
 
-from .bench_impls import FIRST_IMPLS, LAYER_IMPLS
-from .shapes import MODEL_SHAPES
+from .impls import FIRST_IMPLS, LAYER_IMPLS
+from ..shapes import MODEL_SHAPES
 from .traffic import geomean
 
 

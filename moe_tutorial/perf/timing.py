@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from . import runtime
+from .. import runtime
 
 #: Timer names: "cudagraph" (graph replay, no launch gaps) or "events" (one call at a time).
 TIMERS = ("cudagraph", "events")

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import torch
 
-from . import runtime
+from .. import runtime
 
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """Launch parameters of :func:`moe_tutorial.sorted_kernel.sorted_moe_kernel`."""
+    """Launch parameters of :func:`moe_tutorial.kernels.sorted_kernel.sorted_moe_kernel`."""
 
     block_m: int
     block_n: int
@@ -39,7 +39,7 @@ class KernelConfig:
 #: millisecond: one small, fixed configuration.
 CPU_CONFIG = KernelConfig(block_m=16, block_n=32, block_k=32, group_m=1, num_warps=4, num_stages=1)
 
-SHIPPED_DIR = Path(__file__).parent / "data"
+SHIPPED_DIR = Path(__file__).parent.parent / "data"
 
 
 def user_table_path() -> Path:

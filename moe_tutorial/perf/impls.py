@@ -17,8 +17,8 @@ from typing import Any, Callable
 
 import torch
 
-from . import runtime
-from .shapes import ModelShape
+from .. import runtime
+from ..shapes import ModelShape
 
 #: First-GEMM implementations, in the order tables list them.
 FIRST_IMPLS = ("loop", "indexing", "published", "naive", "sorted", "sorted+align",
@@ -91,7 +91,7 @@ def check_indexing_fits(M: int, topk: int, N: int, K: int, itemsize: int, fracti
     A third of the free memory: timing may hold three copies at once (the checked call's, the
     CUDA-graph warm-up's on another stream, and the graph's own pool).
     """
-    from .indexing import intermediate_bytes
+    from ..indexing import intermediate_bytes
 
     need = intermediate_bytes(M, topk, N, K, itemsize) + M * topk * N * itemsize
     free = free_memory_bytes()
@@ -112,13 +112,13 @@ def _rotations(inp: Inputs, fn: Callable) -> list[Callable]:
 # ---------------------------------------------------------------- the first GEMM, [M, topk, N]
 
 def _first_loop(inp: Inputs) -> Prepared:
-    from .loop import loop_moe_matmul
+    from ..loop import loop_moe_matmul
 
     return Prepared(_rotations(inp, lambda x, ids, _: loop_moe_matmul(x, inp.w13, ids)), graphable=False)
 
 
 def _first_indexing(inp: Inputs) -> Prepared:
-    from .indexing import expert_moe_matmul
+    from ..indexing import expert_moe_matmul
 
     E, N, K = inp.w13.shape
     check_indexing_fits(inp.M, inp.shape.topk, N, K, inp.w13.element_size())
@@ -127,9 +127,9 @@ def _first_indexing(inp: Inputs) -> Prepared:
 
 def _first_published(inp: Inputs) -> Prepared:
     try:
-        from .published_kernel import published_fused_moe_matmul
+        from ..kernels.published_kernel import published_fused_moe_matmul
     except ImportError as e:
-        raise Skip(f"moe_tutorial.published_kernel is not available ({e})") from None
+        raise Skip(f"moe_tutorial.kernels.published_kernel is not available ({e})") from None
     topk = inp.shape.topk
     if topk & (topk - 1):
         raise Skip(f"topk={topk} is not a power of two: the published tl.arange(0, topk * BLOCK_N) "
@@ -145,7 +145,7 @@ def _first_published(inp: Inputs) -> Prepared:
 
 
 def _first_naive(inp: Inputs) -> Prepared:
-    from .fused_kernel import fused_moe_matmul
+    from ..kernels.fused_kernel import fused_moe_matmul
 
     out = inp.xs[0].new_empty(inp.M, inp.shape.topk, inp.w13.shape[1])
     return Prepared(_rotations(inp, lambda x, ids, _: fused_moe_matmul(x, inp.w13, ids, out=out)),
@@ -153,9 +153,9 @@ def _first_naive(inp: Inputs) -> Prepared:
 
 
 def _first_sorted(inp: Inputs, *, align_inside: bool = False, heuristic: bool = False) -> Prepared:
-    from .align import align_block_size
-    from .configs import get_config, heuristic_config
-    from .sorted_kernel import launch_sorted_gemm
+    from ..kernels.align import align_block_size
+    from ..kernels.configs import get_config, heuristic_config
+    from ..kernels.sorted_kernel import launch_sorted_gemm
 
     E, N, K = inp.w13.shape
     M, topk = inp.M, inp.shape.topk
@@ -224,7 +224,7 @@ def _first_grouped_mm(inp: Inputs) -> Prepared:
 
 def _layer(impl: str):
     def prepare(inp: Inputs) -> Prepared:
-        from .layer import moe_layer
+        from ..layer import moe_layer
 
         if impl == "indexing":
             E, N13, K = inp.w13.shape
@@ -235,8 +235,8 @@ def _layer(impl: str):
 
 
 def _layer_sorted_heuristic(inp: Inputs) -> Prepared:
-    from .configs import heuristic_config
-    from .sorted_kernel import sorted_moe_layer
+    from ..kernels.configs import heuristic_config
+    from ..kernels.sorted_kernel import sorted_moe_layer
 
     s = inp.shape
     configs = (heuristic_config(inp.M, s.topk, s.num_experts, "gated"),
