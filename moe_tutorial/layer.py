@@ -8,7 +8,7 @@ import torch
 from .activation import silu_and_mul
 from .checks import check_kernel_dtype, check_layer_inputs
 
-IMPLS = ("loop", "indexing", "naive", "sorted")
+IMPLS = ("loop", "indexing", "fused", "sorted")
 
 
 def two_gemm_layer(first_gemm: Callable, x, w13, w2, topk_weights, topk_ids) -> torch.Tensor:
@@ -35,7 +35,7 @@ def moe_layer(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
         w2: ``[E, K, I]``, each expert's down projection.
         topk_weights: ``[M, topk]`` float router weights (see :func:`moe_tutorial.route`).
         topk_ids: ``[M, topk]`` int32/int64 expert ids in ``[0, E)``.
-        impl: "loop" (Part 1), "indexing" (Part 2), "naive" (Part 3 kernel) or
+        impl: "loop" (Part 1), "indexing" (Part 2), "fused" (Part 3 kernel) or
             "sorted" (Part 4 kernel). The kernels need fp32 in the interpreter.
 
     Returns:
@@ -51,7 +51,7 @@ def moe_layer(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
         from .kernels.sorted_kernel import sorted_moe_layer
         return sorted_moe_layer(x, w13, w2, topk_weights, topk_ids)
     M, K, _, _, _ = check_layer_inputs(x, w13, w2, topk_weights, topk_ids)
-    if impl == "naive":
+    if impl == "fused":
         check_kernel_dtype("x", x)
     if M == 0:
         return x.new_empty(0, K)

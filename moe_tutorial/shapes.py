@@ -39,6 +39,13 @@ MODEL_SHAPES: dict[str, ModelShape] = {
 }
 
 
+#: The three models every measurement of the series covers: few large experts, many small ones,
+#: and many large ones.
+HEADLINE_MODELS = ("Mixtral-8x7B", "Qwen3-30B-A3B", "DeepSeek-V3")
+#: Tokens per batch the GPU results sweep, from one-token decode to a long prefill.
+BATCH_SIZES = (1, 8, 64, 256, 1024, 4096, 16384)
+
+
 def get_shape(name: str) -> ModelShape:
     """Look a model up by name (case-insensitive); ValueError lists the known names."""
     for key, shape in MODEL_SHAPES.items():

@@ -5,7 +5,9 @@ Usage: python scripts/strip_notebook_metadata.py notebooks/*.ipynb notebooks/exe
 import json
 import sys
 
-for path in sys.argv[1:]:
+
+def strip(path) -> None:
+    """Rewrite the notebook at ``path`` without its cells' execution timestamps."""
     with open(path) as f:
         nb = json.load(f)
     for cell in nb["cells"]:
@@ -13,3 +15,8 @@ for path in sys.argv[1:]:
     with open(path, "w") as f:
         json.dump(nb, f, indent=1, ensure_ascii=False)
         f.write("\n")
+
+
+if __name__ == "__main__":
+    for arg in sys.argv[1:]:
+        strip(arg)

@@ -1,4 +1,5 @@
 """The bench's pieces that a GPU run depends on, exercised on the CPU: timers, skips, references."""
+import dataclasses
 import math
 
 import pytest
@@ -6,7 +7,7 @@ import torch
 
 from moe_tutorial import runtime
 from moe_tutorial.kernels import sorted_kernel
-from moe_tutorial.perf import bench, impls as bench_impls, timing
+from moe_tutorial.perf import bench, impls as bench_impls, registry, timing
 from moe_tutorial.reference import reference_moe_layer, reference_moe_matmul, rel_error
 from moe_tutorial.shapes import ModelShape
 
@@ -44,7 +45,7 @@ def test_grouped_mm_preparation_sorts_and_unsorts(monkeypatch):
         pytest.skip("no torch._grouped_mm in this torch")
     monkeypatch.setattr(bench_impls, "grouped_mm_support", lambda dtype: None)
     inp = inputs(M=9, rotations=2)
-    prepared = bench_impls.prepare("first", "grouped_mm", inp)
+    prepared = registry.prepare("first", "grouped_mm", inp)
     out = prepared.output(prepared.calls[0]())
     ref = reference_moe_matmul(inp.xs[0], inp.w13, inp.ids[0])
     assert rel_error(out, ref) < 1e-5
@@ -64,7 +65,7 @@ def test_indexing_is_skipped_with_the_size_when_it_would_not_fit(monkeypatch):
     monkeypatch.setattr(bench_impls, "free_memory_bytes", lambda: 200_000)
     inp = inputs(M=64)
     with pytest.raises(bench_impls.Skip, match=r"intermediate needs 0\.54 MB, more than 33% of the 0\.20 MB free"):
-        bench_impls.prepare("first", "indexing", inp)
+        registry.prepare("first", "indexing", inp)
     row = bench.run_case("layer", "indexing", inp, bench.reference_rows("layer", inp),
                          timing.Ceilings(1.0, 1.0), bench.BenchPlan([SHAPE], (64,), torch.float32))
     assert row["status"].startswith("skipped: its [M, topk, N, K] intermediate") and row.get("ms") is None
@@ -75,11 +76,11 @@ def test_published_kernel_is_not_run_where_its_offsets_overflow():
     inp = bench_impls.Inputs(ModelShape("big", 8, 2, 2 ** 14, 2 ** 13), 2, torch.float32, big, None,
                              [torch.zeros(2, 2 ** 14)], [torch.zeros(2, 2, dtype=torch.int32)], [torch.ones(2, 2)])
     with pytest.raises(bench_impls.Skip, match="int32 offsets wrap"):
-        bench_impls.prepare("first", "published", inp)
+        registry.prepare("first", "published", inp)
     odd = bench_impls.Inputs(ModelShape("odd", 8, 3, 16, 8), 1, torch.float32, torch.zeros(8, 16, 16), None,
                              [torch.zeros(1, 16)], [torch.zeros(1, 3, dtype=torch.int32)], [torch.ones(1, 3)])
     with pytest.raises(bench_impls.Skip, match="power of two"):
-        bench_impls.prepare("first", "published", odd)
+        registry.prepare("first", "published", odd)
 
 
 def test_big_weights_get_a_guard_so_the_published_kernel_can_run(monkeypatch):
@@ -90,12 +91,12 @@ def test_big_weights_get_a_guard_so_the_published_kernel_can_run(monkeypatch):
     inp = inputs(M=3)
     assert inp.w13.storage_offset() == 64 and inp.w13.is_contiguous()
     assert inp.w2.storage_offset() == 0
-    prepared = bench_impls.prepare("first", "published", inp)      # runs: reads stay inside the buffer
+    prepared = registry.prepare("first", "published", inp)      # runs: reads stay inside the buffer
     out = prepared.output(prepared.calls[0]())
     assert rel_error(out, reference_moe_matmul(inp.xs[0], inp.w13, inp.ids[0])) < 1e-5
     unguarded = bench_impls.Inputs(SHAPE, 3, torch.float32, inp.w13.clone(), None, inp.xs, inp.ids, inp.weights)
     with pytest.raises(bench_impls.Skip, match="int32 offsets wrap"):
-        bench_impls.prepare("first", "published", unguarded)
+        registry.prepare("first", "published", unguarded)
 
 
 def test_wrong_results_are_flagged_and_still_timed(monkeypatch):
@@ -181,18 +182,18 @@ def test_statuses_name_only_unusual_timers(monkeypatch):
     for how, status in (("perf_counter", "ok"), (timing.SLOW_CALL_TIMER, "ok"),
                         ("events, graph capture failed", "ok (events, graph capture failed)")):
         monkeypatch.setattr(bench, "measure_ms", lambda fn, how=how, **kw: (1.0, how))
-        assert bench.run_case("first", "naive", inp, ref, timing.Ceilings(1.0, 1.0), plan)["status"] == status
+        assert bench.run_case("first", "fused", inp, ref, timing.Ceilings(1.0, 1.0), plan)["status"] == status
 
 
 def test_failing_implementation_does_not_end_the_sweep(monkeypatch, tmp_path):
     def boom(inp):
         raise RuntimeError("CUDA error: out of memory\nmore text")
-    monkeypatch.setitem(bench_impls.PREPARE["first"], "naive", boom)
-    plan = bench.BenchPlan([SHAPE], (1, 2), torch.float32, gemms=("first",), impls=("naive", "loop"))
+    monkeypatch.setitem(registry.BY_NAME, "fused", dataclasses.replace(registry.BY_NAME["fused"], first=boom))
+    plan = bench.BenchPlan([SHAPE], (1, 2), torch.float32, gemms=("first",), impls=("fused", "loop"))
     rows = bench.run_bench(plan, csv_path=tmp_path / "b.csv", progress=False, log=lambda s: None,
                            ceilings=timing.Ceilings(1.0, 1.0))
     assert [(r["impl"], r["M"], r["status"][:20]) for r in rows] == [
-        ("naive", 1, "skipped: error: Runt"), ("loop", 1, "ok"), ("naive", 2, "skipped: error: Runt"), ("loop", 2, "ok")]
+        ("fused", 1, "skipped: error: Runt"), ("loop", 1, "ok"), ("fused", 2, "skipped: error: Runt"), ("loop", 2, "ok")]
     assert rows[0]["status"] == "skipped: error: RuntimeError: CUDA error: out of memory"
     assert (tmp_path / "b.csv").exists()
 

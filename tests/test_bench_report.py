@@ -10,7 +10,7 @@ import pytest  # noqa: E402
 
 from moe_tutorial.perf import report as bench_report, results, traffic  # noqa: E402
 from moe_tutorial.figures import perf  # noqa: E402
-from moe_tutorial.figures.style import IMPL_LABELS  # noqa: E402
+from moe_tutorial.perf.registry import LABELS  # noqa: E402
 from moe_tutorial.shapes import ModelShape  # noqa: E402
 
 SMALL = ModelShape("custom", num_experts=6, topk=2, hidden=32, intermediate=16)
@@ -59,16 +59,16 @@ def test_tables_show_wrong_and_skipped_cells():
     base = dict(model="m", gemm="first", ms=2.0, floor_ms=1.0, fraction_of_floor=0.5)
     rows = [dict(base, impl="sorted", M=1, status="ok", ms=1.0, fraction_of_floor=1.0),
             dict(base, impl="sorted", M=8, status="ok", fraction_of_floor=0.25, ms=4.0),
-            dict(base, impl="naive", M=1, status="wrong"),
-            dict(base, impl="naive", M=8, status="ok", ms=8.0),
+            dict(base, impl="fused", M=1, status="wrong"),
+            dict(base, impl="fused", M=8, status="ok", ms=8.0),
             dict(base, impl="loop", M=1, status="skipped: slow"),
             dict(base, impl="loop", M=8, status="ok (events, graph capture failed)", ms=40.0)]
     table = bench_report.fraction_table(rows)
     assert "wrong" in table and "0.50" in table
     sorted_line = next(line for line in table.splitlines() if " sorted " in f" {line} ")
     assert sorted_line.split()[-1] == "0.50"                       # geomean of 1.0 and 0.25
-    naive_line = next(line for line in table.splitlines() if " naive " in f" {line} ")
-    assert naive_line.split()[-3:] == ["wrong", "0.50", "wrong"]   # one wrong M makes the geomean "wrong"
+    fused_line = next(line for line in table.splitlines() if " fused " in f" {line} ")
+    assert fused_line.split()[-3:] == ["wrong", "0.50", "wrong"]   # one wrong M makes the geomean "wrong"
     geo = bench_report.geomean_table(rows)
     assert "wrong" in geo.splitlines()[3] and "(1/2 M)" in geo
     speed = bench_report.speedup_table(rows, "m")
@@ -96,12 +96,12 @@ def test_floor_geomeans(part4_rows):
 
 
 def test_geomean_table(part4_rows):
-    table = bench_report.geomean_table(part4_rows, gemm="first", labels=IMPL_LABELS)
+    table = bench_report.geomean_table(part4_rows, gemm="first", labels=LABELS)
     lines = table.splitlines()
     assert lines[0].split() == ["gate/up", "GEMM", "Mixtral-8x7B", "DeepSeek-V3"]   # the series' order
-    published = next(line for line in lines if line.startswith("Part 3 as published"))
+    published = next(line for line in lines if line.startswith("Part 3, as published"))
     assert published.split()[-2:] == ["0.05", "wrong"]
-    sorted_line = next(line for line in lines if line.startswith("Part 4 sorted"))
+    sorted_line = next(line for line in lines if line.startswith("Part 4, tuned"))
     assert sorted_line.split()[-2] == f"{(0.8 * 0.4 * 1.0) ** (1 / 3):.2f}"
     grouped = next(line for line in lines if line.startswith("torch._grouped_mm"))
     assert "(2/3 M)" in grouped                                     # Mixtral's skipped M = 4096
@@ -121,9 +121,9 @@ def part3_rows(tmp_path):
     Plus one whole-layer row, which the gate/up GEMM's figures and tables must leave out.
     """
     models = ("Mixtral-8x7B", "DeepSeek-V3")
-    rows = bench_rows({"loop": 1 / 40, "published": 0.2, "naive": 0.25, "sorted": 1 / 1.2}, models,
+    rows = bench_rows({"loop": 1 / 40, "published": 0.2, "fused": 0.25, "sorted": 1 / 1.2}, models,
                       wrong={("published", "DeepSeek-V3")}, skipped={("loop", m, 4096) for m in models})
-    return via_csv(tmp_path, rows + bench_rows({"naive": 0.5}, ("Mixtral-8x7B",), (1,), gemm="layer"))
+    return via_csv(tmp_path, rows + bench_rows({"fused": 0.5}, ("Mixtral-8x7B",), (1,), gemm="layer"))
 
 
 def test_one_implementation_fraction_table(part3_rows):
@@ -131,15 +131,15 @@ def test_one_implementation_fraction_table(part3_rows):
     assert table[2].split()[3:] == ["0.20"] * 3 + ["0.20"]           # three M, then the geomean
     assert table[3].split()[3:] == ["wrong"] * 4                     # the geomean too, as in geomean_table
     assert "-" in bench_report.fraction_table(part3_rows, "first", impls=["loop"]).splitlines()[2].split()
-    named = bench_report.fraction_table(part3_rows, "first", impls=["naive"], labels=IMPL_LABELS)
-    assert "Part 3 fixed" in named and " naive " not in f" {named} "
+    named = bench_report.fraction_table(part3_rows, "first", impls=["fused"], labels=LABELS)
+    assert "Part 3, fixed" in named and " fused " not in f" {named} "
 
 
 def test_best_tflops(part3_rows):
     def at(model, M):
-        return next(r["tflops"] for r in part3_rows if r["model"] == model and r["impl"] == "naive"
+        return next(r["tflops"] for r in part3_rows if r["model"] == model and r["impl"] == "fused"
                     and r["gemm"] == "first" and r["M"] == M)
-    assert bench_report.best_tflops(part3_rows, "naive") == {"Mixtral-8x7B": pytest.approx(at("Mixtral-8x7B", 4096)),
+    assert bench_report.best_tflops(part3_rows, "fused") == {"Mixtral-8x7B": pytest.approx(at("Mixtral-8x7B", 4096)),
                                                              "DeepSeek-V3": pytest.approx(at("DeepSeek-V3", 4096))}
     assert list(bench_report.best_tflops(part3_rows, "published")) == ["Mixtral-8x7B"]   # wrong rows do not count
 
@@ -149,19 +149,19 @@ def test_best_tflops(part3_rows):
 # --------------------------------------------------------------------------------------
 
 def test_time_plot_lines_crosses_and_floor(part3_rows):
-    fig = perf.plot_across_models(part3_rows, highlight="naive")
+    fig = perf.plot_across_models(part3_rows, highlight="fused")
     assert [ax.get_title() for ax in fig.axes] == ["Mixtral-8x7B", "DeepSeek-V3"]
     mixtral, v3 = fig.axes
     lines = mixtral.get_lines()
-    assert [line.get_label() for line in lines] == ["Part 1 loop", "Part 3 as published", "Part 3 fixed",
-                                                    "Part 4 sorted", "roofline floor"]
+    assert [line.get_label() for line in lines] == ["Part 1, loop", "Part 3, as published", "Part 3, fixed",
+                                                    "Part 4, tuned", "roofline floor"]
     assert len(lines[0].get_xdata()) == 2                          # the skipped M = 4096 is left out
     assert len(lines[2].get_xdata()) == 3                          # the whole-layer row is left out
     assert lines[2].get_linewidth() > lines[3].get_linewidth()     # the highlighted implementation
-    assert "Part 3 as published" not in [line.get_label() for line in v3.get_lines()]
+    assert "Part 3, as published" not in [line.get_label() for line in v3.get_lines()]
     assert len(v3.collections) == 1                                # its wrong results are crosses
-    fig = perf.plot_across_models(part3_rows, impls=("naive", "sorted"))
-    assert [line.get_label() for line in fig.axes[0].get_lines()] == ["Part 3 fixed", "Part 4 sorted",
+    fig = perf.plot_across_models(part3_rows, impls=("fused", "sorted"))
+    assert [line.get_label() for line in fig.axes[0].get_lines()] == ["Part 3, fixed", "Part 4, tuned",
                                                                       "roofline floor"]
 
 
@@ -175,7 +175,7 @@ def test_plot_across_models(part4_rows, metric):
     fig = perf.plot_across_models(part4_rows, gemm="first", metric=metric)
     assert [ax.get_title() for ax in fig.axes[:2]] == ["Mixtral-8x7B", "DeepSeek-V3"]
     labels = fig.legends[0].get_texts()
-    assert "Part 3 as published: wrong result" in [t.get_text() for t in labels]
+    assert "Part 3, as published: wrong result" in [t.get_text() for t in labels]
 
 
 def test_plot_across_models_wraps_many_models(part4_rows):
@@ -195,14 +195,14 @@ def test_plot_across_models_bad_input(part4_rows):
 
 
 def test_performance_figures_draw_every_implementation(tmp_path):
-    rows = bench_rows({"sorted": 0.9, "naive": 0.2, "sorted+align": 0.7, "published": 0.1}, ("custom",), (1, 8, 64),
+    rows = bench_rows({"sorted": 0.9, "fused": 0.2, "sorted+align": 0.7, "published": 0.1}, ("custom",), (1, 8, 64),
                       wrong={("published", "custom")})
     fig = perf.plot_roofline(rows, "custom")
     labels = fig.axes[0].get_legend_handles_labels()[1]
-    assert {"Part 4 sorted", "Part 3 fixed", "Part 4 + align"} <= set(labels) and labels[0].startswith("roof")
-    assert "Part 3 as published" not in labels                     # a wrong result has no place on the roofline
+    assert {"Part 4, tuned", "Part 3, fixed", "Part 4, tuned, alignment timed"} <= set(labels) and labels[0].startswith("roof")
+    assert "Part 3, as published" not in labels                     # a wrong result has no place on the roofline
     fig = perf.plot_across_models(rows, ["custom"], "first", "fraction_of_floor")
-    assert "Part 3 as published: wrong result" in [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "Part 3, as published: wrong result" in [t.get_text() for t in fig.legends[0].get_texts()]
     with pytest.raises(ValueError, match="metric"):
         perf.plot_across_models(rows, ["custom"], "first", "speed")
     with pytest.raises(ValueError, match="no timed results"):

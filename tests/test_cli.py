@@ -12,10 +12,10 @@ import pytest
 from moe_tutorial import runtime
 from moe_tutorial.perf import cli, results
 from moe_tutorial.perf.bench import INTERPRETER_NOTE
-from moe_tutorial.perf.impls import FIRST_IMPLS, LAYER_IMPLS
+from moe_tutorial.perf.registry import FIRST_IMPLS, LAYER_IMPLS
 
 ROOT = Path(__file__).resolve().parents[1]
-KERNELS = ("published", "naive", "sorted", "sorted+align")
+KERNELS = ("published", "fused", "sorted", "sorted+align")
 
 
 def run_module(*args, timeout=300, **env):

@@ -439,11 +439,11 @@ def test_layer_rejects_bad_input(impl, bad):
 
 
 def test_layer_rejects_an_unknown_impl():
-    with pytest.raises(ValueError, match=r"^impl: expected one of loop, indexing, naive, sorted, got 'fast'"):
+    with pytest.raises(ValueError, match=r"^impl: expected one of loop, indexing, fused, sorted, got 'fast'"):
         moe_layer(**_layer_base(), impl="fast")
 
 
-@pytest.mark.parametrize("impl", ["naive", "sorted"])
+@pytest.mark.parametrize("impl", ["fused", "sorted"])
 def test_kernel_layers_reject_float64(impl):
     args = {k: (v.double() if v.is_floating_point() else v) for k, v in _layer_base().items()}
     with pytest.raises(TypeError, match=r"^x: expected one of .*got torch.float64"):

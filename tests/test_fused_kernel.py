@@ -128,20 +128,20 @@ def test_real_shape_deepseek_v2_lite_topk6():
     check(fused_moe_matmul(x, weight, ids, block_n=256, block_k=256), x, weight, ids)
 
 
-def test_layer_naive_matches_reference():
+def test_layer_fused_matches_reference():
     M, K, inter, E, topk = 5, 24, 10, 8, 3
     g = torch.Generator().manual_seed(11)
     x = torch.randn(M, K, generator=g).to(DEV)
     w13 = (torch.randn(E, 2 * inter, K, generator=g) * K ** -0.5).to(DEV)
     w2 = (torch.randn(E, K, inter, generator=g) * inter ** -0.5).to(DEV)
     weights, ids = moe_tutorial.route(torch.randn(M, E, generator=g).to(DEV), topk)
-    y = moe_layer(x, w13, w2, weights, ids, impl="naive")
+    y = moe_layer(x, w13, w2, weights, ids, impl="fused")
     assert rel_error(y, reference_moe_layer(x, w13, w2, weights, ids)) < 1e-5
 
 
-def test_layer_naive_worked_example():
+def test_layer_fused_worked_example():
     ex = worked_example(device=DEV)
-    y = moe_layer(ex.x, ex.w13, ex.w2, ex.topk_weights, ex.topk_ids, impl="naive")
+    y = moe_layer(ex.x, ex.w13, ex.w2, ex.topk_weights, ex.topk_ids, impl="fused")
     assert torch.allclose(y, ex.layer, atol=1e-4, rtol=0)
 
 

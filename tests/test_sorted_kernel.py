@@ -239,7 +239,7 @@ def test_layer_agrees_with_every_part():
     x, w13, w2, tw, ids = layer_problem(6, 32, 24, 8, 2, seed=11)
     ref = reference_moe_layer(x, w13, w2, tw, ids)
     sorted_out = moe_layer(x, w13, w2, tw, ids, impl="sorted")
-    for impl in ("loop", "indexing", "naive"):
+    for impl in ("loop", "indexing", "fused"):
         other = moe_layer(x, w13, w2, tw, ids, impl=impl)
         assert rel_error(other, ref) < FP32_TOL, impl
         assert rel_error(sorted_out, other.double()) < 2 * FP32_TOL, impl

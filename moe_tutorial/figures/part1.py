@@ -10,7 +10,7 @@ import torch
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
 
 from .cells import cell
-from .style import IMPL_COLORS, expert_color
+from .style import impl_color, expert_color
 
 _GREY = "#d9d9d9"
 
@@ -179,7 +179,7 @@ def plot_launches(num_experts: list[int], launches: dict[str, list[int]], models
     """
     fig, ax = plt.subplots(figsize=(7.5, 3.8))
     for i, (impl, counts) in enumerate(launches.items()):
-        ax.plot(num_experts, counts, "o-", color=IMPL_COLORS.get(impl, "#333333"), label=impl)
+        ax.plot(num_experts, counts, "o-", color=impl_color(impl), label=impl)
         for e, c in zip(num_experts, counts):
             # The first line is labelled above its points, the others below, so labels never meet.
             ax.annotate(str(c), (e, c), textcoords="offset points", xytext=(0, 7 if i == 0 else -13),

@@ -11,7 +11,7 @@ from matplotlib.patches import FancyArrowPatch, Rectangle
 
 from .cells import cell
 from .part1 import _box
-from .style import IMPL_COLORS, expert_color
+from .style import impl_color, expert_color
 
 #: HBM of one H200, the GPU the series measures on (141 GB).
 H200_MEMORY_BYTES = 141e9
@@ -118,7 +118,7 @@ def draw_round_trip(labels: dict[str, str] | None = None):
     def tag(key):
         return f"\n{labels[key]}" if key in labels else ""
 
-    red, blue, grey = IMPL_COLORS["indexing"], IMPL_COLORS["sorted"], "#777777"
+    red, blue, grey = impl_color("indexing"), impl_color("sorted"), "#777777"
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 5.4))
     for ax, title in ((top, "Part 2: weight[topk_ids], then torch.matmul (two kernels)"),
                       (bottom, "Part 3: one fused kernel (the gather happens inside it)")):

@@ -17,10 +17,9 @@ from matplotlib.colors import to_rgb
 from matplotlib.patches import Rectangle
 
 from ..perf import traffic
-from ..perf.bench import GPU_BATCH_SIZES, GPU_MODELS
-from ..shapes import get_shape
+from ..shapes import BATCH_SIZES, HEADLINE_MODELS, get_shape
 from .cells import cell
-from .style import IMPL_COLORS, PADDING_COLOR, expert_color, m_axis
+from .style import impl_color, PADDING_COLOR, expert_color, m_axis
 
 #: Colours of a program's slots (topk_idx 0, 1, ...): greys and blues, so they never read as experts.
 SLOT_COLORS = ["#c6dbef", "#9ecae1", "#6baed6", "#4292c6", "#2171b5", "#08519c", "#08306b", "#041f45"]
@@ -345,9 +344,9 @@ def draw_dot_padding(block_n: int = 16, block_k: int = 16, min_dim: int = 16, *,
         flops = 2.0 * bm * bn * bk
         nbytes = itemsize * (bm * bk + bk * bn)
         rates.append(min(matmul_tflops, traffic.arithmetic_intensity(nbytes, flops) * copy_tbps))
-    ax_r.plot(bms, rates, marker="o", color=IMPL_COLORS["sorted"], label="attainable (tile loads from HBM)")
+    ax_r.plot(bms, rates, marker="o", color=impl_color("sorted"), label="attainable (tile loads from HBM)")
     ax_r.axhline(matmul_tflops, ls="--", color="black", lw=1.0, label=f"bf16 matmul {matmul_tflops:g} TFLOP/s")
-    ax_r.scatter([1], [rates[0]], s=80, color=IMPL_COLORS["naive"], zorder=5, label=f"BLOCK_M = 1: {rates[0]:.1f} TFLOP/s")
+    ax_r.scatter([1], [rates[0]], s=80, color=impl_color("fused"), zorder=5, label=f"BLOCK_M = 1: {rates[0]:.1f} TFLOP/s")
     ax_r.set_xscale("log", base=2)
     ax_r.set_yscale("log")
     ax_r.set_xlabel("BLOCK_M (token rows sharing each weight tile)")
@@ -362,7 +361,7 @@ def draw_dot_padding(block_n: int = 16, block_k: int = 16, min_dim: int = 16, *,
 # --------------------------------------------------------------------------------------
 # What fusion bought: bytes
 
-def draw_traffic(models=GPU_MODELS, Ms=GPU_BATCH_SIZES, itemsize: int = 2):
+def draw_traffic(models=HEADLINE_MODELS, Ms=BATCH_SIZES, itemsize: int = 2):
     """Bytes to and from HBM of the first GEMM against M, one panel per model (bf16).
 
     Part 2 (gather, write ``selected``, read it back: :func:`moe_tutorial.perf.traffic.indexing_bytes`),
@@ -376,9 +375,9 @@ def draw_traffic(models=GPU_MODELS, Ms=GPU_BATCH_SIZES, itemsize: int = 2):
         N, K = s.first_gemm
         lines = {
             "Part 2: indexing": ([traffic.indexing_bytes(M, N, K, s.topk, itemsize) for M in Ms],
-                                 IMPL_COLORS["indexing"]),
+                                 impl_color("indexing")),
             "Part 3: fused kernel": ([traffic.per_pair_bytes(M, N, K, s.topk, itemsize) for M in Ms],
-                                     IMPL_COLORS["naive"]),
+                                     impl_color("fused")),
             "fewest possible": ([traffic.first_gemm_bytes(M, N, K, s.num_experts, s.topk, itemsize) for M in Ms],
                                 "black"),
         }

@@ -11,9 +11,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from ..perf import traffic
-from ..perf.bench import GPU_BATCH_SIZES
 from ..perf.report import batch_sizes, gemm_title, impl_order, is_ok, model_order, subset
-from ..shapes import ModelShape
+from ..shapes import BATCH_SIZES, ModelShape
 from ..perf.traffic import H200_COPY_TBPS, H200_MATMUL_TFLOPS
 from .style import WRONG_COLOR, impl_style, m_axis
 
@@ -56,7 +55,7 @@ def plot_intensity(shapes: list[ModelShape], *, gemm: str = "first", copy_tbps: 
     ax.text(Ms[-1], ridge * 3, "compute-bound", ha="right", fontsize=8, color="#2f6e3a")
     ax.set(yscale="log", ylabel="FLOPs per byte moved", title=f"Arithmetic intensity of the {gemm_title(gemm)}",
            ylim=(0.5, None))
-    m_axis(ax, [m for m in GPU_BATCH_SIZES if m <= max_m])
+    m_axis(ax, [m for m in BATCH_SIZES if m <= max_m])
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(True, which="major", alpha=0.3)
     fig.tight_layout()

@@ -8,19 +8,6 @@ EXPERT_COLORS = [
     "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
     "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac",
 ]
-#: One colour per implementation, used by every timing plot.
-IMPL_COLORS = {
-    "loop": "#9c755f", "indexing": "#e15759", "published": "#bab0ac", "naive": "#f28e2b",
-    "sorted": "#4e79a7", "grouped_mm": "#59a14f", "layer": "#4e79a7",
-}
-#: What figures and tables call each implementation of the benchmark results, in the series' words.
-IMPL_LABELS = {
-    "loop": "Part 1 loop", "indexing": "Part 2 indexing", "published": "Part 3 as published",
-    "naive": "Part 3 fixed", "sorted": "Part 4 sorted", "sorted+align": "Part 4 + align",
-    "sorted-heuristic": "Part 4, untuned", "grouped_mm": "torch._grouped_mm",
-}
-#: Implementations drawn as variations of another one: same colour, a different line.
-_VARIANT_OF = {"sorted+align": ("sorted", ":"), "sorted-heuristic": ("sorted", "--")}
 #: Results that failed the correctness check are marked in this colour, whatever their implementation.
 WRONG_COLOR = "#d62728"
 PADDING_COLOR = "#eeeeee"
@@ -31,9 +18,15 @@ def expert_color(e: int) -> str:
 
 
 def impl_style(impl: str) -> dict:
-    """``plot`` keywords of an implementation: its colour, line style and label."""
-    base, ls = _VARIANT_OF.get(impl, (impl, "-"))
-    return {"color": IMPL_COLORS.get(base, "#555555"), "ls": ls, "label": IMPL_LABELS.get(impl, impl)}
+    """``plot`` keywords of an implementation (colour, line style, label), from the registry."""
+    from ..perf import registry
+
+    return registry.style(impl)
+
+
+def impl_color(impl: str) -> str:
+    """The colour every figure gives an implementation."""
+    return impl_style(impl)["color"]
 
 
 def m_axis(ax, sizes) -> None:

@@ -19,17 +19,15 @@ import torch
 
 from .. import runtime
 from . import traffic
-from .impls import FIRST_IMPLS, INT32_LIMIT, LAYER_IMPLS, Inputs, Skip, prepare
+from .impls import INT32_LIMIT, Inputs, Skip
+from .registry import FIRST_IMPLS, LAYER_IMPLS, prepare
 from ..reference import reference_moe_layer, reference_moe_matmul, rel_error, tolerance
 from .results import write_rows
 from ..routing import route
-from ..shapes import ModelShape, get_shape
+from ..shapes import BATCH_SIZES, HEADLINE_MODELS, ModelShape, get_shape
 from .timing import SLOW_CALL_TIMER, Ceilings, TooSlow, cycle, machine_info, measure_ceilings, measure_ms
 
 GEMMS = ("first", "layer")
-#: The GPU sweep's defaults: DESIGN.md's three headline models, decode to prefill.
-GPU_MODELS = ("Mixtral-8x7B", "Qwen3-30B-A3B", "DeepSeek-V3")
-GPU_BATCH_SIZES = (1, 8, 64, 256, 1024, 4096, 16384)
 GPU_QUICK = (("Qwen3-30B-A3B",), (1, 64, 4096))
 #: The CPU default: a toy shape the interpreter runs in well under a second per case.
 CPU_SHAPE = ModelShape("custom", num_experts=8, topk=2, hidden=64, intermediate=32)
@@ -61,7 +59,7 @@ class BenchPlan:
 def default_plan(quick: bool = False) -> BenchPlan:
     """The sweep ``bench`` runs without options: real models on a GPU, a toy shape on the CPU."""
     if runtime.ON_GPU:
-        models, sizes = GPU_QUICK if quick else (GPU_MODELS, GPU_BATCH_SIZES)
+        models, sizes = GPU_QUICK if quick else (HEADLINE_MODELS, BATCH_SIZES)
         return BenchPlan([get_shape(m) for m in models], sizes, torch.bfloat16)
     return BenchPlan([CPU_SHAPE], CPU_QUICK_BATCH_SIZES if quick else CPU_BATCH_SIZES, torch.float32)
 

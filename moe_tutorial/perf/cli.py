@@ -98,8 +98,9 @@ def _text(template: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .bench import CPU_BATCH_SIZES, CPU_SHAPE, GPU_BATCH_SIZES, GPU_MODELS, GEMMS
-    from .impls import FIRST_IMPLS, IMPL_HELP, LAYER_IMPLS
+    from ..shapes import BATCH_SIZES, HEADLINE_MODELS
+    from .bench import CPU_BATCH_SIZES, CPU_SHAPE, GEMMS
+    from .registry import BY_NAME, FIRST_IMPLS, LAYER_IMPLS
     from ..shapes import MODEL_SHAPES
     from .timing import TIMERS
     from .tuning import VARIANTS
@@ -111,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_Formatter)
     sub = parser.add_subparsers(dest="command", metavar="{bench,tune}")
     sub.required = True
-    impl_lines = "\n".join(textwrap.fill(IMPL_HELP[name], 100, initial_indent=f"  {name:17s}",
+    impl_lines = "\n".join(textwrap.fill(BY_NAME[name].help, 100, initial_indent=f"  {name:17s}",
                                          subsequent_indent=" " * 19) for name in FIRST_IMPLS)
     model_lines = "\n".join(f"  {s.name:19s}E={s.num_experts:<4d}topk={s.topk}  hidden={s.hidden:<5d}"
                             f"intermediate={s.intermediate}" for s in MODEL_SHAPES.values())
@@ -141,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
 
         Status column: "ok"; "wrong" (failed the check against the float64 reference: bf16/fp16
         1e-2, fp32 1e-5 relative error; still timed); "skipped: <reason>".
-        """).format(models=", ".join(GPU_MODELS), gpu_m=",".join(map(str, GPU_BATCH_SIZES)), E=c.num_experts,
+        """).format(models=", ".join(HEADLINE_MODELS), gpu_m=",".join(map(str, BATCH_SIZES)), E=c.num_experts,
                     N=2 * c.intermediate, K=c.hidden, topk=c.topk, cpu_m=",".join(map(str, CPU_BATCH_SIZES)),
                     layer_impls=", ".join(LAYER_IMPLS))
         + f"\n\nImplementations:\n{impl_lines}\n\nModels (--models, case-insensitive):\n{model_lines}")
@@ -210,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
         """))
     tune.add_argument("--model", type=_model, required=True, metavar="NAME",
                       help=f"the model whose shapes to tune: {', '.join(MODEL_SHAPES)}")
-    tune.add_argument("--batch-sizes", "-M", type=_int_list, default=GPU_BATCH_SIZES, metavar="M,M,...",
+    tune.add_argument("--batch-sizes", "-M", type=_int_list, default=BATCH_SIZES, metavar="M,M,...",
                       help="token counts to tune for; the package takes the nearest tuned M on a log scale "
                            "(default: 1,8,64,256,1024,4096,16384)")
     tune.add_argument("--variants", type=_choice_list(VARIANTS, "variant"), default=VARIANTS,

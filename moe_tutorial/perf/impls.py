@@ -1,13 +1,15 @@
 """What the bench times for each implementation, prepared so that only the work itself is timed.
 
-Each ``prepare_*`` function takes a :class:`Inputs` and returns a :class:`Prepared`: one callable
+Each ``first_*`` / ``layer_*`` function takes a :class:`Inputs` and returns a :class:`Prepared`: one callable
 per rotation of the inputs (the same work on different tokens and routings, so a CUDA graph of
 many calls does not find the last call's weights in L2), and how to turn the first call's
 return value into the canonical output for the correctness check. Anything that is set up once
 in a real engine (output buffers, the sorted alignment for the "sorted" row, the x rows sorted
 by expert for ``torch._grouped_mm``) is built here, outside the timed region.
 
-When an implementation cannot run, ``prepare_*`` raises :class:`Skip` with the reason.
+When an implementation cannot run, its function raises :class:`Skip` with the reason.
+:mod:`moe_tutorial.perf.registry` names, labels and colours each implementation and points at
+these functions.
 """
 from __future__ import annotations
 
@@ -19,27 +21,6 @@ import torch
 
 from .. import runtime
 from ..shapes import ModelShape
-
-#: First-GEMM implementations, in the order tables list them.
-FIRST_IMPLS = ("loop", "indexing", "published", "naive", "sorted", "sorted+align",
-               "sorted-heuristic", "grouped_mm")
-#: Whole-layer implementations (``moe_layer``'s impls, plus the untuned sorted layer).
-LAYER_IMPLS = ("loop", "indexing", "naive", "sorted", "sorted-heuristic")
-#: What each name means, for ``--help``.
-IMPL_HELP = {
-    "loop": "Part 1, a Python loop over experts (one GEMM launch per expert; host syncs)",
-    "indexing": "Part 2, weight[topk_ids] then one broadcast matmul (skipped when its "
-                "[M, topk, N, K] intermediate would not fit)",
-    "published": "Part 3's kernel as the seed article published it (skipped where topk is not a "
-                 "power of two: it does not compile; 'wrong' on DeepSeek-V3, whose int32 offsets wrap)",
-    "naive": "Part 3's kernel, fixed (moe_tutorial.fused_moe_matmul)",
-    "sorted": "Part 4's kernel, the GEMM alone: align_block_size is run outside the timed region",
-    "sorted+align": "Part 4's kernel with align_block_size inside the timed region",
-    "sorted-heuristic": "Part 4's kernel with the untuned heuristic configuration (shows what "
-                        "`tune` gained; in the default list only where a tuned table exists)",
-    "grouped_mm": "torch._grouped_mm on x rows pre-sorted by expert (needs a GPU of sm90+ and bf16)",
-}
-
 
 #: Elements past which int32 offsets wrap.
 INT32_LIMIT = 2 ** 31
@@ -111,13 +92,13 @@ def _rotations(inp: Inputs, fn: Callable) -> list[Callable]:
 
 # ---------------------------------------------------------------- the first GEMM, [M, topk, N]
 
-def _first_loop(inp: Inputs) -> Prepared:
+def first_loop(inp: Inputs) -> Prepared:
     from ..loop import loop_moe_matmul
 
     return Prepared(_rotations(inp, lambda x, ids, _: loop_moe_matmul(x, inp.w13, ids)), graphable=False)
 
 
-def _first_indexing(inp: Inputs) -> Prepared:
+def first_indexing(inp: Inputs) -> Prepared:
     from ..indexing import expert_moe_matmul
 
     E, N, K = inp.w13.shape
@@ -125,7 +106,7 @@ def _first_indexing(inp: Inputs) -> Prepared:
     return Prepared(_rotations(inp, lambda x, ids, _: expert_moe_matmul(x, inp.w13, ids)))
 
 
-def _first_published(inp: Inputs) -> Prepared:
+def first_published(inp: Inputs) -> Prepared:
     try:
         from ..kernels.published_kernel import published_fused_moe_matmul
     except ImportError as e:
@@ -144,7 +125,7 @@ def _first_published(inp: Inputs) -> Prepared:
                     buffers=[out])
 
 
-def _first_naive(inp: Inputs) -> Prepared:
+def first_fused(inp: Inputs) -> Prepared:
     from ..kernels.fused_kernel import fused_moe_matmul
 
     out = inp.xs[0].new_empty(inp.M, inp.shape.topk, inp.w13.shape[1])
@@ -152,7 +133,7 @@ def _first_naive(inp: Inputs) -> Prepared:
                     buffers=[out])
 
 
-def _first_sorted(inp: Inputs, *, align_inside: bool = False, heuristic: bool = False) -> Prepared:
+def first_sorted(inp: Inputs, *, align_inside: bool = False, heuristic: bool = False) -> Prepared:
     from ..kernels.align import align_block_size
     from ..kernels.configs import get_config, heuristic_config
     from ..kernels.sorted_kernel import launch_sorted_gemm
@@ -202,7 +183,7 @@ def sort_rows_by_expert(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: in
     return x[order // topk].contiguous(), offs, order
 
 
-def _first_grouped_mm(inp: Inputs) -> Prepared:
+def first_grouped_mm(inp: Inputs) -> Prepared:
     reason = grouped_mm_support(inp.dtype)
     if reason:
         raise Skip(reason)
@@ -222,7 +203,7 @@ def _first_grouped_mm(inp: Inputs) -> Prepared:
 
 # ---------------------------------------------------------------- the whole layer, [M, K]
 
-def _layer(impl: str):
+def layer_of(impl: str):
     def prepare(inp: Inputs) -> Prepared:
         from ..layer import moe_layer
 
@@ -234,7 +215,7 @@ def _layer(impl: str):
     return prepare
 
 
-def _layer_sorted_heuristic(inp: Inputs) -> Prepared:
+def layer_sorted_heuristic(inp: Inputs) -> Prepared:
     from ..kernels.configs import heuristic_config
     from ..kernels.sorted_kernel import sorted_moe_layer
 
@@ -242,26 +223,3 @@ def _layer_sorted_heuristic(inp: Inputs) -> Prepared:
     configs = (heuristic_config(inp.M, s.topk, s.num_experts, "gated"),
                heuristic_config(inp.M, s.topk, s.num_experts, "down"))
     return Prepared(_rotations(inp, lambda x, ids, w: sorted_moe_layer(x, inp.w13, inp.w2, w, ids, configs=configs)))
-
-
-PREPARE = {
-    "first": {
-        "loop": _first_loop, "indexing": _first_indexing, "published": _first_published,
-        "naive": _first_naive, "sorted": _first_sorted,
-        "sorted+align": lambda inp: _first_sorted(inp, align_inside=True),
-        "sorted-heuristic": lambda inp: _first_sorted(inp, heuristic=True),
-        "grouped_mm": _first_grouped_mm,
-    },
-    "layer": {
-        "loop": _layer("loop"), "indexing": _layer("indexing"), "naive": _layer("naive"),
-        "sorted": _layer("sorted"), "sorted-heuristic": _layer_sorted_heuristic,
-    },
-}
-
-
-def prepare(gemm: str, impl: str, inp: Inputs) -> Prepared:
-    """The :class:`Prepared` calls of ``impl`` for ``gemm`` ("first" or "layer"); may raise Skip."""
-    builder = PREPARE.get(gemm, {}).get(impl)
-    if builder is None:
-        raise ValueError(f"impl: {impl!r} has no {gemm!r} variant")
-    return builder(inp)

@@ -4,11 +4,11 @@ The bench prints them at the end of a run and notebooks 03 to 05 print them from
 results. Rows are dicts with :data:`moe_tutorial.perf.results.FIELDS` keys (as ``load_rows`` gives).
 A cell reads "wrong" where the result failed its check and "-" where the case was skipped.
 Tables name implementations as the CSV does; pass ``labels`` (e.g.
-:data:`moe_tutorial.figures.style.IMPL_LABELS`) for the series' words.
+:data:`moe_tutorial.perf.registry.LABELS`) for the series' words.
 """
 from __future__ import annotations
 
-from .impls import FIRST_IMPLS, LAYER_IMPLS
+from .registry import FIRST_IMPLS, LAYER_IMPLS
 from ..shapes import MODEL_SHAPES
 from .traffic import geomean
 
@@ -139,7 +139,7 @@ def floor_geomeans(rows: list[dict], gemm: str = "first", *, dtype: str | None =
 
 def geomean_table(rows: list[dict], gemm: str = "first", *, dtype: str | None = None,
                   labels: dict | None = None) -> str:
-    """DESIGN.md's table: one line per implementation, :func:`floor_geomeans` per model.
+    """The headline table: one line per implementation, :func:`floor_geomeans` per model.
 
     A cell that counts only some of the M reads e.g. "0.10 (3/7 M)". ``labels`` maps an
     implementation to the name its line shows.
@@ -159,7 +159,7 @@ def geomean_table(rows: list[dict], gemm: str = "first", *, dtype: str | None = 
     return format_table([gemm_title(gemm)] + names, body)
 
 
-def best_tflops(rows: list[dict], impl: str = "naive", gemm: str = "first") -> dict[str, float]:
+def best_tflops(rows: list[dict], impl: str = "fused", gemm: str = "first") -> dict[str, float]:
     """``{model: the highest TFLOP/s impl reached at any M}`` over rows that timed correctly."""
     best: dict[str, float] = {}
     for r in subset(rows, gemm, impls=(impl,)):

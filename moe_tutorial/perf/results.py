@@ -13,7 +13,7 @@ DATA_DIR = Path(__file__).parent.parent / "data"
 H200_RESULTS = DATA_DIR / "h200_bench.csv"
 
 #: Columns, in order. ``gemm`` is "first" (the [M, topk, N] GEMM) or "layer" (the whole
-#: layer); ``impl`` is loop, indexing, published, naive, sorted or grouped_mm; ``status`` is
+#: layer); ``impl`` is a name from :mod:`moe_tutorial.perf.registry`; ``status`` is
 #: "ok", "wrong" (failed the correctness check) or "skipped: <reason>"; times in ms.
 FIELDS = [
     "gpu", "driver", "torch", "triton", "date",

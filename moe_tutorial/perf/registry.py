@@ -1,0 +1,104 @@
+"""Every implementation the series measures, in one table: its name, how readers see it, how to run it.
+
+One :class:`Implementation` per row. ``name`` is what CSV files, the ``bench --impls`` option and
+(for the four layers) ``moe_layer(impl=...)`` call it; ``label`` is what figures and tables show
+readers; ``first`` and ``layer`` prepare the timed calls (:mod:`moe_tutorial.perf.impls`). To add
+an implementation, write its ``first_*`` / ``layer_*`` functions there and add one row here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from . import impls
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """One implementation of the first GEMM and/or the whole layer."""
+
+    name: str
+    label: str
+    color: str
+    help: str
+    first: Callable | None = None       # Inputs -> Prepared, for the [M, topk, N] GEMM
+    layer: Callable | None = None       # Inputs -> Prepared, for the whole layer
+    linestyle: str = "-"
+
+    def prepare(self, gemm: str, inp):
+        """The :class:`moe_tutorial.perf.impls.Prepared` calls for ``gemm`` ("first" or "layer")."""
+        builder = self.first if gemm == "first" else self.layer if gemm == "layer" else None
+        if builder is None:
+            raise ValueError(f"impl: {self.name!r} has no {gemm!r} variant")
+        return builder(inp)
+
+    @property
+    def style(self) -> dict:
+        """``plot`` keywords: colour, line style and label."""
+        return {"color": self.color, "ls": self.linestyle, "label": self.label}
+
+
+IMPLEMENTATIONS: tuple[Implementation, ...] = (
+    Implementation(
+        "loop", "Part 1, loop", "#9c755f",
+        "Part 1, a Python loop over experts (one GEMM launch per expert; host syncs)",
+        first=impls.first_loop, layer=impls.layer_of("loop")),
+    Implementation(
+        "indexing", "Part 2, indexing", "#e15759",
+        "Part 2, weight[topk_ids] then one broadcast matmul (skipped when its [M, topk, N, K] "
+        "intermediate would not fit)",
+        first=impls.first_indexing, layer=impls.layer_of("indexing")),
+    Implementation(
+        "published", "Part 3, as published", "#bab0ac",
+        "Part 3's kernel as the seed article published it (skipped where topk is not a power of two: it "
+        "does not compile; 'wrong' on DeepSeek-V3, whose int32 offsets wrap)",
+        first=impls.first_published),
+    Implementation(
+        "fused", "Part 3, fixed", "#f28e2b",
+        "Part 3's kernel with the article's faults fixed (moe_tutorial.fused_moe_matmul)",
+        first=impls.first_fused, layer=impls.layer_of("fused")),
+    Implementation(
+        "sorted", "Part 4, tuned", "#4e79a7",
+        "Part 4's kernel with the tuned table, the GEMM alone: align_block_size runs outside the timed region",
+        first=impls.first_sorted, layer=impls.layer_of("sorted")),
+    Implementation(
+        "sorted+align", "Part 4, tuned, alignment timed", "#b07aa1",
+        "Part 4's kernel with align_block_size inside the timed region",
+        first=lambda inp: impls.first_sorted(inp, align_inside=True), linestyle=":"),
+    Implementation(
+        "sorted-heuristic", "Part 4, heuristic only", "#76b7b2",
+        "Part 4's kernel with the untuned heuristic configuration (shows what `tune` gained; in the "
+        "default list only where a tuned table exists)",
+        first=lambda inp: impls.first_sorted(inp, heuristic=True), layer=impls.layer_sorted_heuristic,
+        linestyle="--"),
+    Implementation(
+        "grouped_mm", "torch._grouped_mm", "#59a14f",
+        "torch._grouped_mm on x rows pre-sorted by expert (needs a GPU of sm90+ and bf16)",
+        first=impls.first_grouped_mm),
+)
+
+BY_NAME: dict[str, Implementation] = {impl.name: impl for impl in IMPLEMENTATIONS}
+#: Names with a first-GEMM variant, in the series' order.
+FIRST_IMPLS: tuple[str, ...] = tuple(i.name for i in IMPLEMENTATIONS if i.first is not None)
+#: Names with a whole-layer variant, in the series' order.
+LAYER_IMPLS: tuple[str, ...] = tuple(i.name for i in IMPLEMENTATIONS if i.layer is not None)
+#: Reader-facing label of each name (tables take it as ``labels=``).
+LABELS: dict[str, str] = {i.name: i.label for i in IMPLEMENTATIONS}
+
+
+def get(name: str) -> Implementation:
+    """The implementation called ``name``; ValueError lists the known names."""
+    if name not in BY_NAME:
+        raise ValueError(f"impl: expected one of {', '.join(BY_NAME)}, got {name!r}")
+    return BY_NAME[name]
+
+
+def prepare(gemm: str, name: str, inp):
+    """The prepared calls of implementation ``name`` for ``gemm``; may raise ``impls.Skip``."""
+    return get(name).prepare(gemm, inp)
+
+
+def style(name: str) -> dict:
+    """``plot`` keywords of an implementation; an unknown name gets grey and its own name."""
+    impl = BY_NAME.get(name)
+    return impl.style if impl else {"color": "#555555", "ls": "-", "label": name}
