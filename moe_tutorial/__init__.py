@@ -7,15 +7,19 @@ from . import runtime  # noqa: I001  (must come before any kernel module)
 
 runtime.announce()
 
-from .routing import route  # noqa: E402
-from .loop import loop_moe_matmul, loop_moe_layer  # noqa: E402
-from .indexing import expert_moe_matmul, intermediate_bytes  # noqa: E402
-from .kernels.fused_kernel import fused_moe_kernel, fused_moe_matmul  # noqa: E402
-from .kernels.align import align_block_size  # noqa: E402
-from .kernels.sorted_kernel import sorted_moe_kernel, sorted_moe_matmul, sorted_moe_layer  # noqa: E402
-from .layer import moe_layer  # noqa: E402
-from .reference import reference_moe_layer, reference_moe_matmul, rel_error  # noqa: E402
 from .examples import worked_example  # noqa: E402
+from .indexing import expert_moe_matmul, intermediate_bytes  # noqa: E402
+from .kernels.align import align_block_size  # noqa: E402
+from .kernels.fused_kernel import fused_moe_kernel, fused_moe_matmul  # noqa: E402
+from .kernels.sorted_kernel import (  # noqa: E402
+    sorted_moe_kernel,
+    sorted_moe_layer,
+    sorted_moe_matmul,
+)
+from .layer import moe_layer  # noqa: E402
+from .loop import loop_moe_layer, loop_moe_matmul  # noqa: E402
+from .reference import reference_moe_layer, reference_moe_matmul, rel_error  # noqa: E402
+from .routing import route  # noqa: E402
 from .shapes import MODEL_SHAPES, ModelShape, get_shape, random_problem  # noqa: E402
 
 __all__ = [

@@ -36,7 +36,8 @@ def check_matmul_inputs(x, weight, topk_ids, *, kernel: bool = False,
     M, K = x.shape
     E, N, Kw = weight.shape
     if Kw != K:
-        _fail(ValueError, weight_name, f"last dim equal to x's K={K} ({weight_name} is [E, N, K])", f"shape {tuple(weight.shape)}")
+        _fail(ValueError, weight_name, f"last dim equal to x's K={K} ({weight_name} is [E, N, K])",
+              f"shape {tuple(weight.shape)}")
     if topk_ids.shape[0] != M:
         _fail(ValueError, "topk_ids", f"{M} rows, one per token of x", f"shape {tuple(topk_ids.shape)}")
     topk = topk_ids.shape[1]
@@ -81,7 +82,8 @@ def check_topk_weights(topk_weights, topk_ids) -> None:
     """Router weights ``[M, topk]`` float on topk_ids' device."""
     check_tensor("topk_weights", topk_weights, 2)
     if topk_weights.shape != topk_ids.shape:
-        _fail(ValueError, "topk_weights", f"topk_ids' shape {tuple(topk_ids.shape)}", f"shape {tuple(topk_weights.shape)}")
+        _fail(ValueError, "topk_weights", f"topk_ids' shape {tuple(topk_ids.shape)}",
+              f"shape {tuple(topk_weights.shape)}")
     if not topk_weights.is_floating_point():
         _fail(TypeError, "topk_weights", "a floating-point dtype", topk_weights.dtype)
     if topk_weights.device != topk_ids.device:
@@ -114,5 +116,6 @@ def check_out(out, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
     if not isinstance(out, torch.Tensor):
         _fail(TypeError, "out", "a torch.Tensor", type(out).__name__)
     if tuple(out.shape) != tuple(shape) or out.dtype != dtype:
-        _fail(ValueError, "out", f"shape {tuple(shape)} and dtype {dtype}", f"shape {tuple(out.shape)} and dtype {out.dtype}")
+        _fail(ValueError, "out", f"shape {tuple(shape)} and dtype {dtype}",
+              f"shape {tuple(out.shape)} and dtype {out.dtype}")
     return out

@@ -54,13 +54,15 @@ def get_shape(name: str) -> ModelShape:
     raise ValueError(f"model: expected one of {', '.join(MODEL_SHAPES)}, got {name!r}")
 
 
-def random_topk_ids(M: int, num_experts: int, topk: int, *, generator=None, device="cpu", dtype=torch.int32) -> torch.Tensor:
+def random_topk_ids(M: int, num_experts: int, topk: int, *, generator=None, device="cpu",
+                    dtype=torch.int32) -> torch.Tensor:
     """``[M, topk]`` ids, distinct within each row, uniformly spread over experts."""
     scores = torch.rand(M, num_experts, generator=generator, device="cpu")
     return scores.topk(topk, dim=1).indices.to(device=device, dtype=dtype)
 
 
-def random_problem(M: int, N: int, K: int, num_experts: int, topk: int, *, dtype=torch.float32, device="cpu", seed: int = 0, scale: float | None = None):
+def random_problem(M: int, N: int, K: int, num_experts: int, topk: int, *, dtype=torch.float32, device="cpu",
+                   seed: int = 0, scale: float | None = None):
     """Random first-GEMM inputs ``(x [M, K], weight [E, N, K], topk_ids [M, topk] int32)``.
 
     Values are ~N(0, 1) for x and scaled by ``1/sqrt(K)`` for the weights so outputs stay O(1).

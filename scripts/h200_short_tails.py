@@ -9,13 +9,13 @@ import csv
 import dataclasses
 import sys
 
-import torch
-
-from moe_tutorial.perf import bench, timing
 from moe_tutorial.kernels.configs import get_config
+from moe_tutorial.perf import bench, timing
+from moe_tutorial.perf.tuning import _Problem
 from moe_tutorial.reference import rel_error
 from moe_tutorial.shapes import MODEL_SHAPES
-from moe_tutorial.perf.tuning import _Problem
+
+import torch
 
 PROBLEMS = [("plain", 1024), ("plain", 4096), ("plain", 16384), ("gated", 4096), ("down", 4096)]
 

@@ -8,11 +8,11 @@ the SM clock, cold and after heating.
 import subprocess
 import time
 
-import torch
-
 from moe_tutorial.perf import bench, timing
 from moe_tutorial.perf.impls import prepare
 from moe_tutorial.shapes import MODEL_SHAPES
+
+import torch
 
 
 def sm_clock() -> str:
@@ -40,7 +40,8 @@ def main() -> None:
         ceil = timing.measure_ceilings(torch.bfloat16, copy_bytes=1 << 30)
         ms = timing._cudagraph_ms(sorted_call)
         flops = 2 * M * shape.topk * 2 * shape.intermediate * shape.hidden
-        print(f"{state:9s} {ceil.matmul_tflops:8.0f} {ms:10.3f} {flops / ms / 1e9 / ceil.matmul_tflops:12.2f}   {clock}")
+        share = flops / ms / 1e9 / ceil.matmul_tflops
+        print(f"{state:9s} {ceil.matmul_tflops:8.0f} {ms:10.3f} {share:12.2f}   {clock}")
 
 
 if __name__ == "__main__":

@@ -7,10 +7,10 @@ import torch
 
 matplotlib.use("Agg")   # figures render off-screen, the same on every machine
 
-import matplotlib.pyplot as plt  # noqa: E402
-
 from moe_tutorial import runtime
 from moe_tutorial.examples import worked_example
+
+import matplotlib.pyplot as plt  # noqa: E402
 
 
 @pytest.fixture

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-import nbformat
-
 import moe_tutorial
 from moe_tutorial.exercises import EXERCISES
+
+import nbformat
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks" / "exercises"
 _DIR = Path(tempfile.mkdtemp(prefix="moe_exercise_mutants_"))

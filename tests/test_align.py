@@ -5,12 +5,12 @@ compared as sets.
 """
 from __future__ import annotations
 
-import pytest
-import torch
-
 from moe_tutorial import align_block_size, runtime
 from moe_tutorial.kernels.align import max_padded_rows
 from moe_tutorial.shapes import random_topk_ids
+
+import pytest
+import torch
 
 DEVICE = runtime.DEVICE
 needs_gpu = pytest.mark.skipif(not runtime.ON_GPU, reason="needs a CUDA GPU")

@@ -2,14 +2,15 @@
 import dataclasses
 import math
 
-import pytest
-import torch
-
 from moe_tutorial import runtime
 from moe_tutorial.kernels import sorted_kernel
-from moe_tutorial.perf import bench, impls as bench_impls, registry, timing
+from moe_tutorial.perf import bench, registry, timing
+from moe_tutorial.perf import impls as bench_impls
 from moe_tutorial.reference import reference_moe_layer, reference_moe_matmul, rel_error
 from moe_tutorial.shapes import ModelShape
+
+import pytest
+import torch
 
 SHAPE = ModelShape("custom", num_experts=6, topk=2, hidden=32, intermediate=16)
 
@@ -193,7 +194,8 @@ def test_failing_implementation_does_not_end_the_sweep(monkeypatch, tmp_path):
     rows = bench.run_bench(plan, csv_path=tmp_path / "b.csv", progress=False, log=lambda s: None,
                            ceilings=timing.Ceilings(1.0, 1.0))
     assert [(r["impl"], r["M"], r["status"][:20]) for r in rows] == [
-        ("fused", 1, "skipped: error: Runt"), ("loop", 1, "ok"), ("fused", 2, "skipped: error: Runt"), ("loop", 2, "ok")]
+        ("fused", 1, "skipped: error: Runt"), ("loop", 1, "ok"),
+        ("fused", 2, "skipped: error: Runt"), ("loop", 2, "ok")]
     assert rows[0]["status"] == "skipped: error: RuntimeError: CUDA error: out of memory"
     assert (tmp_path / "b.csv").exists()
 

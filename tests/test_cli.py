@@ -4,15 +4,15 @@ import math
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
-
-import pytest
 
 from moe_tutorial import runtime
 from moe_tutorial.perf import cli, results
 from moe_tutorial.perf.bench import INTERPRETER_NOTE
 from moe_tutorial.perf.registry import FIRST_IMPLS, LAYER_IMPLS
+
+import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = ("published", "fused", "sorted", "sorted+align")
@@ -156,23 +156,24 @@ def test_module_main_returns_zero_after_a_tiny_run(tmp_path, capsys):
                      "--impls", "loop,sorted", "--gemm", "first", "--out", str(tmp_path), "--no-progress"])
     assert code == 0
     rows = results.load_rows(tmp_path / "bench.csv")
-    assert [(r["model"], r["impl"], r["status"]) for r in rows] == [("custom", "loop", "ok"), ("custom", "sorted", "ok")]
+    assert [(r["model"], r["impl"], r["status"]) for r in rows] == [("custom", "loop", "ok"),
+                                                                     ("custom", "sorted", "ok")]
     assert "custom" in capsys.readouterr().out
 
 
 def test_tune_command_wiring_on_a_pretend_gpu(monkeypatch, tmp_path, capsys):
     """What `tune` passes to the tuner and prints, with the GPU and the search stubbed out."""
-    import torch
-
-    from moe_tutorial.perf import tuning
     from moe_tutorial.kernels.configs import KernelConfig
+    from moe_tutorial.perf import tuning
+
+    import torch
 
     seen = {}
 
     def fake_tune(shape, batch_sizes, variants, dtype, *, out, max_minutes, seed):
         seen.update(shape=shape.name, batch_sizes=batch_sizes, variants=variants, dtype=dtype, out=out,
                     max_minutes=max_minutes)
-        c = KernelConfig(16, 64, 128, 1, 4, 3)
+        c = KernelConfig(block_m=16, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=3)
         return [tuning.TuneResult("plain", 1, "key", c, 2.0, c, 1.0, 3, 0)]
     monkeypatch.setattr(runtime, "ON_GPU", True)
     monkeypatch.setattr(tuning, "tune", fake_tune)

@@ -10,16 +10,20 @@ import subprocess
 import sys
 from pathlib import Path
 
-import nbformat
-import pytest
-import torch
-
 import moe_tutorial
 import moe_tutorial.exercises as exercises
 from moe_tutorial import runtime
 from moe_tutorial.exercises import EXERCISES
-from moe_tutorial.exercises.guard import OutOfBounds, find_out_of_bounds, memory_guard, poisoned_allocations
+from moe_tutorial.exercises.guard import (
+    OutOfBounds,
+    find_out_of_bounds,
+    memory_guard,
+    poisoned_allocations,
+)
 
+import nbformat
+import pytest
+import torch
 from exercise_mutants import MUTANTS, NOTEBOOKS, PACKAGE_ANSWERS, solutions, stubs
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,13 +4,12 @@ The GPU results Part 4 shows are drawn by ``figures.perf``: tests/test_bench_rep
 """
 from __future__ import annotations
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
 from moe_tutorial import align_block_size, runtime  # noqa: E402
 from moe_tutorial.figures import part4  # noqa: E402
 
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 
 @pytest.mark.parametrize("num_pid_m,num_pid_n,group_m", [(1, 1, 1), (5, 4, 2), (7, 3, 4), (8, 12, 8), (3, 5, 8)])

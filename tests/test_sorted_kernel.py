@@ -7,18 +7,26 @@ from __future__ import annotations
 
 import dataclasses
 
-import pytest
-import torch
-
 from moe_tutorial import (
-    align_block_size, moe_layer, reference_moe_layer, reference_moe_matmul, rel_error, route, runtime,
-    sorted_moe_layer, sorted_moe_matmul, worked_example,
+    align_block_size,
+    moe_layer,
+    reference_moe_layer,
+    reference_moe_matmul,
+    rel_error,
+    route,
+    runtime,
+    sorted_moe_layer,
+    sorted_moe_matmul,
+    worked_example,
 )
 from moe_tutorial.kernels.configs import KernelConfig, get_config
+from moe_tutorial.kernels.sorted_kernel import launch_sorted_gemm
 from moe_tutorial.mixtral_block import MixtralSparseMoeBlock, pack_weights
 from moe_tutorial.reference import tolerance
 from moe_tutorial.shapes import MODEL_SHAPES, random_problem, random_topk_ids
-from moe_tutorial.kernels.sorted_kernel import launch_sorted_gemm
+
+import pytest
+import torch
 
 DEVICE = runtime.DEVICE
 FP32_TOL = tolerance(torch.float32)
@@ -102,7 +110,8 @@ def test_short_tails_match_full_tiles(topk):
     ref = reference_moe_matmul(x, weight, ids) * w.double()[..., None]
     outs = []
     for short in (False, True):
-        config = KernelConfig(32, 16, 16, 4, 4, 2, short_tails=short)
+        config = KernelConfig(block_m=32, block_n=16, block_k=16, group_m=4, num_warps=4, num_stages=2,
+                              short_tails=short)
         outs.append(sorted_moe_matmul(x, weight, ids, w, config=config))
         assert rel_error(outs[-1], ref) < FP32_TOL, short
     assert rel_error(outs[0], outs[1]) < 1e-6
@@ -116,7 +125,7 @@ def test_short_tails_in_the_layer():
     w = torch.rand(M, 2, generator=torch.Generator().manual_seed(5)).to(DEVICE)
     ref = reference_moe_layer(x, w13, w2, w, ids)
     for short in (False, True):
-        cfg = KernelConfig(32, 16, 16, 4, 4, 2, short_tails=short)
+        cfg = KernelConfig(block_m=32, block_n=16, block_k=16, group_m=4, num_warps=4, num_stages=2, short_tails=short)
         assert rel_error(sorted_moe_layer(x, w13, w2, w, ids, configs=(cfg, cfg)), ref) < FP32_TOL, short
 
 
@@ -134,7 +143,7 @@ def test_use_tma_config(M, N, K, E, topk):
     """``use_tma`` takes the tensor-descriptor path on Hopper when K's rows are 16-byte
     aligned (K = 64) and falls back to pointer loads otherwise (K = 45, or no GPU)."""
     x, weight, ids = random_problem(M, N, K, E, topk, device=DEVICE, seed=K)
-    config = KernelConfig(16, 32, 32, 1, use_tma=True)
+    config = KernelConfig(block_m=16, block_n=32, block_k=32, group_m=1, use_tma=True)
     topk_weights = torch.rand(M, topk, generator=torch.Generator().manual_seed(3)).to(DEVICE)
     out = sorted_moe_matmul(x, weight, ids, topk_weights, config=config)
     ref = reference_moe_matmul(x, weight, ids) * topk_weights.double()[..., None]
@@ -418,9 +427,9 @@ def test_small_shapes_on_gpu(M, N, K, E, topk, dtype):
 
 def test_launch_shrinks_a_config_that_does_not_fit(monkeypatch):
     """A table tuned on an H200 can ask for more shared memory than a smaller GPU has."""
-    from triton.runtime.errors import OutOfResources
-
     import moe_tutorial.kernels.sorted_kernel as sk
+
+    from triton.runtime.errors import OutOfResources
 
     tried = []
 
@@ -431,7 +440,7 @@ def test_launch_shrinks_a_config_that_does_not_fit(monkeypatch):
 
     monkeypatch.setattr(sk, "_launch", lambda *a, **k: fake_launch(*a[:-1], config=a[-1], **k))
     monkeypatch.setattr(sk, "_FITTED", {})
-    big = KernelConfig(16, 128, 256, 8, 4, 4)
+    big = KernelConfig(block_m=16, block_n=128, block_k=256, group_m=8, num_warps=4, num_stages=4)
     a = torch.empty(0, 8)
     sk.launch_sorted_gemm(a, None, None, None, None, 0, 1, big)
     assert [(c.num_stages, c.block_k) for c in tried] == [(4, 256), (3, 256), (2, 256), (2, 128), (2, 64)]

@@ -3,14 +3,19 @@ import itertools
 import json
 import random
 
-import pytest
-import torch
-
 from moe_tutorial import runtime
 from moe_tutorial.kernels import configs
+from moe_tutorial.kernels.configs import (
+    KernelConfig,
+    get_config,
+    heuristic_config,
+    problem_key,
+)
 from moe_tutorial.perf import tuning
-from moe_tutorial.kernels.configs import KernelConfig, get_config, heuristic_config, problem_key
 from moe_tutorial.shapes import MODEL_SHAPES, ModelShape
+
+import pytest
+import torch
 
 TINY = ModelShape("custom", num_experts=8, topk=2, hidden=64, intermediate=32)
 
@@ -97,8 +102,8 @@ def _result(variant, M, config, key=None):
 def test_tables_merge_without_losing_entries(tmp_path):
     path = tmp_path / "t.json"
     assert tuning.read_table(path) == {}
-    a = KernelConfig(32, 64, 64, 1, 4, 3)
-    b = KernelConfig(64, 128, 64, 8, 8, 4)
+    a = KernelConfig(block_m=32, block_n=64, block_k=64, group_m=1, num_warps=4, num_stages=3)
+    b = KernelConfig(block_m=64, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=4)
     tuning.save_results([_result("plain", 1, a), _result("plain", 64, a)], path, gpu="GPU A")
     tuning.save_results([_result("plain", 64, b), _result("down", 64, b)], path, gpu="GPU A")
     tuning.save_results([_result("plain", 1, b)], path, gpu="GPU B")
@@ -126,7 +131,8 @@ def test_get_config_picks_the_written_table(pretend_gpu):
     s = MODEL_SHAPES["Qwen3-30B-A3B"]
     N, K = tuning.problem_dims(s, "gated")
     key = problem_key(s.num_experts, N, K, s.topk, torch.bfloat16, "gated")
-    small, large = KernelConfig(16, 32, 256, 1, 4, 5), KernelConfig(128, 128, 64, 8, 8, 3)
+    small = KernelConfig(block_m=16, block_n=32, block_k=256, group_m=1, num_warps=4, num_stages=5)
+    large = KernelConfig(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)
     assert get_config(64, s.num_experts, N, K, s.topk, torch.bfloat16, "gated") == \
         heuristic_config(64, s.topk, s.num_experts, "gated")
     path = tuning.save_results([_result("gated", 1, small, key), _result("gated", 4096, large, key)])
@@ -150,7 +156,8 @@ def test_search_keeps_only_correct_candidates_and_saves_the_fastest(pretend_gpu,
     """The whole search in the interpreter, with a fake clock: later candidates are 'faster'."""
     counter = itertools.count()
     fake_ms = lambda fn: 10.0 / (1 + next(counter))          # noqa: E731
-    rejected = KernelConfig(16, 32, 64, 1, 8, 2)   # tried in stage 2 around the 16x32x64 tile
+    # tried in stage 2 around the 16x32x64 tile
+    rejected = KernelConfig(block_m=16, block_n=32, block_k=64, group_m=1, num_warps=8, num_stages=2)
     real_run = tuning._Problem.run_checked
 
     def run_checked(self, config):

@@ -7,9 +7,24 @@ It never raises, so an exercise notebook full of stubs still runs top to bottom.
 """
 from .catalog import EXERCISES, Exercise, for_part
 from .part1 import check_expert_pairs, check_loop_layer, check_loop_matmul, check_route
-from .part2 import check_indexing_layer, check_indexing_matmul, check_intermediate_bytes, check_select_weights
-from .part3 import check_fused_any_topk, check_fused_columns, check_fused_int64, check_fused_matmul
-from .part4 import check_align, check_grouped_pid, check_router_epilogue, check_sorted_matmul
+from .part2 import (
+    check_indexing_layer,
+    check_indexing_matmul,
+    check_intermediate_bytes,
+    check_select_weights,
+)
+from .part3 import (
+    check_fused_any_topk,
+    check_fused_columns,
+    check_fused_int64,
+    check_fused_matmul,
+)
+from .part4 import (
+    check_align,
+    check_grouped_pid,
+    check_router_epilogue,
+    check_sorted_matmul,
+)
 
 __all__ = [
     "EXERCISES", "Exercise", "for_part",

@@ -6,12 +6,12 @@ from collections import Counter
 import torch
 
 from .. import runtime
+from ..figures.part4 import pid_to_tile  # the kernel's grouped order, in Python
 from ..shapes import random_topk_ids
 from .common import check_first_gemm_fn, hint_by_name, kernel_tolerance
 from .diagnose import ranges
 from .feedback import Fail, call_student, on, run_check
 from .problems import kernel_problems, random_first_gemm
-from ..figures.part4 import pid_to_tile  # the kernel's grouped order, in Python
 
 
 # --------------------------------------------------------------------------- 4.1

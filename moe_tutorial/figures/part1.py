@@ -10,7 +10,7 @@ import torch
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
 
 from .cells import cell
-from .style import impl_color, expert_color
+from .style import expert_color, impl_color
 
 _GREY = "#d9d9d9"
 

@@ -11,7 +11,7 @@ from matplotlib.patches import FancyArrowPatch, Rectangle
 
 from .cells import cell
 from .part1 import _box
-from .style import impl_color, expert_color
+from .style import expert_color, impl_color
 
 #: HBM of one H200, the GPU the series measures on (141 GB).
 H200_MEMORY_BYTES = 141e9

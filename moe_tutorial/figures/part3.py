@@ -19,7 +19,7 @@ from matplotlib.patches import Rectangle
 from ..perf import traffic
 from ..shapes import BATCH_SIZES, HEADLINE_MODELS, get_shape
 from .cells import cell
-from .style import impl_color, PADDING_COLOR, expert_color, m_axis
+from .style import PADDING_COLOR, expert_color, impl_color, m_axis
 
 #: Colours of a program's slots (topk_idx 0, 1, ...): greys and blues, so they never read as experts.
 SLOT_COLORS = ["#c6dbef", "#9ecae1", "#6baed6", "#4292c6", "#2171b5", "#08519c", "#08306b", "#041f45"]
@@ -346,7 +346,8 @@ def draw_dot_padding(block_n: int = 16, block_k: int = 16, min_dim: int = 16, *,
         rates.append(min(matmul_tflops, traffic.arithmetic_intensity(nbytes, flops) * copy_tbps))
     ax_r.plot(bms, rates, marker="o", color=impl_color("sorted"), label="attainable (tile loads from HBM)")
     ax_r.axhline(matmul_tflops, ls="--", color="black", lw=1.0, label=f"bf16 matmul {matmul_tflops:g} TFLOP/s")
-    ax_r.scatter([1], [rates[0]], s=80, color=impl_color("fused"), zorder=5, label=f"BLOCK_M = 1: {rates[0]:.1f} TFLOP/s")
+    ax_r.scatter([1], [rates[0]], s=80, color=impl_color("fused"), zorder=5,
+                 label=f"BLOCK_M = 1: {rates[0]:.1f} TFLOP/s")
     ax_r.set_xscale("log", base=2)
     ax_r.set_yscale("log")
     ax_r.set_xlabel("BLOCK_M (token rows sharing each weight tile)")

@@ -138,7 +138,8 @@ def plot_pid_order(expert_ids, num_pid_n: int, group_ms=(1, 4), wave: int = 8):
     """
     experts = [int(e) for e in expert_ids]
     num_pid_m = len(experts)
-    fig, axes = plt.subplots(1, len(group_ms), figsize=((0.3 * num_pid_n + 1.2) * len(group_ms), 0.34 * num_pid_m + 1.8),
+    figsize = ((0.3 * num_pid_n + 1.2) * len(group_ms), 0.34 * num_pid_m + 1.8)
+    fig, axes = plt.subplots(1, len(group_ms), figsize=figsize,
                              squeeze=False)
     for ax, g in zip(axes[0], group_ms):
         pids = tile_pids(num_pid_m, num_pid_n, g)
@@ -159,7 +160,8 @@ def plot_pid_order(expert_ids, num_pid_n: int, group_ms=(1, 4), wave: int = 8):
         ax.set_xlabel("pid_n (BLOCK_N slice of the output)")
         ax.tick_params(length=0)
         ax.set_title(f"GROUP_M = {g}{' (row-major)' if g == 1 else ''}\n"
-                     f"programs run {wave} at a time:\n{a_loads} x blocks + {b_loads} weight tiles = {a_loads + b_loads} loads",
+                     f"programs run {wave} at a time:\n"
+                     f"{a_loads} x blocks + {b_loads} weight tiles = {a_loads + b_loads} loads",
                      fontsize=9)
     axes[0][0].set_ylabel("pid_m: expert of the block")
     fig.tight_layout()

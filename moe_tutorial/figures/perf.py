@@ -11,9 +11,16 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from ..perf import traffic
-from ..perf.report import batch_sizes, gemm_title, impl_order, is_ok, model_order, subset
-from ..shapes import BATCH_SIZES, ModelShape
+from ..perf.report import (
+    batch_sizes,
+    gemm_title,
+    impl_order,
+    is_ok,
+    model_order,
+    subset,
+)
 from ..perf.traffic import H200_COPY_TBPS, H200_MATMUL_TFLOPS
+from ..shapes import BATCH_SIZES, ModelShape
 from .style import WRONG_COLOR, impl_style, m_axis
 
 

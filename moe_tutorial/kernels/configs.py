@@ -18,7 +18,7 @@ import torch
 from .. import runtime
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class KernelConfig:
     """Launch parameters of :func:`moe_tutorial.kernels.sorted_kernel.sorted_moe_kernel`."""
 
@@ -113,16 +113,16 @@ def heuristic_config(M: int, topk: int, E: int, variant: str = "plain", itemsize
     """
     rows_per_expert = max(1, M * topk // E)
     if rows_per_expert <= 4:
-        cfg = KernelConfig(16, 128, 256, 8, 4, 3, True)
+        cfg = KernelConfig(block_m=16, block_n=128, block_k=256, group_m=8, num_warps=4, num_stages=3, use_tma=True)
     elif rows_per_expert <= 32:
-        cfg = KernelConfig(32, 128, 128, 8, 4, 3, False)
+        cfg = KernelConfig(block_m=32, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=3, use_tma=False)
     elif rows_per_expert < 128:
-        cfg = KernelConfig(64, 128, 64, 8, 4, 3, False)
+        cfg = KernelConfig(block_m=64, block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=3, use_tma=False)
     elif variant == "gated":
         # Two accumulators: a 128x256 pair spills registers (6x slower on the H200).
-        cfg = KernelConfig(128, 128, 64, 8, 8, 4, False)
+        cfg = KernelConfig(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=4, use_tma=False)
     else:
-        cfg = KernelConfig(128, 256, 64, 8, 8, 3, True)
+        cfg = KernelConfig(block_m=128, block_n=256, block_k=64, group_m=8, num_warps=8, num_stages=3, use_tma=True)
     gated = variant == "gated"
     while smem_bytes(cfg, gated, itemsize) > limit and shrink(cfg) is not None:
         cfg = shrink(cfg)

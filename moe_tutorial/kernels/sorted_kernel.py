@@ -12,9 +12,14 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-from .align import align_block_size
 from .. import runtime
-from ..checks import check_kernel_dtype, check_layer_inputs, check_matmul_inputs, check_topk_weights
+from ..checks import (
+    check_kernel_dtype,
+    check_layer_inputs,
+    check_matmul_inputs,
+    check_topk_weights,
+)
+from .align import align_block_size
 from .configs import KernelConfig, get_config, shrink
 
 

@@ -18,14 +18,22 @@ from typing import Callable
 import torch
 
 from .. import runtime
+from ..reference import reference_moe_layer, reference_moe_matmul, rel_error, tolerance
+from ..routing import route
+from ..shapes import BATCH_SIZES, HEADLINE_MODELS, ModelShape, get_shape
 from . import traffic
 from .impls import INT32_LIMIT, Inputs, Skip
 from .registry import FIRST_IMPLS, LAYER_IMPLS, prepare
-from ..reference import reference_moe_layer, reference_moe_matmul, rel_error, tolerance
 from .results import write_rows
-from ..routing import route
-from ..shapes import BATCH_SIZES, HEADLINE_MODELS, ModelShape, get_shape
-from .timing import SLOW_CALL_TIMER, Ceilings, TooSlow, cycle, machine_info, measure_ceilings, measure_ms
+from .timing import (
+    SLOW_CALL_TIMER,
+    Ceilings,
+    TooSlow,
+    cycle,
+    machine_info,
+    measure_ceilings,
+    measure_ms,
+)
 
 GEMMS = ("first", "layer")
 GPU_QUICK = (("Qwen3-30B-A3B",), (1, 64, 4096))

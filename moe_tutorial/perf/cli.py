@@ -98,10 +98,9 @@ def _text(template: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..shapes import BATCH_SIZES, HEADLINE_MODELS
+    from ..shapes import BATCH_SIZES, HEADLINE_MODELS, MODEL_SHAPES
     from .bench import CPU_BATCH_SIZES, CPU_SHAPE, GEMMS
     from .registry import BY_NAME, FIRST_IMPLS, LAYER_IMPLS
-    from ..shapes import MODEL_SHAPES
     from .timing import TIMERS
     from .tuning import VARIANTS
 
@@ -283,9 +282,9 @@ def run_bench_command(parser, args) -> int:
 
     matplotlib.use("Agg")   # files only; no display needed
     from .. import runtime
+    from ..figures.perf import save_bench_figures
     from .bench import INTERPRETER_NOTE, run_bench
     from .report import fraction_table, geomean_table, skipped_reasons
-    from ..figures.perf import save_bench_figures
 
     plan = plan_from_args(parser, args)
     if not runtime.ON_GPU:

@@ -8,8 +8,8 @@ Tables name implementations as the CSV does; pass ``labels`` (e.g.
 """
 from __future__ import annotations
 
-from .registry import FIRST_IMPLS, LAYER_IMPLS
 from ..shapes import MODEL_SHAPES
+from .registry import FIRST_IMPLS, LAYER_IMPLS
 from .traffic import geomean
 
 

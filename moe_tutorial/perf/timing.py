@@ -12,6 +12,7 @@ numbers: copy bandwidth from a large device-to-device copy, matmul rate from an 
 from __future__ import annotations
 
 import datetime
+import functools
 import itertools
 import platform
 import statistics
@@ -196,14 +197,14 @@ def measure_ceilings(dtype: torch.dtype | None = None, *, copy_bytes: int | None
     a = torch.randn(matmul_n, matmul_n, generator=g, device=device, dtype=dtype)
     b = torch.randn(matmul_n, matmul_n, generator=g, device=device, dtype=dtype)
     c = torch.empty_like(a)
-    mm_ms = _ceiling_ms(lambda: torch.matmul(a, b, out=c))
-    del a, b, c
+    mm_ms = _ceiling_ms(functools.partial(torch.matmul, a, b, out=c))
+    a = b = c = None
     # Random fp32 bits viewed in the run's dtype: a copy moves bits, and fp32 randn keeps the
     # generator's element count below 2^31.
     src = torch.randn(copy_bytes // 4, generator=g, device=device, dtype=torch.float32).view(dtype)
     dst = torch.empty_like(src)
-    copy_ms = _ceiling_ms(lambda: dst.copy_(src))
-    del src, dst
+    copy_ms = _ceiling_ms(functools.partial(dst.copy_, src))
+    src = dst = None
     if runtime.ON_GPU:
         torch.cuda.empty_cache()
     return Ceilings(copy_tbps=2 * copy_bytes / (copy_ms * 1e-3) / 1e12,

@@ -100,7 +100,8 @@ def config_space(M: int, E: int, N: int, K: int, topk: int, *, gated: bool = Fal
             for group in ((1, 8) if row_blocks > 8 else (1,)):
                 for use_tma in ((False, True) if tma else (False,)):
                     extra = {"use_tma": True} if use_tma else {}
-                    config = KernelConfig(bm, bn, bk, group, warps, stages, **extra)
+                    config = KernelConfig(block_m=bm, block_n=bn, block_k=bk, group_m=group, num_warps=warps,
+                                          num_stages=stages, **extra)
                     if configs.smem_bytes(config, gated, itemsize) <= configs.SMEM_LIMIT:
                         space.append(config)
     return space
@@ -237,7 +238,8 @@ def tune_problem(problem: _Problem, dtype: torch.dtype, deadline: float, *,
         except Exception as e:  # noqa: BLE001  (out of shared memory, compile errors, wrong results)
             failed += 1
             results[config] = math.inf
-            log(f"    rejected {config}: {type(e).__name__}: {str(e).strip().splitlines()[0][:120] if str(e).strip() else ''}")
+            first_line = str(e).strip().splitlines()[0][:120] if str(e).strip() else ""
+            log(f"    rejected {config}: {type(e).__name__}: {first_line}")
             if runtime.ON_GPU:
                 torch.cuda.synchronize()
 

@@ -13,7 +13,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from _lab_server import LabServer
 from _processes import ProcessTracker
 

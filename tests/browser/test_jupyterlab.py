@@ -13,9 +13,8 @@ import json
 import time
 from pathlib import Path
 
-import pytest
-
 import _lab_page as lp
+import pytest
 
 #: The explorer's contract with notebook 03: sliders with exactly these descriptions.
 SLIDERS = ("pid_m", "pid_n", "k step")
