@@ -17,13 +17,11 @@ from __future__ import annotations
 import contextlib
 import mmap
 import sys
-from dataclasses import dataclass
 
 import numpy as np
 import torch
-import triton.language as tl
 
-from .. import runtime
+from ..kernels import interpreter
 
 _EMPTY_FUNCS = ("empty", "empty_like", "empty_strided")
 
@@ -86,47 +84,18 @@ class OutOfBounds(Exception):
         return text
 
 
-@dataclass
-class _Extent:
-    name: str
-    lo: int          # first byte of the view
-    hi: int          # one past the last byte it can reach
-    itemsize: int
-
-
-def _extent(name: str, t: torch.Tensor) -> _Extent:
-    lo = t.data_ptr()
-    if t.numel() == 0:
-        return _Extent(name, lo, lo, t.element_size())
-    reach = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
-    return _Extent(name, lo, lo + reach * t.element_size(), t.element_size())
-
-
-#: Attribute of an interpreter TensorHandle naming the kernel argument a pointer was built from.
-_BASE = "_moe_tutorial_base"
-
-
 class _Guard:
-    def __init__(self, interp):
-        self.interp = interp
-        self.extents: list[_Extent] = []
+    """Refuses any access outside every tensor of the running launch."""
 
-    def record(self, executor, args_hst, kwargs_hst):
-        names = list(executor.arg_names)
-        pairs = list(zip(names, args_hst)) + list(kwargs_hst.items())
-        self.extents = [_extent(n, a) for n, a in pairs if isinstance(a, torch.Tensor)]
+    def __init__(self):
+        self.extents: list[interpreter.Extent] = []
 
-    def tag(self, arg, converted):
-        """Mark a pointer argument's handle with the argument's name (see :func:`memory_guard`)."""
-        if isinstance(arg, torch.Tensor) and hasattr(converted, "handle"):
-            names = [e.name for e in self.extents if e.lo == arg.data_ptr()]
-            if names:
-                setattr(converted.handle, _BASE, names[0])
-        return converted
+    def on_launch(self, extents):
+        self.extents = extents
 
     def check(self, op: str, ptrs, mask):
-        addrs = np.asarray(ptrs.data, dtype=np.uint64)
-        active = np.ones(addrs.shape, bool) if mask is None else np.broadcast_to(np.asarray(mask.data, bool), addrs.shape)
+        addrs = interpreter.addresses(ptrs)
+        active = interpreter.lane_mask(ptrs, mask)
         itemsize = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
         ok = ~active
         for ext in self.extents:
@@ -135,23 +104,19 @@ class _Guard:
             return
         lane = tuple(int(i) for i in np.argwhere(~ok)[0])
         addr = int(addrs[lane]) if addrs.ndim else int(addrs)
+        program = interpreter.current_program()
         if not self.extents:
-            raise OutOfBounds(op, self._program(), lane, "?", addr, 0)
+            raise OutOfBounds(_VERB[op], program, lane, "?", addr, 0)
         # Report the offset from the argument the pointer was built from (else the nearest tensor).
-        base = getattr(ptrs, _BASE, None)
+        base = interpreter.base_of(ptrs)
         named = [e for e in self.extents if e.name == base]
         ext = named[0] if named else min(
             self.extents, key=lambda e: 0 if e.lo <= addr < e.hi else min(abs(addr - e.lo), abs(addr - e.hi)))
         offset = (addr - ext.lo) // ext.itemsize
-        raise OutOfBounds(op, self._program(), lane, ext.name, offset, (ext.hi - ext.lo) // ext.itemsize)
+        raise OutOfBounds(_VERB[op], program, lane, ext.name, offset, (ext.hi - ext.lo) // ext.itemsize)
 
-    def _program(self) -> tuple:
-        """The running program's ids, trailing axes of size 1 dropped: ``(pid_m, pid_n)`` or ``(pid,)``."""
-        builder = self.interp.interpreter_builder
-        idx, dims = list(builder.grid_idx or (0,)), list(builder.grid_dim or (1,))
-        while len(idx) > 1 and dims[len(idx) - 1] == 1:
-            idx.pop()
-        return tuple(int(i) for i in idx)
+
+_VERB = {"load": "load from", "store": "store to", "atomic": "update atomically"}
 
 
 @contextlib.contextmanager
@@ -163,61 +128,9 @@ def memory_guard():
     as ``InterpreterError`` with the original as ``__cause__`` (see :func:`find_out_of_bounds`).
     A no-op when kernels are compiled for a GPU.
     """
-    if not runtime.INTERPRETED:
+    guard = _Guard()
+    with interpreter.watch(guard.on_launch, guard.check):
         yield
-        return
-    from triton.runtime import interpreter as interp
-
-    guard = _Guard(interp)
-    builder = interp.interpreter_builder
-    executor_cls = interp.GridExecutor
-    orig_init = executor_cls._init_args_hst
-
-    def init_args(self, args_dev, kwargs):
-        args_hst, kwargs_hst = orig_init(self, args_dev, kwargs)
-        guard.record(self, args_hst, kwargs_hst)
-        return args_hst, kwargs_hst
-
-    def guarded(name, op, ptr_pos, mask_pos):
-        orig = getattr(builder, name)
-
-        def method(*args):
-            guard.check(op, args[ptr_pos], None if mask_pos is None else args[mask_pos])
-            return orig(*args)
-        return method
-
-    def propagating(orig):
-        # A pointer built from a tagged pointer (addptr, broadcast, expand_dims, ...) keeps the tag.
-        def method(*args):
-            out = orig(*args)
-            if isinstance(out, interp.TensorHandle) and isinstance(out.dtype, tl.pointer_type):
-                base = next((getattr(a, _BASE) for a in args if hasattr(a, _BASE)), None)
-                if base is not None:
-                    setattr(out, _BASE, base)
-            return out
-        return method
-
-    patches = {name: propagating(getattr(builder, name)) for name in dir(builder)
-               if name.startswith("create_") and callable(getattr(builder, name))}
-    patches.update({    # argument positions as the interpreter's builder takes them
-        "create_masked_load": guarded("create_masked_load", "load from", 0, 1),
-        "create_masked_store": guarded("create_masked_store", "store to", 0, 2),
-        "create_atomic_rmw": guarded("create_atomic_rmw", "update atomically", 1, 3),
-        "create_atomic_cas": guarded("create_atomic_cas", "update atomically", 0, None),
-    })
-    orig_cvt = interp._implicit_cvt
-    try:
-        executor_cls._init_args_hst = init_args
-        interp._implicit_cvt = lambda arg: guard.tag(arg, orig_cvt(arg))
-        for name, method in patches.items():
-            setattr(builder, name, method)
-        yield
-    finally:
-        executor_cls._init_args_hst = orig_init
-        interp._implicit_cvt = orig_cvt
-        for name in patches:
-            # The originals are bound methods of the class: dropping the instance attribute restores them.
-            builder.__dict__.pop(name, None)
 
 
 def find_out_of_bounds(exc: BaseException) -> OutOfBounds | None:
