@@ -4,7 +4,7 @@ import math
 
 from moe_tutorial import runtime
 from moe_tutorial.kernels import sorted_kernel
-from moe_tutorial.perf import bench, registry, timing
+from moe_tutorial.perf import bench, ceilings, registry, timing
 from moe_tutorial.perf import impls as bench_impls
 from moe_tutorial.reference import reference_moe_layer, reference_moe_matmul, rel_error
 from moe_tutorial.shapes import ModelShape
@@ -68,7 +68,7 @@ def test_indexing_is_skipped_with_the_size_when_it_would_not_fit(monkeypatch):
     with pytest.raises(bench_impls.Skip, match=r"intermediate needs 0\.54 MB, more than 33% of the 0\.20 MB free"):
         registry.prepare("first", "indexing", inp)
     row = bench.run_case("layer", "indexing", inp, bench.reference_rows("layer", inp),
-                         timing.Ceilings(1.0, 1.0), bench.BenchPlan([SHAPE], (64,), torch.float32))
+                         ceilings.Ceilings(1.0, 1.0), bench.BenchPlan([SHAPE], (64,), torch.float32))
     assert row["status"].startswith("skipped: its [M, topk, N, K] intermediate") and row.get("ms") is None
 
 
@@ -104,9 +104,9 @@ def test_wrong_results_are_flagged_and_still_timed(monkeypatch):
     inp = inputs(M=3)
     rows, ref = bench.reference_rows("first", inp)
     plan = bench.BenchPlan([SHAPE], (3,), torch.float32)
-    ok = bench.run_case("first", "sorted", inp, (rows, ref), timing.Ceilings(1.0, 1.0), plan)
+    ok = bench.run_case("first", "sorted", inp, (rows, ref), ceilings.Ceilings(1.0, 1.0), plan)
     assert ok["status"] == "ok" and ok["rel_error"] < 1e-5 and ok["ms"] > 0
-    wrong = bench.run_case("first", "sorted", inp, (rows, ref * 1.1), timing.Ceilings(1.0, 1.0), plan)
+    wrong = bench.run_case("first", "sorted", inp, (rows, ref * 1.1), ceilings.Ceilings(1.0, 1.0), plan)
     assert wrong["status"] == "wrong" and wrong["ms"] > 0 and wrong["rel_error"] > 0.05
 
 
@@ -114,7 +114,7 @@ def test_unwritten_outputs_count_as_wrong(monkeypatch):
     """The kernels' output buffers are poisoned with NaN, so a launch that writes nothing fails."""
     inp = inputs(M=3)
     monkeypatch.setattr(sorted_kernel, "launch_sorted_gemm", lambda *a, **k: None)
-    row = bench.run_case("first", "sorted", inp, bench.reference_rows("first", inp), timing.Ceilings(1.0, 1.0),
+    row = bench.run_case("first", "sorted", inp, bench.reference_rows("first", inp), ceilings.Ceilings(1.0, 1.0),
                          bench.BenchPlan([SHAPE], (3,), torch.float32))
     assert row["status"] == "wrong" and row["rel_error"] == math.inf
 
@@ -123,67 +123,58 @@ def test_slow_cases_are_skipped_with_the_limit(monkeypatch):
     monkeypatch.setattr(timing, "time_one_call", lambda fn: 5.0)
     with pytest.raises(timing.TooSlow, match="slower than 2 s per call"):
         timing.measure_ms(lambda: None, max_seconds=2.0)
-    with pytest.raises(ValueError, match="timer"):
-        timing.measure_ms(lambda: None, timer="stopwatch")
-
-
-class FakeTesting:
-    """Stands in for triton.testing on the CPU: records which timer was asked for."""
-
-    def __init__(self, capture_fails=False):
-        self.capture_fails, self.calls = capture_fails, []
-
-    def cudagraph_ms(self, fn):
-        self.calls.append(("cudagraph", "median"))
-        if self.capture_fails:
-            raise RuntimeError("operation not permitted when stream is capturing")
-        return 0.5
-
-    def do_bench(self, fn, warmup, rep, return_mode):
-        self.calls.append(("events", return_mode))
-        return 0.7
+    with pytest.raises(ValueError, match=r"^protocol: expected one of cold-l2, rotated, got 'stopwatch'"):
+        timing.measure_ms(lambda: None, protocol="stopwatch")
 
 
 @pytest.fixture
 def gpu_timers(monkeypatch):
-    """The GPU branch of measure_ms with fake triton.testing and CUDA calls."""
-    import triton
-
+    """The GPU branch of measure_ms with the device timers replaced by recorders."""
     monkeypatch.setattr(runtime, "ON_GPU", True)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    calls = []
 
-    def use(fake):
-        monkeypatch.setattr(timing, "_cudagraph_ms", fake.cudagraph_ms)
-        monkeypatch.setattr(triton, "testing", fake, raising=False)
-        import sys
-        monkeypatch.setitem(sys.modules, "triton.testing", fake)
-        return fake
+    def use(capture_fails=False):
+        def graph_timer(name, ms):
+            def timer(fn, *args, **kwargs):
+                calls.append((name, fn))
+                if capture_fails:
+                    raise RuntimeError("operation not permitted when stream is capturing")
+                return ms
+            return timer
+        monkeypatch.setattr(timing, "_cold_l2_ms", graph_timer("cold-l2", 0.5))
+        monkeypatch.setattr(timing, "_rotated_ms", graph_timer("rotated", 0.4))
+        monkeypatch.setattr(timing, "_cold_events_ms", lambda fn, reps: calls.append(("events", reps)) or 0.7)
+        return calls
     return use
 
 
 def test_gpu_timer_choice_and_fallback(gpu_timers, monkeypatch):
     monkeypatch.setattr(timing, "time_one_call", lambda fn: 0.001)
-    fake = gpu_timers(FakeTesting())
-    assert timing.measure_ms(lambda: None) == (0.5, "cudagraph")
-    assert timing.measure_ms(lambda: None, timer="events") == (0.7, "events")
-    assert timing.measure_ms(lambda: None, graphable=False) == (0.7, "events")
-    assert all(mode == "median" for _, mode in fake.calls)
-    gpu_timers(FakeTesting(capture_fails=True))
-    assert timing.measure_ms(lambda: None) == (0.7, "events, graph capture failed")
+    one, rotating = (lambda: None), (lambda: None)
+    calls = gpu_timers()
+    assert timing.measure_ms(one) == (0.5, "cold-l2")
+    assert timing.measure_ms(one, protocol="rotated", rotated_fn=rotating) == (0.4, "rotated")
+    assert calls[:2] == [("cold-l2", one), ("rotated", rotating)]       # the rotated graph cycles the inputs
+    assert timing.measure_ms(one, graphable=False) == (0.7, timing.HOST_SYNC_TIMER)
+    assert calls[-1] == ("events", timing.COLD_REPLAYS)
+    gpu_timers(capture_fails=True)
+    assert timing.measure_ms(one) == (0.7, timing.CAPTURE_FAILED_TIMER)
     monkeypatch.setattr(timing, "time_one_call", lambda fn: 0.5)   # slow: a few events by hand
-    monkeypatch.setattr(timing, "_few_events_ms", lambda fn, reps: 400.0 + reps)
-    assert timing.measure_ms(lambda: None, max_seconds=2.0) == (404.0, timing.SLOW_CALL_TIMER)
+    assert timing.measure_ms(one, max_seconds=2.0) == (0.7, timing.SLOW_CALL_TIMER)
+    assert calls[-1] == ("events", 4)
 
 
 def test_statuses_name_only_unusual_timers(monkeypatch):
     inp = inputs(M=2)
     ref = bench.reference_rows("first", inp)
     plan = bench.BenchPlan([SHAPE], (2,), torch.float32)
-    for how, status in (("perf_counter", "ok"), (timing.SLOW_CALL_TIMER, "ok"),
+    for how, status in (("perf_counter", "ok"), (timing.SLOW_CALL_TIMER, "ok"), ("cold-l2", "ok"),
+                        (timing.HOST_SYNC_TIMER, "ok"),
                         ("events, graph capture failed", "ok (events, graph capture failed)")):
         monkeypatch.setattr(bench, "measure_ms", lambda fn, how=how, **kw: (1.0, how))
-        assert bench.run_case("first", "fused", inp, ref, timing.Ceilings(1.0, 1.0), plan)["status"] == status
+        assert bench.run_case("first", "fused", inp, ref, ceilings.Ceilings(1.0, 1.0), plan)["status"] == status
 
 
 def test_failing_implementation_does_not_end_the_sweep(monkeypatch, tmp_path):
@@ -192,7 +183,7 @@ def test_failing_implementation_does_not_end_the_sweep(monkeypatch, tmp_path):
     monkeypatch.setitem(registry.BY_NAME, "fused", dataclasses.replace(registry.BY_NAME["fused"], first=boom))
     plan = bench.BenchPlan([SHAPE], (1, 2), torch.float32, gemms=("first",), impls=("fused", "loop"))
     rows = bench.run_bench(plan, csv_path=tmp_path / "b.csv", progress=False, log=lambda s: None,
-                           ceilings=timing.Ceilings(1.0, 1.0))
+                           ceilings=ceilings.Ceilings(1.0, 1.0))
     assert [(r["impl"], r["M"], r["status"][:20]) for r in rows] == [
         ("fused", 1, "skipped: error: Runt"), ("loop", 1, "ok"),
         ("fused", 2, "skipped: error: Runt"), ("loop", 2, "ok")]
@@ -211,7 +202,7 @@ def test_failing_inputs_skip_the_case_and_the_next_one_rebuilds(monkeypatch):
         return real(gemm, inp, max_rows)
     monkeypatch.setattr(bench, "reference_rows", flaky)
     plan = bench.BenchPlan([SHAPE], (1, 2), torch.float32, gemms=("first",), impls=("loop",))
-    rows = bench.run_bench(plan, progress=False, log=lambda s: None, ceilings=timing.Ceilings(1.0, 1.0))
+    rows = bench.run_bench(plan, progress=False, log=lambda s: None, ceilings=ceilings.Ceilings(1.0, 1.0))
     assert rows[0]["status"] == ("skipped: error while preparing inputs: OutOfMemoryError: "
                                  "CUDA out of memory. Tried to allocate 30 GiB")
     assert rows[1]["status"] == "ok" and calls == [1, 2]
@@ -221,20 +212,53 @@ def test_time_budget_skips_the_rest(monkeypatch):
     clock = iter(range(0, 10_000, 100))
     monkeypatch.setattr(bench.time, "monotonic", lambda: next(clock))
     plan = bench.BenchPlan([SHAPE], (1, 2, 3), torch.float32, gemms=("first",), impls=("loop",), max_minutes=3)
-    rows = bench.run_bench(plan, progress=False, log=lambda s: None, ceilings=timing.Ceilings(1.0, 1.0))
+    rows = bench.run_bench(plan, progress=False, log=lambda s: None, ceilings=ceilings.Ceilings(1.0, 1.0))
     assert [r["status"] for r in rows] == ["ok", "skipped: over the --max-minutes 3 budget",
                                            "skipped: over the --max-minutes 3 budget"]
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not runtime.ON_GPU, reason="needs a CUDA GPU")
-def test_graph_timer_agrees_with_events_on_a_long_kernel():
-    """On a GPU, a 4096^3 matmul (launch gaps negligible) reads the same with both timers."""
+def test_both_protocols_agree_with_events_on_a_long_kernel():
+    """On a GPU, a 4096^3 matmul (launch and L2 negligible) reads the same under every timer."""
     import triton.testing
 
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     c = torch.empty_like(a)
-    graph = timing._cudagraph_ms(lambda: torch.matmul(a, a, out=c))
     events = triton.testing.do_bench(lambda: torch.matmul(a, a, out=c), return_mode="median")
-    assert 0.05 < graph < 5.0
-    assert abs(graph / events - 1) < 0.2, (graph, events)
+    for protocol in timing.PROTOCOLS:
+        ms, how = timing.measure_ms(lambda: torch.matmul(a, a, out=c), protocol=protocol)
+        assert how == protocol and 0.05 < ms < 5.0
+        assert abs(ms / events - 1) < 0.2, (protocol, ms, events)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not runtime.ON_GPU, reason="needs a CUDA GPU")
+def test_ceilings_on_a_gpu_are_plausible():
+    """Read-only bandwidth beats the copy, a launch costs microseconds, the matmul runs at tensor-core speed."""
+    c = ceilings.measure_ceilings(torch.bfloat16, "cold-l2", read_bytes=2 << 30)
+    assert c.read_tbps > 0.5 and c.copy_tbps > 0.3 and c.matmul_tflops > 50 and 0.5 < c.launch_us < 30
+
+
+@pytest.mark.skipif(not runtime.INTERPRETED, reason="runs the read-only kernel in the interpreter")
+def test_read_only_kernel_reads_every_word_once():
+    words = torch.arange(10_000, dtype=torch.int32)
+    sums = torch.empty(3, dtype=torch.int32)
+    ceilings.read_only_kernel[(3,)](words, sums, words.numel(), BLOCK=512)
+    assert int(sums.sum()) == int(words.sum())
+
+
+def test_floor_adds_one_launch_to_the_larger_roof():
+    c = ceilings.Ceilings(read_tbps=4.0, matmul_tflops=800.0, launch_us=3.0)
+    assert c.floor_ms(4e9, 1.0) == pytest.approx(1.0 + 0.003)        # memory-bound: 4 GB at 4 TB/s
+    assert c.floor_ms(1.0, 8e11) == pytest.approx(1.0 + 0.003)       # compute-bound: 0.8 TFLOP at 800 TFLOP/s
+    assert c.columns() == {"protocol": "cold-l2", "read_tbps": 4.0, "copy_tbps": None, "matmul_tflops": 800.0,
+                           "launch_us": 3.0}
+
+
+def test_cpu_ceilings_fill_every_column():
+    c = ceilings.measure_ceilings(torch.float32, "cold-l2", read_bytes=4 << 20, matmul_n=128)
+    assert c.read_tbps > 0 and c.copy_tbps > 0 and c.matmul_tflops > 0
+    assert c.protocol == ("cold-l2" if runtime.ON_GPU else "perf_counter")
+    with pytest.raises(ValueError, match=r"^protocol: expected one of cold-l2, rotated, got 'warm'"):
+        ceilings.measure_ceilings(torch.float32, "warm")

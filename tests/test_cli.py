@@ -41,6 +41,8 @@ def test_quick_bench_runs_and_says_cpu_timings_mean_nothing(quick_bench):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert INTERPRETER_NOTE in proc.stdout
     assert "fraction of the roofline floor" in proc.stdout
+    header = next(line for line in proc.stdout.splitlines() if line.startswith("bench: "))
+    assert "timer perf_counter (CPU" in header and "protocol" not in header
     assert (out / "custom.png").stat().st_size > 10_000
 
 
@@ -53,7 +55,8 @@ def test_quick_bench_csv_has_one_checked_row_per_case(quick_bench):
     for r in rows:
         assert r["gpu"].startswith("cpu") and r["torch"] and r["triton"] and r["date"]
         assert r["driver"] is None                      # no nvidia-smi on the CPU: left empty
-        assert r["copy_tbps"] > 0 and r["matmul_tflops"] > 0
+        assert r["read_tbps"] > 0 and r["copy_tbps"] > 0 and r["matmul_tflops"] > 0 and r["launch_us"] == 0
+        assert r["protocol"] == "perf_counter"
         assert (r["model"], r["E"], r["N"], r["K"], r["topk"], r["dtype"]) == ("custom", 8, 64, 64, 2, "float32")
         if r["impl"] == "grouped_mm":
             assert r["status"].startswith("skipped: ") and "sm90" in r["status"]
@@ -63,6 +66,15 @@ def test_quick_bench_csv_has_one_checked_row_per_case(quick_bench):
         assert math.isclose(r["fraction_of_floor"], r["floor_ms"] / r["ms"], rel_tol=1e-9)
         assert r["tflops"] > 0 and r["gbps"] > 0
     assert {r["impl"] for r in rows if r["status"] == "ok"} >= set(KERNELS)
+
+
+def test_bench_to_an_unwritable_folder_says_so_in_one_line(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    proc = run_module("bench", "--quick", "--out", str(blocker / "inside"), "--no-progress")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"moe-tutorial bench: --out {blocker / 'inside'}: ")
+    assert "Traceback" not in proc.stderr
 
 
 def _options(parser: argparse.ArgumentParser):
@@ -103,7 +115,7 @@ NONSENSE = [
     (["bench", "--E", "4", "--N", "63", "--K", "64", "--topk", "2"], "must be even"),
     (["bench", "--E", "0", "--N", "64", "--K", "64", "--topk", "2"], "positive integer"),
     (["bench", "--dtype", "int8"], "unknown dtype 'int8'"),
-    (["bench", "--timer", "stopwatch"], "invalid choice"),
+    (["bench", "--protocol", "stopwatch"], "invalid choice"),
     (["bench", "--max-seconds-per-case", "-1"], "positive number"),
     (["bench", "--max-minutes", "0"], "positive number"),
     (["bench", "--frobnicate"], "unrecognized arguments"),

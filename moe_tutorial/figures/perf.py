@@ -70,8 +70,12 @@ def plot_intensity(shapes: list[ModelShape], *, gemm: str = "first", copy_tbps: 
 
 
 def _ceilings(rows):
-    r = next((r for r in rows if r.get("copy_tbps") and r.get("matmul_tflops")), None)
-    return (r["copy_tbps"], r["matmul_tflops"]) if r else (H200_COPY_TBPS, H200_MATMUL_TFLOPS)
+    """``(memory roof TB/s, matmul roof TFLOP/s)`` the rows were judged by: the read-only bandwidth
+    (the copy bandwidth for runs that predate it)."""
+    r = next((r for r in rows if (r.get("read_tbps") or r.get("copy_tbps")) and r.get("matmul_tflops")), None)
+    if r is None:
+        return H200_COPY_TBPS, H200_MATMUL_TFLOPS
+    return r.get("read_tbps") or r["copy_tbps"], r["matmul_tflops"]
 
 
 def plot_roofline(rows: list[dict], model: str, gemm: str = "first", *, ax=None):

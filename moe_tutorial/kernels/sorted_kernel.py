@@ -4,6 +4,11 @@
 padded to BLOCK_M. Each program then owns one block of BLOCK_M pairs (all of one expert) and
 one BLOCK_N slice of the output, gathers the pairs' input rows, and multiplies them by the
 expert's weights on tensor cores. Epilogues fuse SiLU(gate) * up and the router weights.
+
+The kernel is built from small ``@triton.jit`` functions, one production step each (grouped
+order, TMA weight loads, short tails, the two epilogues), so that notebook 04 can show each
+step's lines on their own; :mod:`moe_tutorial.kernels.minimal_sorted_kernel` is the same idea
+with none of them.
 """
 from __future__ import annotations
 
@@ -24,7 +29,61 @@ from .configs import KernelConfig, get_config, shrink
 
 
 @triton.jit
-def _sorted_tile(
+def grouped_tile(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """``(pid_m, pid_n)`` of program ``pid`` in grouped order: GROUP_M row blocks down a column,
+    then the next column, so the programs that run together share expert weights in L2."""
+    pids_per_group = GROUP_M * num_pid_n
+    first_m = (pid // pids_per_group) * GROUP_M
+    group_rows = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % pids_per_group) % group_rows
+    pid_n = (pid % pids_per_group) // group_rows
+    return pid_m, pid_n
+
+
+@triton.jit
+def second_half_is_padding(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M: tl.constexpr):
+    """True when the last BLOCK_M // 2 rows of row block ``pid_m`` are all padding.
+
+    A run's padding comes after its pairs, so a block's real rows are a prefix of it: the last
+    block of an expert's run often holds a few rows and needs only half the multiply.
+    """
+    offs_half = pid_m * BLOCK_M + BLOCK_M // 2 + tl.arange(0, BLOCK_M // 2)
+    return tl.min(tl.load(sorted_ids_ptr + offs_half)) == num_pairs
+
+
+@triton.jit
+def load_weight_tile(b_ptrs, b_desc, b_row, k0, k_ok, USE_TMA: tl.constexpr, EVEN_K: tl.constexpr):
+    """One ``[BLOCK_K, BLOCK_N]`` tile of the expert's weights, K elements from ``k0`` on.
+
+    With USE_TMA, the Tensor Memory Accelerator (TMA, Hopper's engine for bulk tensor copies into
+    shared memory) fetches the tile through the descriptor ``b_desc`` at row ``b_row``, leaving
+    the threads free; rows past this expert's N belong to the next expert, and the store masks
+    them. Otherwise the threads load it through ``b_ptrs``, masking K only where K is ragged.
+    """
+    if USE_TMA:
+        b = b_desc.load([b_row, k0]).T
+    elif EVEN_K:
+        b = tl.load(b_ptrs)
+    else:
+        b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
+    return b
+
+
+@triton.jit
+def silu_and_mul_epilogue(gate, up):
+    """``silu(gate) * up`` on the fp32 accumulators, before anything is written to memory."""
+    return gate * tl.sigmoid(gate) * up
+
+
+@triton.jit
+def router_weight_epilogue(acc, router_w_ptr, pair, row_ok):
+    """Each row (one (token, slot) pair) times its router weight, still in fp32 registers."""
+    w = tl.load(router_w_ptr + pair, mask=row_ok, other=0.0)
+    return acc * w[:, None]
+
+
+@triton.jit
+def sorted_tile(
     a_ptr, b_ptr, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr, pid_m, pid_n, expert,
     N, K, num_pairs, a_row_div, stride_b_up, b_rows_per_expert,
     stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
@@ -33,52 +92,45 @@ def _sorted_tile(
     DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     """The first ROWS rows of row block ``pid_m`` times one expert's ``[BLOCK_N, K]`` slice."""
+    # [gather the rows]
     offs_m = pid_m * BLOCK_M + tl.arange(0, ROWS)
     pair = tl.load(sorted_ids_ptr + offs_m)
     row_ok = pair < num_pairs                       # padding rows hold num_pairs
     a_row = (pair // a_row_div).to(tl.int64)
-
-    # Columns wrap modulo N so that loads stay in bounds without a mask; the store masks them.
-    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + a_row[:, None] * stride_am + offs_k[None, :] * stride_ak
+
+    # [the expert's weights]
+    # Columns wrap modulo N so that loads stay in bounds without a mask; the store masks them.
+    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
     b_ptrs = b_ptr + expert * stride_be + offs_n[None, :].to(tl.int64) * stride_bn + offs_k[:, None] * stride_bk
     b_row = (expert * b_rows_per_expert + pid_n * BLOCK_N).to(tl.int32)   # TMA path only
 
+    # [the K loop]
     acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_ok = offs_k < K - k * BLOCK_K
         if EVEN_K:
             a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
         else:
-            k_ok = offs_k < K - k * BLOCK_K
             a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        if USE_TMA:
-            # Rows past this expert's N belong to the next expert: harmless, the store masks them.
-            b = b_desc.load([b_row, k * BLOCK_K]).T
-        elif EVEN_K:
-            b = tl.load(b_ptrs)
-        else:
-            b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
+        b = load_weight_tile(b_ptrs, b_desc, b_row, k * BLOCK_K, k_ok, USE_TMA, EVEN_K)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
         if GATED:
-            if USE_TMA:
-                b_up = b_desc.load([b_row + N, k * BLOCK_K]).T
-            elif EVEN_K:
-                b_up = tl.load(b_ptrs + stride_b_up)
-            else:
-                b_up = tl.load(b_ptrs + stride_b_up, mask=k_ok[:, None], other=0.0)
+            # The up rows sit N rows (stride_b_up elements) after the gate rows of the same expert.
+            b_up = load_weight_tile(b_ptrs + stride_b_up, b_desc, b_row + N, k * BLOCK_K, k_ok, USE_TMA, EVEN_K)
             acc_up = tl.dot(a, b_up, acc_up, input_precision=DOT_PRECISION)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
 
-    # Epilogue, still in fp32 registers: the activation, then the router weight of each pair.
+    # [epilogues]
     if GATED:
-        acc = acc * tl.sigmoid(acc) * acc_up
+        acc = silu_and_mul_epilogue(acc, acc_up)
     if ROUTER_WEIGHTS:
-        w = tl.load(router_w_ptr + pair, mask=row_ok, other=0.0)
-        acc = acc * w[:, None]
+        acc = router_weight_epilogue(acc, router_w_ptr, pair, row_ok)
 
+    # [scatter the rows]
     offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     c_ptrs = c_ptr + pair.to(tl.int64)[:, None] * stride_cm + offs_cn[None, :] * stride_cn
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_cn[None, :] < N))
@@ -102,41 +154,31 @@ def sorted_moe_kernel(
     the down GEMM A holds one row per pair and a_row_div = 1. With GATED, B has 2N rows
     (gate then up, the up rows stride_b_up further on) and C = silu(A.B_gate) * (A.B_up).
     With USE_TMA (Hopper), B tiles come through ``b_desc``, a tensor descriptor over B viewed
-    as ``[E * rows_per_expert, K]``, so the copy engine fetches them instead of the threads.
-    With SHORT_TAILS, a block at most half full multiplies only its first BLOCK_M // 2 rows.
+    as ``[E * rows_per_expert, K]``. With SHORT_TAILS, a block whose second half is padding
+    multiplies only its first BLOCK_M // 2 rows.
     """
-    # Grouped ordering: walk GROUP_M blocks of rows down before moving right, so the programs
-    # running together share A rows and expert weights in L2.
-    pid = tl.program_id(axis=0)
+    # [which tile]
     num_pid_m = tl.cdiv(max_padded, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    pids_per_group = GROUP_M * num_pid_n
-    first_m = (pid // pids_per_group) * GROUP_M
-    group_rows = tl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % pids_per_group) % group_rows
-    pid_n = (pid % pids_per_group) // group_rows
-
+    pid_m, pid_n = grouped_tile(tl.program_id(axis=0), num_pid_m, tl.cdiv(N, BLOCK_N), GROUP_M)
     # max_padded is a host-side bound; blocks past the real end have nothing to do.
     if pid_m * BLOCK_M >= tl.load(num_post_ptr):
         return
     expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
 
+    # [short tails]
     half_full = False
     if SHORT_TAILS:
-        # A run's padding comes after its pairs, so a block's real rows are a prefix of it: the
-        # last block of an expert's run often holds a few, and needs only half the multiply.
-        offs_half = pid_m * BLOCK_M + BLOCK_M // 2 + tl.arange(0, BLOCK_M // 2)
-        half_full = tl.min(tl.load(sorted_ids_ptr + offs_half)) == num_pairs   # all padding
+        half_full = second_half_is_padding(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
     if half_full:
-        _sorted_tile(a_ptr, b_ptr, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr, pid_m, pid_n, expert,
-                     N, K, num_pairs, a_row_div, stride_b_up, b_rows_per_expert,
-                     stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
-                     BLOCK_M // 2, BLOCK_M, BLOCK_N, BLOCK_K, GATED, ROUTER_WEIGHTS, EVEN_K, DOT_PRECISION, USE_TMA)
+        sorted_tile(a_ptr, b_ptr, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr, pid_m, pid_n, expert,
+                    N, K, num_pairs, a_row_div, stride_b_up, b_rows_per_expert,
+                    stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
+                    BLOCK_M // 2, BLOCK_M, BLOCK_N, BLOCK_K, GATED, ROUTER_WEIGHTS, EVEN_K, DOT_PRECISION, USE_TMA)
     else:
-        _sorted_tile(a_ptr, b_ptr, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr, pid_m, pid_n, expert,
-                     N, K, num_pairs, a_row_div, stride_b_up, b_rows_per_expert,
-                     stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
-                     BLOCK_M, BLOCK_M, BLOCK_N, BLOCK_K, GATED, ROUTER_WEIGHTS, EVEN_K, DOT_PRECISION, USE_TMA)
+        sorted_tile(a_ptr, b_ptr, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr, pid_m, pid_n, expert,
+                    N, K, num_pairs, a_row_div, stride_b_up, b_rows_per_expert,
+                    stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
+                    BLOCK_M, BLOCK_M, BLOCK_N, BLOCK_K, GATED, ROUTER_WEIGHTS, EVEN_K, DOT_PRECISION, USE_TMA)
 
 
 def _weight_descriptor(b: torch.Tensor, config: KernelConfig):

@@ -1,9 +1,11 @@
 """The benchmark sweep: implementations x model shapes x batch sizes, one CSV row per case.
 
-For every case the bench builds random inputs on the device, runs the implementation once with
-all its input checks and compares a few output rows with the float64 reference, then times it
-(:func:`moe_tutorial.perf.timing.measure_ms`) and sets the time against the roofline floor of the
-problem, from :mod:`moe_tutorial.perf.traffic` and the two ceilings measured at the start of the run.
+For every case the bench builds random inputs on the device, runs each implementation once with
+all its input checks and compares a few output rows with the float64 reference, then times them
+(:func:`moe_tutorial.perf.timing.measure_ms`, under one of the two protocols, in forward and reverse
+order) and sets each time against the floor of the problem: its bytes and FLOPs
+(:mod:`moe_tutorial.perf.traffic`) over the ceilings measured at the start of the run under the
+same protocol (:mod:`moe_tutorial.perf.ceilings`).
 Rows follow :data:`moe_tutorial.perf.results.FIELDS`. ``python -m moe_tutorial bench`` drives it.
 """
 from __future__ import annotations
@@ -22,18 +24,11 @@ from ..reference import reference_moe_layer, reference_moe_matmul, rel_error, to
 from ..routing import route
 from ..shapes import BATCH_SIZES, HEADLINE_MODELS, ModelShape, get_shape
 from . import traffic
+from .ceilings import Ceilings, measure_ceilings
 from .impls import INT32_LIMIT, Inputs, Skip
 from .registry import FIRST_IMPLS, LAYER_IMPLS, prepare
 from .results import write_rows
-from .timing import (
-    SLOW_CALL_TIMER,
-    Ceilings,
-    TooSlow,
-    cycle,
-    machine_info,
-    measure_ceilings,
-    measure_ms,
-)
+from .timing import HOST_SYNC_TIMER, PROTOCOLS, SLOW_CALL_TIMER, TooSlow, cycle, machine_info, measure_ms, warm_up_gpu
 
 GEMMS = ("first", "layer")
 GPU_QUICK = (("Qwen3-30B-A3B",), (1, 64, 4096))
@@ -58,7 +53,7 @@ class BenchPlan:
     dtype: torch.dtype
     gemms: tuple[str, ...] = GEMMS
     impls: tuple[str, ...] | None = None
-    timer: str = "cudagraph"
+    protocol: str = "cold-l2"
     max_seconds: float = 2.0
     max_minutes: float = 0.0          # 0: no overall limit
     seed: int = 0
@@ -101,9 +96,10 @@ def cases(plan: BenchPlan) -> list[tuple[ModelShape, int, str, str]]:
             for g in plan.gemms for i in impls_for(plan, s, g)]
 
 
-def rotations(M: int) -> int:
-    """How many routings a timed case cycles through (so L2 holds none of the last call's weights)."""
-    if not runtime.ON_GPU:
+def rotations(M: int, protocol: str = "rotated") -> int:
+    """How many routings a timed case cycles through under the rotated protocol (so L2 holds none
+    of the last call's weights); the cold-l2 protocol flushes L2 instead and needs one."""
+    if not runtime.ON_GPU or protocol != "rotated":
         return 1
     return 8 if M <= 64 else 2
 
@@ -176,29 +172,23 @@ def traffic_of(gemm: str, inp: Inputs) -> tuple[float, float]:
             traffic.layer_flops(M, s.hidden, s.intermediate, s.topk))
 
 
-def nominal_timer(timer: str, graphable: bool) -> str:
-    """The timer a case uses when nothing goes wrong.
-
-    Calls slower than :data:`moe_tutorial.perf.timing.SLOW_CALL_S` are timed with a few events
-    instead (launch gaps are negligible there); both count as plain "ok". Any other timer, that
-    is events after a failed graph capture, is named in the status: "ok (events, ...)".
-    """
-    if not runtime.ON_GPU:
-        return "perf_counter"
-    return "cudagraph" if timer == "cudagraph" and graphable else "events"
+#: Timers a case may end up with that still count as plain "ok": calls too slow to repeat 30
+#: times in a graph (their launch is negligible) and calls that wait on the host (no graph can
+#: hold them), both timed with L2 flushed before each call.
+EXPECTED_TIMERS = {"perf_counter", SLOW_CALL_TIMER, HOST_SYNC_TIMER}
 
 
-def run_case(gemm: str, impl: str, inp: Inputs, ref, ceilings: Ceilings, plan: BenchPlan) -> dict:
-    """Check and time one implementation on one case; return the row's measured columns.
+def check_case(gemm: str, impl: str, inp: Inputs, ref, ceilings: Ceilings, plan: BenchPlan):
+    """Prepare one implementation on one case, run it once with all input checks and compare it
+    with the reference. Returns ``(row, prepared)``; ``prepared`` is None when the case ends here
+    (skipped, or failed), and the row then says why in its status.
 
     ``ref`` is ``(rows, expected)`` from :func:`reference_rows`.
     """
     row = _skeleton(inp.shape, inp.dtype, gemm, impl, inp.M)
-    nbytes, flops = traffic_of(gemm, inp)
-    row["floor_ms"] = ceilings.floor_ms(nbytes, flops)
+    row["floor_ms"] = ceilings.floor_ms(*traffic_of(gemm, inp))
     try:
         prepared = prepare(gemm, impl, inp)
-        graphable = prepared.graphable
         for buf in prepared.buffers:            # unwritten elements must show as NaN
             buf.fill_(float("nan"))
         t0 = time.perf_counter()
@@ -207,28 +197,76 @@ def run_case(gemm: str, impl: str, inp: Inputs, ref, ceilings: Ceilings, plan: B
             # No compile time in the interpreter: this call already says the case is too slow.
             raise TooSlow(time.perf_counter() - t0, plan.max_seconds)
         rows, expected = ref
-        err = rel_error(out[rows], expected) if bool(torch.isfinite(out).all()) else math.inf
-        del out
-        row["rel_error"] = err
-        # Inside a CUDA graph capture the wrappers skip their host-side id check (checks.py).
-        ms, how = measure_ms(cycle(prepared.calls), timer=plan.timer, max_seconds=plan.max_seconds,
-                             graphable=graphable)
+        row["rel_error"] = rel_error(out[rows], expected) if bool(torch.isfinite(out).all()) else math.inf
+        return row, prepared
     except (Skip, TooSlow) as e:
-        return {**row, "status": f"skipped: {e}"}
+        return {**row, "status": f"skipped: {e}"}, None
     except Exception as e:  # noqa: BLE001  (a failing implementation must not end the sweep)
-        lines = str(e).strip().splitlines()
-        return {**row, "status": f"skipped: error: {type(e).__name__}: {lines[0][:200] if lines else ''}"}
-    finally:
-        prepared = None                         # free its buffers before the next case
+        return {**row, "status": f"skipped: error: {_first_line(e)}"}, None
+
+
+def time_case(prepared, plan: BenchPlan) -> tuple[float, str]:
+    """``(median ms, timer used)`` of a checked case under the plan's protocol; may raise TooSlow.
+
+    Inside a CUDA graph capture the wrappers skip their host-side id check (checks.py), which
+    the correctness run has done.
+    """
+    return measure_ms(prepared.calls[0], protocol=plan.protocol, max_seconds=plan.max_seconds,
+                      graphable=prepared.graphable, rotated_fn=cycle(prepared.calls))
+
+
+def finish_row(row: dict, ms: float, how: str, inp: Inputs) -> dict:
+    """Fill the measured columns and the status of a timed case."""
+    nbytes, flops = traffic_of(row["gemm"], inp)
     row.update(ms=ms, tflops=flops / (ms * 1e-3) / 1e12, gbps=nbytes / (ms * 1e-3) / 1e9,
                fraction_of_floor=row["floor_ms"] / ms)
-    if not err <= tolerance(inp.dtype):
+    if not row["rel_error"] <= tolerance(inp.dtype):
         row["status"] = "wrong"
-    elif how in (nominal_timer(plan.timer, graphable), SLOW_CALL_TIMER):
+    elif how in EXPECTED_TIMERS or how in PROTOCOLS:
         row["status"] = "ok"
     else:                                       # a graph capture failed: launch gaps included
         row["status"] = f"ok ({how})"
     return row
+
+
+def run_case(gemm: str, impl: str, inp: Inputs, ref, ceilings: Ceilings, plan: BenchPlan) -> dict:
+    """Check and time one implementation on one case, once; return the row's measured columns."""
+    return run_group(gemm, [impl], inp, ref, ceilings, plan)[0]
+
+
+def run_group(gemm: str, impls, inp: Inputs, ref, ceilings: Ceilings, plan: BenchPlan) -> list[dict]:
+    """Check every implementation on one case, then time them all in order and again in reverse
+    order (after a short GPU warm-up), keeping each one's lower median: a place early or late in
+    the sweep, a clock still rising or a GPU heating up, then favours no implementation."""
+    checked = [check_case(gemm, impl, inp, ref, ceilings, plan) for impl in impls]
+    times: dict[int, list] = {i: [] for i, (_, prepared) in enumerate(checked) if prepared is not None}
+    orders = [list(times), list(reversed(times))] if runtime.ON_GPU else [list(times)]
+    warm_up_gpu()
+    for order in orders:
+        for i in order:
+            if isinstance(times[i], Exception):
+                continue
+            try:
+                times[i].append(time_case(checked[i][1], plan))
+            except TooSlow as e:
+                times[i] = e
+            except Exception as e:  # noqa: BLE001
+                times[i] = RuntimeError(f"error: {_first_line(e)}")
+    rows = []
+    for i, (row, prepared) in enumerate(checked):
+        if prepared is None:
+            rows.append(row)
+        elif isinstance(times[i], Exception):
+            rows.append({**row, "status": f"skipped: {times[i]}"})
+        else:
+            rows.append(finish_row(row, *min(times[i]), inp))
+    checked = times = None                      # free every buffer before the next case
+    return rows
+
+
+def _first_line(e: Exception) -> str:
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0][:200] if lines else ''}"
 
 
 def free_device_memory() -> None:
@@ -239,31 +277,39 @@ def free_device_memory() -> None:
 
 def run_bench(plan: BenchPlan, *, csv_path: str | Path | None = None, progress: bool = True,
               log: Callable[[str], None] = print, ceilings: Ceilings | None = None) -> list[dict]:
-    """Run every case of ``plan``; return the rows (and rewrite ``csv_path`` after each case).
+    """Run every case of ``plan``; return the rows (and rewrite ``csv_path`` after each case group).
 
-    The ceilings are measured first in the plan's dtype unless given.
+    The ceilings are measured first, in the plan's dtype and under its protocol, unless given.
+    The implementations of one (shape, M, gemm) are checked, then timed together in both orders
+    (:func:`run_group`).
     """
     from tqdm.auto import tqdm
 
     todo = cases(plan)
     machine = machine_info()
     if ceilings is None:
-        log("measuring the ceilings (copy bandwidth, matmul rate) ...")
-        ceilings = measure_ceilings(plan.dtype)
-    log(f"ceilings on {machine['gpu']}: copy {ceilings.copy_tbps:.3g} TB/s, "
-        f"{str(plan.dtype).replace('torch.', '')} matmul {ceilings.matmul_tflops:.3g} TFLOP/s")
-    common = {**machine, "copy_tbps": ceilings.copy_tbps, "matmul_tflops": ceilings.matmul_tflops}
+        how = f"under the {plan.protocol} protocol" if runtime.ON_GPU else "with perf_counter"
+        log(f"measuring the ceilings {how} (matmul, read-only and copy bandwidth, one launch) ...")
+        ceilings = measure_ceilings(plan.dtype, plan.protocol)
+    log(f"ceilings on {machine['gpu']} ({ceilings.protocol}): read {ceilings.read_tbps:.3g} TB/s, "
+        f"copy {ceilings.copy_tbps or float('nan'):.3g} TB/s, {str(plan.dtype).replace('torch.', '')} matmul "
+        f"{ceilings.matmul_tflops:.3g} TFLOP/s, one launch {ceilings.launch_us:.3g} us")
+    common = {**machine, **ceilings.columns()}
     rows: list[dict] = []
     start = time.monotonic()
     bar = tqdm(total=len(todo), desc="bench", unit="case", disable=not progress, dynamic_ncols=True)
+    groups: dict[tuple, list[str]] = {}
+    for shape, M, gemm, impl in todo:
+        groups.setdefault((shape, M, gemm), []).append(impl)
     weights_for = inputs_for = inp = w13 = w2 = None
     refs: dict = {}
     try:
-        for shape, M, gemm, impl in todo:
-            bar.set_postfix_str(f"{shape.name} {gemm} {impl} M={M}")
+        for (shape, M, gemm), impls in groups.items():
+            bar.set_postfix_str(f"{shape.name} {gemm} M={M}")
             if plan.max_minutes and time.monotonic() - start > 60 * plan.max_minutes:
-                rows.append({**common, **_skeleton(shape, plan.dtype, gemm, impl, M),
-                             "status": f"skipped: over the --max-minutes {plan.max_minutes:g} budget"})
+                group_rows = [{**_skeleton(shape, plan.dtype, gemm, impl, M),
+                               "status": f"skipped: over the --max-minutes {plan.max_minutes:g} budget"}
+                              for impl in impls]
             else:
                 try:
                     if weights_for != shape.name:
@@ -273,21 +319,21 @@ def run_bench(plan: BenchPlan, *, csv_path: str | Path | None = None, progress: 
                     if inputs_for != M:
                         inputs_for, refs, inp = M, {}, None
                         free_device_memory()
-                        inp = make_inputs(shape, M, plan.dtype, w13, w2, num_rotations=rotations(M), seed=plan.seed)
+                        inp = make_inputs(shape, M, plan.dtype, w13, w2, num_rotations=rotations(M, plan.protocol),
+                                          seed=plan.seed)
                     if gemm not in refs:
                         refs[gemm] = reference_rows(gemm, inp)
-                    row = run_case(gemm, impl, inp, refs[gemm], ceilings, plan)
+                    group_rows = run_group(gemm, impls, inp, refs[gemm], ceilings, plan)
                 except Exception as e:  # noqa: BLE001  (inputs or reference failed, e.g. out of memory)
                     weights_for = inputs_for = None     # build them again for the next case
-                    row = {**_skeleton(shape, plan.dtype, gemm, impl, M),
-                           "status": f"skipped: error while preparing inputs: {type(e).__name__}: "
-                                     f"{(str(e).strip().splitlines() or [''])[0][:200]}"}
-                rows.append({**common, **row})
-                if runtime.ON_GPU:
-                    torch.cuda.empty_cache()
+                    group_rows = [{**_skeleton(shape, plan.dtype, gemm, impl, M),
+                                   "status": f"skipped: error while preparing inputs: {_first_line(e)}"}
+                                  for impl in impls]
+            rows.extend({**common, **row} for row in group_rows)
+            free_device_memory()
             if csv_path is not None:
                 write_rows(csv_path, rows)
-            bar.update(1)
+            bar.update(len(impls))
     finally:
         bar.close()
         w13 = w2 = inp = refs = None

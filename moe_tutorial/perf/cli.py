@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     from ..shapes import BATCH_SIZES, HEADLINE_MODELS, MODEL_SHAPES
     from .bench import CPU_BATCH_SIZES, CPU_SHAPE, GEMMS
     from .registry import BY_NAME, FIRST_IMPLS, LAYER_IMPLS
-    from .timing import TIMERS
+    from .timing import PROTOCOLS
     from .tuning import VARIANTS
 
     parser = argparse.ArgumentParser(
@@ -123,12 +123,14 @@ def build_parser() -> argparse.ArgumentParser:
         Time implementations x model shapes x batch sizes on the device found, check each result
         against a float64 reference, and compare every time with the roofline floor.
 
-        On a GPU: the two ceilings (matmul rate from an 8192^3 matmul, copy bandwidth from a 4 GiB
-        copy, both in the run's dtype and timed with CUDA events) are measured first, in the same run. Each case then runs once
-        with all input checks, is compared with the reference on a few rows, and is timed with
-        triton.testing on random inputs, cycling through several routings so L2 never holds the
-        last call's weights. Results: ms, TFLOP/s, GB/s, the floor max(bytes / copy bandwidth,
-        FLOPs / matmul rate) and the fraction of it reached (floor_ms / ms).
+        On a GPU the ceilings are measured first, in the same run and under the same timer as the
+        cases: the matmul rate (an 8192^3 matmul in the run's dtype), the read-only bandwidth (a
+        kernel that only reads 8 GB), the copy bandwidth (for reference) and one kernel launch.
+        Each case then runs once with all input checks and is compared with the reference on a
+        few rows; the implementations of a case are then timed in order and in reverse order,
+        keeping each one's lower median, under the chosen protocol. Results: ms, TFLOP/s, GB/s,
+        the floor max(bytes / read bandwidth, FLOPs / matmul rate) + one launch, and the
+        fraction of it reached (floor_ms / ms); every row names its protocol.
         Defaults: models {models}; M = {gpu_m}; bfloat16.
 
         On the CPU: Triton kernels run in the interpreter and are timed with perf_counter; those
@@ -168,14 +170,14 @@ def build_parser() -> argparse.ArgumentParser:
     shape.add_argument("--quick", action="store_true",
                        help="a short sweep: one model (Qwen3-30B-A3B) and M = 1,64,4096 on a GPU; M = 1,8 on the CPU")
     timing = bench.add_argument_group("how to time")
-    timing.add_argument("--timer", choices=TIMERS, default="cudagraph",
-                        help="cudagraph: many calls captured in one CUDA graph and replayed "
-                             "after a 100 ms warm-up, so host launch gaps vanish as in an engine at decode; "
-                             "used for every implementation but the Part 1 loop, whose host syncs cannot be "
-                             "captured. events: do_bench, CUDA events around each call with L2 flushed, "
-                             "launch gaps included. Calls slower than 20 ms are timed with a few events either "
-                             "way; if a capture fails, events are used and the status says "
-                             "'ok (events, graph capture failed)' (default: cudagraph)")
+    timing.add_argument("--protocol", choices=PROTOCOLS, default="cold-l2",
+                        help="cold-l2: one call per CUDA graph, a 256 MB buffer zeroed before each replay so "
+                             "L2 holds nothing, events around the replay, median of 30 (how independent "
+                             "measurements of these kernels are made). rotated: many calls per graph cycling "
+                             "through several routings, median of 10 replays per call (launch gaps shrink as in "
+                             "an engine at decode). The Part 1 loop waits on the host and is timed with events, "
+                             "L2 flushed before each call, either way; so are calls slower than 20 ms. On the "
+                             "CPU only perf_counter exists (default: cold-l2)")
     timing.add_argument("--max-seconds-per-case", type=_positive_float, default=2.0, metavar="S",
                         help="one call is timed first; a case slower than S seconds per call is skipped "
                              "('skipped: slower than S s per call'), a slow one is timed a few times only (default: 2)")
@@ -270,7 +272,7 @@ def plan_from_args(parser: argparse.ArgumentParser, args):
     plan.dtype = dtype
     plan.gemms = args.gemm
     plan.impls = args.impls
-    plan.timer = args.timer
+    plan.protocol = args.protocol
     plan.max_seconds = args.max_seconds_per_case
     plan.max_minutes = args.max_minutes or 0.0
     plan.seed = args.seed
@@ -291,8 +293,13 @@ def run_bench_command(parser, args) -> int:
         print(INTERPRETER_NOTE)
     out_dir = Path(args.out)
     csv_path = out_dir / "bench.csv"
+    problem = _unwritable(out_dir)
+    if problem:
+        print(f"moe-tutorial bench: --out {out_dir}: {problem}", file=sys.stderr)
+        return 2
+    timer = f"protocol {plan.protocol}" if runtime.ON_GPU else "timer perf_counter (CPU only)"
     print(f"bench: {len(plan.shapes)} shape(s) x M = {','.join(map(str, plan.batch_sizes))} x "
-          f"{'/'.join(plan.gemms)}, {str(plan.dtype).replace('torch.', '')}, timer {plan.timer}; "
+          f"{'/'.join(plan.gemms)}, {str(plan.dtype).replace('torch.', '')}, {timer}; "
           f"rows go to {csv_path}")
     rows = run_bench(plan, csv_path=csv_path, progress=not args.no_progress)
     if not rows:
@@ -312,6 +319,18 @@ def run_bench_command(parser, args) -> int:
     if not runtime.ON_GPU:
         print(INTERPRETER_NOTE)
     return 0
+
+
+def _unwritable(folder: Path) -> str | None:
+    """Why ``folder`` cannot take the bench's files, or None when it can (it is created if needed)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".moe_tutorial_write_test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        return f"cannot write there ({e.strerror or e})"
+    return None
 
 
 def run_tune_command(parser, args) -> int:

@@ -196,6 +196,19 @@ def skipped_reasons(rows: list[dict]) -> str:
     return "\n".join(f"  {n:3d} x {k}" for k, n in reasons.items())
 
 
+def ceiling_text(row: dict) -> str:
+    """The ceilings a row was judged by, in words: 'read 4.59 TB/s, bfloat16 matmul 727 TFLOP/s, ...'."""
+    parts = []
+    if row.get("read_tbps"):
+        parts.append(f"read {row['read_tbps']:.2f} TB/s")
+    if row.get("copy_tbps"):
+        parts.append(f"copy {row['copy_tbps']:.2f} TB/s")
+    parts.append(f"{row['dtype']} matmul {row['matmul_tflops']:.0f} TFLOP/s")
+    if row.get("launch_us") is not None:
+        parts.append(f"one launch {row['launch_us']:.1f} us")
+    return ", ".join(parts)
+
+
 def run_lines(rows: list[dict]) -> str:
     """One line per bench run in ``rows`` (a run: rows sharing a model and a date), with the
     ceilings measured in it and the implementations it timed, in the series' order."""
@@ -206,6 +219,6 @@ def run_lines(rows: list[dict]) -> str:
     lines = []
     for (model, date), run in sorted(runs.items(), key=lambda kv: (models.index(kv[0][0]), kv[0][1])):
         r = run[0]
-        lines.append(f"  {model}, run of {date or 'unknown date'}: copy {r['copy_tbps']:.2f} TB/s, "
-                     f"{r['dtype']} matmul {r['matmul_tflops']:.0f} TFLOP/s; {', '.join(impl_order(run))}")
+        lines.append(f"  {model}, run of {date or 'unknown date'} ({r.get('protocol') or 'protocol not recorded'}): "
+                     f"{ceiling_text(r)}; {', '.join(impl_order(run))}")
     return "\n".join(lines)

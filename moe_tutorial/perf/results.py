@@ -1,7 +1,8 @@
 """Benchmark results as CSV: one schema for what the bench writes and the notebooks plot.
 
-Every row carries the machine it was measured on (GPU, driver, torch, triton, date) and the two
-ceilings measured in the same run, so a file is self-describing. The series ships the H200
+Every row carries the machine it was measured on (GPU, driver, torch, triton, date), the timing
+protocol, and the ceilings measured in the same run under that protocol, so a file is
+self-describing. The series ships the H200
 results in ``moe_tutorial/data/h200_bench.csv``.
 """
 from __future__ import annotations
@@ -12,17 +13,20 @@ from pathlib import Path
 DATA_DIR = Path(__file__).parent.parent / "data"
 H200_RESULTS = DATA_DIR / "h200_bench.csv"
 
-#: Columns, in order. ``gemm`` is "first" (the [M, topk, N] GEMM) or "layer" (the whole
-#: layer); ``impl`` is a name from :mod:`moe_tutorial.perf.registry`; ``status`` is
-#: "ok", "wrong" (failed the correctness check) or "skipped: <reason>"; times in ms.
+#: Columns, in order. ``protocol`` names how the row was timed (:data:`moe_tutorial.perf.timing.PROTOCOLS`);
+#: ``floor_ms`` is ``max(bytes / read_tbps, FLOPs / matmul_tflops) + launch_us``; ``gemm`` is "first"
+#: (the [M, topk, N] GEMM) or "layer" (the whole layer); ``impl`` is a name from
+#: :mod:`moe_tutorial.perf.registry`; ``status`` is "ok", "wrong" (failed the correctness check) or
+#: "skipped: <reason>"; times in ms.
 FIELDS = [
     "gpu", "driver", "torch", "triton", "date",
-    "copy_tbps", "matmul_tflops",
+    "protocol", "read_tbps", "copy_tbps", "matmul_tflops", "launch_us",
     "model", "E", "N", "K", "topk", "dtype", "gemm", "impl", "M",
     "ms", "tflops", "gbps", "floor_ms", "fraction_of_floor", "rel_error", "status",
 ]
 _INT = {"E", "N", "K", "topk", "M"}
-_FLOAT = {"copy_tbps", "matmul_tflops", "ms", "tflops", "gbps", "floor_ms", "fraction_of_floor", "rel_error"}
+_FLOAT = {"read_tbps", "copy_tbps", "matmul_tflops", "launch_us", "ms", "tflops", "gbps", "floor_ms",
+          "fraction_of_floor", "rel_error"}
 
 
 def write_rows(path, rows: list[dict]) -> Path:

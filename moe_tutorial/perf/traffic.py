@@ -1,8 +1,8 @@
 """Bytes, FLOPs and the roofline floor of the MoE GEMMs: the numbers every speed claim uses.
 
-The floor of a problem is ``max(bytes / copy_bandwidth, flops / matmul_rate)``: the fewest
-bytes it must move (each input read once, each output written once) and the FLOPs it must do,
-over the two ceilings measured on the same GPU.
+The floor of a call is ``max(bytes / read bandwidth, flops / matmul rate) + one launch``: the
+fewest bytes it must move (each input read once, each output written once) and the FLOPs it must
+do, over the ceilings measured on the same GPU in the same run (:mod:`moe_tutorial.perf.ceilings`).
 """
 from __future__ import annotations
 
@@ -61,9 +61,14 @@ def indexing_extra_bytes(M: int, N: int, K: int, topk: int, itemsize: int = 2) -
     return 2.0 * itemsize * M * topk * N * K
 
 
-def floor_seconds(nbytes: float, flops: float, copy_bytes_per_s: float, matmul_flops_per_s: float) -> float:
-    """The roofline floor: the larger of the memory time and the compute time."""
-    return max(nbytes / copy_bytes_per_s, flops / matmul_flops_per_s)
+def floor_seconds(nbytes: float, flops: float, bytes_per_s: float, matmul_flops_per_s: float,
+                  launch_s: float = 0.0) -> float:
+    """The floor of a call: the larger of the memory time and the compute time, plus one launch.
+
+    ``bytes_per_s`` is the read-only bandwidth and ``launch_s`` one kernel launch, both measured
+    under the timer that times the call (:mod:`moe_tutorial.perf.ceilings`).
+    """
+    return max(nbytes / bytes_per_s, flops / matmul_flops_per_s) + launch_s
 
 
 def arithmetic_intensity(nbytes: float, flops: float) -> float:

@@ -1,0 +1,109 @@
+"""Part 4, the idea alone: (token, slot) pairs sorted by expert, one expert per program, ``tl.dot``.
+
+:func:`moe_tutorial.kernels.align.align_block_size` groups the pairs by expert in runs padded to
+BLOCK_M, so every block of BLOCK_M sorted pairs belongs to one expert. A program takes one such
+block and one BLOCK_N slice of the output features, gathers the pairs' token rows, and multiplies
+them by that expert's weights with ``tl.dot``: a real matrix product, on tensor cores.
+
+That is all this kernel does. The production kernel
+(:mod:`moe_tutorial.kernels.sorted_kernel`) computes the same numbers and adds one step at a time:
+grouped program order, tuned tiles, weights through TMA, fused epilogues, short tails.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import runtime
+from ..checks import check_matmul_inputs
+from .align import align_block_size
+
+
+@triton.jit
+def minimal_sorted_kernel(
+    x_ptr, w_ptr, out_ptr,
+    sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
+    N, K, num_pairs, topk,
+    stride_xm, stride_xk,
+    stride_we, stride_wn, stride_wk,
+    stride_om, stride_on,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """out[pair, n] = x[pair // topk] . w[expert, n, :] for one [BLOCK_M, BLOCK_N] tile of sorted pairs."""
+    # [which tile]
+    pid_m = tl.program_id(axis=0)                    # a block of BLOCK_M sorted pairs, all of one expert
+    pid_n = tl.program_id(axis=1)                    # a block of BLOCK_N output features
+    if pid_m * BLOCK_M >= tl.load(num_post_ptr):     # past the last padded row: nothing to do
+        return
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+
+    # [gather the rows]
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ids_ptr + offs_m)          # flat pair indices m * topk + j
+    row_ok = pair < num_pairs                        # padding rows hold num_pairs
+    token = (pair // topk).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + token[:, None] * stride_xm + offs_k[None, :] * stride_xk                   # [BLOCK_M, BLOCK_K]
+    w_ptrs = (w_ptr + expert * stride_we + offs_n[None, :].to(tl.int64) * stride_wn
+              + offs_k[:, None] * stride_wk)                                                    # [BLOCK_K, BLOCK_N]
+
+    # [the K loop]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = offs_k < K - k0
+        a = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        b = tl.load(w_ptrs, mask=k_ok[:, None] & (offs_n[None, :] < N), other=0.0)
+        acc = tl.dot(a, b, acc)                      # [BLOCK_M, BLOCK_K] @ [BLOCK_K, BLOCK_N] on tensor cores
+        x_ptrs += BLOCK_K * stride_xk
+        w_ptrs += BLOCK_K * stride_wk
+
+    # [scatter the rows]
+    out_ptrs = out_ptr + pair.to(tl.int64)[:, None] * stride_om + offs_n[None, :] * stride_on
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_n[None, :] < N))
+
+
+def default_blocks() -> tuple[int, int, int]:
+    """``(BLOCK_M, BLOCK_N, BLOCK_K)``: small tiles in the interpreter (a millisecond per program),
+    a common tensor-core tile on a GPU."""
+    return (16, 32, 32) if runtime.INTERPRETED else (64, 128, 64)
+
+
+def minimal_sorted_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: torch.Tensor, *,
+                              block_m: int | None = None, block_n: int | None = None,
+                              block_k: int | None = None) -> torch.Tensor:
+    """First GEMM with the minimal sorted kernel: grid ``(cdiv(max padded rows, BLOCK_M), cdiv(N, BLOCK_N))``.
+
+    Args:
+        x: ``[M, K]`` fp32 (interpreter) or fp32/fp16/bf16 (GPU; fp32 dots run in TF32 there); any strides.
+        weight: ``[E, N, K]`` x's dtype; any strides.
+        topk_ids: ``[M, topk]`` int32/int64 in ``[0, E)``.
+        block_m, block_n, block_k: powers of two, at least 16 (``tl.dot``'s minimum on a GPU);
+            defaults from :func:`default_blocks`.
+
+    Returns:
+        ``[M, topk, N]`` in x's dtype, accumulated in fp32.
+    """
+    M, K, N, E, topk = check_matmul_inputs(x, weight, topk_ids, kernel=True)
+    blocks = [b if b is not None else d for b, d in zip((block_m, block_n, block_k), default_blocks())]
+    for name, b in zip(("block_m", "block_n", "block_k"), blocks):
+        if isinstance(b, bool) or not isinstance(b, int) or b < 16 or b & (b - 1):
+            raise ValueError(f"{name}: expected a power of two of at least 16 (tl.dot's minimum), got {b!r}")
+    block_m, block_n, block_k = blocks
+    out = x.new_empty(M, topk, N)
+    if M == 0 or N == 0:
+        return out
+    sorted_ids, expert_ids, num_post = align_block_size(topk_ids, block_m, E)
+    flat = out.view(M * topk, N)
+    grid = (triton.cdiv(sorted_ids.numel(), block_m), triton.cdiv(N, block_n))
+    minimal_sorted_kernel[grid](
+        x, weight, flat,
+        sorted_ids, expert_ids, num_post,
+        N, K, M * topk, topk,
+        x.stride(0), x.stride(1),
+        weight.stride(0), weight.stride(1), weight.stride(2),
+        flat.stride(0), flat.stride(1),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+    )
+    return out

@@ -1,0 +1,143 @@
+"""The machine's ceilings, measured in the same run and under the same timer as the kernels they judge.
+
+- **read-only bandwidth**: a kernel that only reads (8 GB on a GPU) and writes one number per
+  program. The MoE GEMMs mostly read weights, and a stream of reads outruns a copy (which reads
+  and writes), so this, not the copy, is the memory roof a GEMM could reach.
+- **copy bandwidth**: a large device-to-device copy, bytes read plus written; reported beside the
+  read-only figure so readers see why it is not the yardstick.
+- **matmul rate**: an 8192^3 matmul in the run's dtype on random data.
+- **one launch**: a kernel that does nothing, timed like every case. No call can take less.
+
+The floor of a call is ``max(bytes / read bandwidth, FLOPs / matmul rate) + one launch``
+(:meth:`Ceilings.floor_ms`): something a kernel could actually reach.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import runtime
+from . import timing, traffic
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """Roofs measured under one timing protocol: TB/s, TFLOP/s and microseconds."""
+
+    read_tbps: float
+    matmul_tflops: float
+    launch_us: float = 0.0
+    copy_tbps: float | None = None
+    protocol: str = "cold-l2"
+
+    @property
+    def ridge(self) -> float:
+        """Arithmetic intensity (FLOP/byte) where the two roofs meet."""
+        return self.matmul_tflops / self.read_tbps
+
+    def floor_ms(self, nbytes: float, flops: float) -> float:
+        """The floor of a call moving ``nbytes`` and doing ``flops``, in ms (one launch included)."""
+        return 1e3 * traffic.floor_seconds(nbytes, flops, self.read_tbps * 1e12, self.matmul_tflops * 1e12,
+                                           self.launch_us * 1e-6)
+
+    def columns(self) -> dict:
+        """The columns every results row carries about the ceilings it was judged by."""
+        return {"protocol": self.protocol, "read_tbps": self.read_tbps, "copy_tbps": self.copy_tbps,
+                "matmul_tflops": self.matmul_tflops, "launch_us": self.launch_us}
+
+
+@triton.jit
+def read_only_kernel(x_ptr, sums_ptr, n, BLOCK: tl.constexpr):
+    """Program p adds up blocks p, p + P, p + 2P, ... of ``x`` and writes one number: reads only."""
+    pid = tl.program_id(0)
+    step = tl.num_programs(0).to(tl.int64) * BLOCK
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    acc = tl.zeros((BLOCK,), dtype=tl.int32)
+    for start in range(0, n, step):
+        acc += tl.load(x_ptr + start + offs, mask=start + offs < n, other=0)
+    tl.store(sums_ptr + pid, tl.sum(acc, axis=0))
+
+
+@triton.jit
+def empty_kernel(x_ptr):
+    """Does nothing a caller can see: what one launch costs."""
+    if tl.program_id(0) < 0:
+        tl.store(x_ptr, 0)
+
+
+def _timed(fn: Callable, protocol: str) -> float:
+    if runtime.ON_GPU:
+        return timing.measure_ms(fn, protocol=protocol, max_seconds=10.0)[0]
+    fn()
+    return 1e3 * statistics.median(timing.time_one_call(fn) for _ in range(5))
+
+
+def measure_ceilings(dtype: torch.dtype | None = None, protocol: str = "cold-l2", *,
+                     read_bytes: int | None = None, matmul_n: int | None = None) -> Ceilings:
+    """Measure the ceilings on this machine, in ``dtype``, under ``protocol`` (see :mod:`timing`).
+
+    GPU: the matmul first (it also brings the clocks up from idle), then an 8 GB read
+    (``read_bytes``, at most a quarter of the free memory), a copy of half of those bytes (so it
+    moves as many: half read, half written) timed with events (a copy
+    replayed in a CUDA graph read only 2.75 TB/s on an H200, notes/gpu-notes.md), and an empty
+    launch. CPU: a 64 MiB sum and copy and a 1024^3 matmul with ``perf_counter``, only so that a
+    CPU run fills every column; on the CPU the launch is taken as 0 and the protocol is
+    "perf_counter", the only timer there.
+    """
+    if protocol not in timing.PROTOCOLS:
+        raise ValueError(f"protocol: expected one of {', '.join(timing.PROTOCOLS)}, got {protocol!r}")
+    dtype = dtype or runtime.DEFAULT_DTYPE
+    device = runtime.DEVICE
+    matmul_n = matmul_n or (8192 if runtime.ON_GPU else 1024)
+    if read_bytes is None:
+        read_bytes = min(8 << 30, torch.cuda.mem_get_info()[0] // 4) if runtime.ON_GPU else 64 << 20
+    read_bytes -= read_bytes % (1 << 20)
+    g = torch.Generator(device=device).manual_seed(0)
+
+    a = torch.randn(matmul_n, matmul_n, generator=g, device=device, dtype=dtype)
+    b = torch.randn(matmul_n, matmul_n, generator=g, device=device, dtype=dtype)
+    c = torch.empty_like(a)
+    mm_ms = _timed(lambda: torch.matmul(a, b, out=c), protocol)
+    a = b = c = None
+
+    # Random int32 words: a read moves bits, whatever they mean.
+    words = torch.randint(-2**31, 2**31 - 1, (read_bytes // 4,), generator=g, device=device, dtype=torch.int32)
+    if runtime.ON_GPU:
+        programs = 8 * torch.cuda.get_device_properties(device).multi_processor_count
+        sums = torch.empty(programs, device=device, dtype=torch.int32)
+        read_ms = _timed(lambda: read_only_kernel[(programs,)](words, sums, words.numel(), BLOCK=4096), protocol)
+        copy_ms = _copy_ms(words[: words.numel() // 2])
+        flag = torch.zeros(1, device=device, dtype=torch.int32)
+        launch_us = 1e3 * _timed(lambda: empty_kernel[(1,)](flag), protocol)
+    else:   # the interpreter would take minutes over 64 MiB: torch reads them instead
+        read_ms = _timed(lambda: words.sum(), protocol)
+        half = words[: words.numel() // 2]
+        copy_ms = _timed(lambda: half.clone(), protocol)
+        launch_us = 0.0
+    words = None
+    if runtime.ON_GPU:
+        torch.cuda.empty_cache()
+    return Ceilings(read_tbps=read_bytes / (read_ms * 1e-3) / 1e12,
+                    matmul_tflops=2 * matmul_n ** 3 / (mm_ms * 1e-3) / 1e12,
+                    launch_us=launch_us, copy_tbps=read_bytes / (copy_ms * 1e-3) / 1e12,
+                    protocol=protocol if runtime.ON_GPU else "perf_counter")
+
+
+def _copy_ms(src: torch.Tensor) -> float:
+    """Median of 20 copies of ``src``, CUDA events around each."""
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(20):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
