@@ -262,3 +262,23 @@ def test_cpu_ceilings_fill_every_column():
     assert c.protocol == ("cold-l2" if runtime.ON_GPU else "perf_counter")
     with pytest.raises(ValueError, match=r"^protocol: expected one of cold-l2, rotated, got 'warm'"):
         ceilings.measure_ceilings(torch.float32, "warm")
+
+
+def test_part4_steps_compute_the_same_first_gemm_and_layer():
+    """Each production step of notebook 04 is timed as an implementation: all of them agree."""
+    plan = bench.BenchPlan([SHAPE], (5,), torch.float32, impls=("sorted",) + bench_impls.FIRST_STEPS
+                           + bench_impls.LAYER_STEPS)
+    rows = bench.run_bench(plan, progress=False, log=lambda s: None, ceilings=ceilings.Ceilings(1.0, 1.0))
+    assert {(r["gemm"], r["impl"]) for r in rows} == (
+        {("first", i) for i in ("sorted",) + bench_impls.FIRST_STEPS}
+        | {("layer", i) for i in ("sorted",) + bench_impls.LAYER_STEPS})
+    for r in rows:
+        assert r["status"] == "ok" and r["rel_error"] < 1e-5, r
+    with pytest.raises(ValueError, match=r"^step: expected one of minimal, \+grouped, \+tuned, \+tma, got 'fast'"):
+        bench_impls.first_step("fast")
+
+
+def test_default_sweep_leaves_the_steps_out():
+    plan = bench.BenchPlan([SHAPE], (1,), torch.float32)
+    names = {impl for _, _, _, impl in bench.cases(plan)}
+    assert "sorted" in names and not names & set(bench_impls.FIRST_STEPS + bench_impls.LAYER_STEPS)

@@ -9,7 +9,7 @@ from pathlib import Path
 from moe_tutorial import runtime
 from moe_tutorial.perf import cli, results
 from moe_tutorial.perf.bench import INTERPRETER_NOTE
-from moe_tutorial.perf.registry import FIRST_IMPLS, LAYER_IMPLS
+from moe_tutorial.perf.registry import BY_NAME, FIRST_IMPLS, LAYER_IMPLS
 
 import pytest
 import tomllib
@@ -49,8 +49,9 @@ def test_quick_bench_runs_and_says_cpu_timings_mean_nothing(quick_bench):
 def test_quick_bench_csv_has_one_checked_row_per_case(quick_bench):
     proc, out = quick_bench
     rows = results.load_rows(out / "bench.csv")
-    expected = {("first", i, M) for i in FIRST_IMPLS if i != "sorted-heuristic" for M in (1, 8)}
-    expected |= {("layer", i, M) for i in LAYER_IMPLS if i != "sorted-heuristic" for M in (1, 8)}
+    default = {name for name, impl in BY_NAME.items() if impl.in_default_sweep and name != "sorted-heuristic"}
+    expected = {("first", i, M) for i in FIRST_IMPLS if i in default for M in (1, 8)}
+    expected |= {("layer", i, M) for i in LAYER_IMPLS if i in default for M in (1, 8)}
     assert {(r["gemm"], r["impl"], r["M"]) for r in rows} == expected
     for r in rows:
         assert r["gpu"].startswith("cpu") and r["torch"] and r["triton"] and r["date"]

@@ -151,13 +151,16 @@ def max_padded_rows(numel: int, block_m: int, num_experts: int) -> int:
     return min(numel + num_experts * (block_m - 1), numel * block_m)
 
 
-def align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int):
+def align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int, *,
+                     small_batch_pairs: int = SMALL_BATCH_PAIRS):
     """Sort (token, slot) pairs by expert; pad each expert's run to a multiple of ``block_m``.
 
     Args:
         topk_ids: ``[M, topk]`` int32/int64 in ``[0, num_experts)``.
         block_m: rows per block, a power of two.
         num_experts: E.
+        small_batch_pairs: up to this many pairs, one launch; 0 always takes the three launches
+            (the benchmark times both to show what the one-launch path buys).
 
     Returns:
         ``(sorted_token_ids, expert_ids, num_tokens_post_padded)``:
@@ -189,7 +192,7 @@ def align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int):
         return sorted_ids, expert_ids, torch.zeros(1, dtype=torch.int32, device=device)
     num_post = torch.empty(1, dtype=torch.int32, device=device)    # a kernel writes it: no memset launch
     num_blocks = expert_ids.numel()
-    if numel <= SMALL_BATCH_PAIRS:
+    if numel <= min(small_batch_pairs, SMALL_BATCH_PAIRS):
         # Sized to the batch: SMALL x SMALL tensors, about 16 elements per thread. On an H200:
         # 1.7 us for 8 pairs, 3.3 us for 64; 128 pairs took 9.7 us (the three-launch path
         # takes 7 us for 512), hence the limit of 64.

@@ -72,7 +72,8 @@ def default_blocks() -> tuple[int, int, int]:
 
 def minimal_sorted_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: torch.Tensor, *,
                               block_m: int | None = None, block_n: int | None = None,
-                              block_k: int | None = None) -> torch.Tensor:
+                              block_k: int | None = None, alignment=None, out: torch.Tensor | None = None,
+                              num_warps: int = 4, num_stages: int = 3) -> torch.Tensor:
     """First GEMM with the minimal sorted kernel: grid ``(cdiv(max padded rows, BLOCK_M), cdiv(N, BLOCK_N))``.
 
     Args:
@@ -81,6 +82,10 @@ def minimal_sorted_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: t
         topk_ids: ``[M, topk]`` int32/int64 in ``[0, E)``.
         block_m, block_n, block_k: powers of two, at least 16 (``tl.dot``'s minimum on a GPU);
             defaults from :func:`default_blocks`.
+        alignment: ``align_block_size(topk_ids, block_m, E)`` computed beforehand (an engine
+            aligns once per batch), else computed here.
+        out: an ``[M, topk, N]`` contiguous buffer of x's dtype to write into.
+        num_warps, num_stages: how the GPU runs each program (ignored by the interpreter).
 
     Returns:
         ``[M, topk, N]`` in x's dtype, accumulated in fp32.
@@ -91,10 +96,14 @@ def minimal_sorted_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: t
         if isinstance(b, bool) or not isinstance(b, int) or b < 16 or b & (b - 1):
             raise ValueError(f"{name}: expected a power of two of at least 16 (tl.dot's minimum), got {b!r}")
     block_m, block_n, block_k = blocks
-    out = x.new_empty(M, topk, N)
+    if out is None:
+        out = x.new_empty(M, topk, N)
+    elif not out.is_contiguous() or tuple(out.shape) != (M, topk, N) or out.dtype != x.dtype:
+        raise ValueError(f"out: expected a contiguous {(M, topk, N)} tensor of {x.dtype}, "
+                         f"got shape {tuple(out.shape)}, {out.dtype}")
     if M == 0 or N == 0:
         return out
-    sorted_ids, expert_ids, num_post = align_block_size(topk_ids, block_m, E)
+    sorted_ids, expert_ids, num_post = alignment if alignment is not None else align_block_size(topk_ids, block_m, E)
     flat = out.view(M * topk, N)
     grid = (triton.cdiv(sorted_ids.numel(), block_m), triton.cdiv(N, block_n))
     minimal_sorted_kernel[grid](
@@ -104,6 +113,6 @@ def minimal_sorted_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: t
         x.stride(0), x.stride(1),
         weight.stride(0), weight.stride(1), weight.stride(2),
         flat.stride(0), flat.stride(1),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
     )
     return out

@@ -26,7 +26,7 @@ from ..shapes import BATCH_SIZES, HEADLINE_MODELS, ModelShape, get_shape
 from . import traffic
 from .ceilings import Ceilings, measure_ceilings
 from .impls import INT32_LIMIT, Inputs, Skip
-from .registry import FIRST_IMPLS, LAYER_IMPLS, prepare
+from .registry import BY_NAME, FIRST_IMPLS, LAYER_IMPLS, prepare
 from .results import write_rows
 from .timing import HOST_SYNC_TIMER, PROTOCOLS, SLOW_CALL_TIMER, TooSlow, cycle, machine_info, measure_ms, warm_up_gpu
 
@@ -80,14 +80,14 @@ def has_tuned_config(shape: ModelShape, gemm: str, dtype: torch.dtype) -> bool:
 def impls_for(plan: BenchPlan, shape: ModelShape, gemm: str) -> tuple[str, ...]:
     """The implementations a gemm runs: the plan's (those that exist for this gemm) or the defaults.
 
-    The default list leaves out "sorted-heuristic" unless a tuned table would make "sorted"
-    differ from it.
+    The default list leaves out the production steps of Part 4 (named only on request) and
+    "sorted-heuristic" unless a tuned table would make "sorted" differ from it.
     """
     known = FIRST_IMPLS if gemm == "first" else LAYER_IMPLS
     if plan.impls is not None:
         return tuple(i for i in plan.impls if i in known)
     keep_heuristic = runtime.ON_GPU and has_tuned_config(shape, gemm, plan.dtype)
-    return tuple(i for i in known if i != "sorted-heuristic" or keep_heuristic)
+    return tuple(i for i in known if BY_NAME[i].in_default_sweep and (i != "sorted-heuristic" or keep_heuristic))
 
 
 def cases(plan: BenchPlan) -> list[tuple[ModelShape, int, str, str]]:

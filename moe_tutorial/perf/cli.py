@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="{bench,tune}")
     sub.required = True
     impl_lines = "\n".join(textwrap.fill(BY_NAME[name].help, 100, initial_indent=f"  {name:17s}",
-                                         subsequent_indent=" " * 19) for name in FIRST_IMPLS)
+                                         subsequent_indent=" " * 19) for name in BY_NAME)
     model_lines = "\n".join(f"  {s.name:19s}E={s.num_experts:<4d}topk={s.topk}  hidden={s.hidden:<5d}"
                             f"intermediate={s.intermediate}" for s in MODEL_SHAPES.values())
     c = CPU_SHAPE
@@ -160,9 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "go together and add a shape named 'custom'")
     shape.add_argument("--batch-sizes", "-M", type=_int_list, default=None, metavar="M,M,...",
                        help="token counts M to sweep (default: see above; --quick uses fewer)")
-    shape.add_argument("--impls", type=_choice_list(FIRST_IMPLS, "implementation"), default=None,
-                       metavar="NAMES", help="comma-separated implementations (default: all; "
-                       "sorted-heuristic only where a tuned table exists)")
+    shape.add_argument("--impls", type=_choice_list(tuple(BY_NAME), "implementation"), default=None,
+                       metavar="NAMES", help="comma-separated implementations; each gemm runs those it has "
+                       "(default: all but Part 4's production steps; sorted-heuristic only where a tuned "
+                       "table exists)")
     shape.add_argument("--gemm", type=_choice_list(GEMMS, "gemm"), default=GEMMS, metavar="first,layer",
                        help="which problems: the first GEMM, the whole layer, or both (default: both)")
     shape.add_argument("--dtype", type=_dtype, default=None,

@@ -156,6 +156,96 @@ def first_sorted(inp: Inputs, *, align_inside: bool = False, heuristic: bool = F
     return Prepared(calls, output=lambda _: out.view(M, topk, N), buffers=[out])
 
 
+# ------------------------------------------- Part 4 built up: each production step on its own
+
+#: The first GEMM's production steps, in the order notebook 04 adds them. Each step keeps all
+#: the steps before it: "+tuned" is the grouped-order kernel with tuned tiles, and so on; the
+#: last step, short tails, gives "sorted".
+FIRST_STEPS = ("minimal", "+grouped", "+tuned", "+tma")
+
+
+def first_step(step: str):
+    """Prepare the first GEMM as Part 4 stands after ``step`` (one of :data:`FIRST_STEPS`).
+
+    minimal: the minimal kernel (2-D grid in row-major order, pointer loads) with the heuristic's
+    tiles, warps and stages; +grouped: the production kernel (grouped order), same tiles, no TMA,
+    no short tails; +tuned: the tuned table's tiles, still without TMA and short tails; +tma: the
+    tuned configuration with its TMA choice, without short tails. Alignment outside the timing.
+    """
+    if step not in FIRST_STEPS:
+        raise ValueError(f"step: expected one of {', '.join(FIRST_STEPS)}, got {step!r}")
+
+    def prepare(inp: Inputs) -> Prepared:
+        from dataclasses import replace
+
+        from ..kernels.align import align_block_size
+        from ..kernels.configs import get_config, heuristic_config
+        from ..kernels.minimal_sorted_kernel import minimal_sorted_moe_matmul
+        from ..kernels.sorted_kernel import launch_sorted_gemm
+
+        E, N, K = inp.w13.shape
+        M, topk = inp.M, inp.shape.topk
+        config = heuristic_config(M, topk, E, "plain") if step in ("minimal", "+grouped") else \
+            get_config(M, E, N, K, topk, inp.dtype, "plain")
+        config = replace(config, short_tails=False, use_tma=config.use_tma and step == "+tma")
+        alignments = [align_block_size(ids, config.block_m, E) for ids in inp.ids]
+        out = inp.xs[0].new_empty(M * topk, N)
+        if step == "minimal":
+            calls = [lambda r=r: minimal_sorted_moe_matmul(
+                inp.xs[r], inp.w13, inp.ids[r], block_m=config.block_m, block_n=config.block_n,
+                block_k=config.block_k, alignment=alignments[r], out=out.view(M, topk, N),
+                num_warps=config.num_warps, num_stages=config.num_stages) for r in range(len(inp.xs))]
+        else:
+            calls = [lambda r=r: launch_sorted_gemm(inp.xs[r], inp.w13, out, None, alignments[r], M * topk, topk,
+                                                    config) for r in range(len(inp.xs))]
+        return Prepared(calls, output=lambda _: out.view(M, topk, N), buffers=[out])
+    return prepare
+
+
+#: The whole layer's production steps (alignment included, as in every layer row): no fused
+#: epilogue; + the router weights in the down GEMM's epilogue (what vLLM's Triton path does);
+#: + SiLU(gate) * up in the gate/up GEMM's epilogue. The last step, the one-launch alignment of
+#: decode batches, gives "sorted".
+LAYER_STEPS = ("unfused", "+router-epilogue", "+silu-epilogue")
+
+
+def layer_step(step: str):
+    """Prepare the whole layer as Part 4 stands after ``step`` (one of :data:`LAYER_STEPS`); tuned
+    configurations throughout, and the three-launch alignment for every batch."""
+    if step not in LAYER_STEPS:
+        raise ValueError(f"step: expected one of {', '.join(LAYER_STEPS)}, got {step!r}")
+
+    def prepare(inp: Inputs) -> Prepared:
+        from ..activation import silu_and_mul
+        from ..kernels.align import align_block_size
+        from ..kernels.configs import get_config
+        from ..kernels.sorted_kernel import launch_sorted_gemm
+
+        s = inp.shape
+        E, topk, H, inter, M = s.num_experts, s.topk, s.hidden, s.intermediate, inp.M
+        pairs = M * topk
+        gated = step == "+silu-epilogue"
+        cfg_up = get_config(M, E, inter if gated else 2 * inter, H, topk, inp.dtype, "gated" if gated else "plain")
+        cfg_down = get_config(M, E, H, inter, topk, inp.dtype, "down")
+        up = inp.xs[0].new_empty(pairs, inter if gated else 2 * inter)
+        down = inp.xs[0].new_empty(pairs, H)
+
+        def run(x, ids, w):
+            a_up = align_block_size(ids, cfg_up.block_m, E, small_batch_pairs=0)
+            a_down = a_up if cfg_down.block_m == cfg_up.block_m else \
+                align_block_size(ids, cfg_down.block_m, E, small_batch_pairs=0)
+            launch_sorted_gemm(x, inp.w13, up, None, a_up, pairs, topk, cfg_up, gated=gated)
+            act = up if gated else silu_and_mul(up)
+            router = w.reshape(-1).float().contiguous()
+            if step == "unfused":
+                launch_sorted_gemm(act, inp.w2, down, None, a_down, pairs, 1, cfg_down)
+                return (down.view(M, topk, H) * w[..., None].to(down.dtype)).sum(dim=1)
+            launch_sorted_gemm(act, inp.w2, down, router, a_down, pairs, 1, cfg_down)
+            return down.view(M, topk, H).sum(dim=1)
+        return Prepared(_rotations(inp, run))
+    return prepare
+
+
 def grouped_mm_support(dtype: torch.dtype) -> str | None:
     """None if ``torch._grouped_mm`` can run here in ``dtype``, else the reason it cannot."""
     if not hasattr(torch, "_grouped_mm"):
