@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One batched GPU session on a lent H200 (see notes/gpu-notes.md): run from the repository root as
+#   OUT=<folder> bash scripts/h200_run.sh STAGE [STAGE ...]
+# Stages: tests (GPU correctness tests), bench-part4 (Part 4, its production steps and
+# torch._grouped_mm under the cold-l2 protocol), bench-rest (Parts 1-3 under cold-l2),
+# bench-rotated (Part 4 and torch._grouped_mm under the rotated protocol).
+# Each stage writes its log and CSVs under $OUT; a failing stage does not stop the next.
+set -u
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+MODELS=Mixtral-8x7B,Qwen3-30B-A3B,DeepSeek-V3
+PART4=sorted,sorted+align,sorted-heuristic,grouped_mm,minimal,+grouped,+tuned,+tma,unfused,+router-epilogue,+silu-epilogue
+python3 -c "import torch, triton; print(torch.cuda.get_device_name(), 'torch', torch.__version__, 'triton', triton.__version__)"
+for stage in "$@"; do
+  echo "=== $stage $(date -u +%H:%M:%S)"
+  case $stage in
+    tests)
+      python3 -m pytest -m gpu -q -p no:cacheprovider -x tests/test_sorted_kernel.py tests/test_minimal_sorted_kernel.py \
+        tests/test_bench.py tests/test_align.py 2>&1 | tail -15 | tee "$OUT/tests.log" ;;
+    bench-part4)
+      python3 -m moe_tutorial bench --models $MODELS --impls $PART4 --protocol cold-l2 --no-progress \
+        --max-seconds-per-case 1 --out "$OUT/part4" > "$OUT/bench-part4.log" 2>&1; tail -40 "$OUT/bench-part4.log" ;;
+    bench-rest)
+      python3 -m moe_tutorial bench --models $MODELS --impls loop,indexing,published,fused --protocol cold-l2 \
+        --no-progress --max-seconds-per-case 1 --out "$OUT/rest" > "$OUT/bench-rest.log" 2>&1; tail -30 "$OUT/bench-rest.log" ;;
+    bench-rotated)
+      python3 -m moe_tutorial bench --models $MODELS --impls sorted,sorted+align,grouped_mm --protocol rotated \
+        --no-progress --max-seconds-per-case 1 --out "$OUT/rotated" > "$OUT/bench-rotated.log" 2>&1; tail -30 "$OUT/bench-rotated.log" ;;
+    *) echo "unknown stage $stage" ;;
+  esac
+done
+echo "=== done $(date -u +%H:%M:%S)"
