@@ -29,5 +29,6 @@ for stage in "$@"; do
         --no-progress --max-seconds-per-case 1 --out "$OUT/rotated" > "$OUT/bench-rotated.log" 2>&1; tail -30 "$OUT/bench-rotated.log" ;;
     *) echo "unknown stage $stage" ;;
   esac
+  rm -f "$OUT"/*/*.png   # the CSVs hold the data; the tool brings back at most 8 files
 done
 echo "=== done $(date -u +%H:%M:%S)"
