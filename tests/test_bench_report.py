@@ -227,3 +227,16 @@ def test_run_lines_one_per_model_and_date():
     assert lines[0].startswith("  Mixtral-8x7B, run of 2026-01-02T03:04:05") and lines[0].endswith("; loop")
     assert "bfloat16 matmul 650 TFLOP/s" in lines[0] and "matmul 600 TFLOP/s" in lines[1]
     assert lines[1].endswith("; sorted") and lines[2].startswith("  DeepSeek-V3")
+
+
+def test_tables_keep_one_protocol(part4_rows):
+    """Rows timed under two protocols: tables show the headline one unless told otherwise."""
+    rotated = [dict(r, protocol="rotated", fraction_of_floor=r["fraction_of_floor"] and r["fraction_of_floor"] / 2)
+               for r in part4_rows]
+    cold = [dict(r, protocol="cold-l2") for r in part4_rows]
+    both = cold + rotated
+    assert bench_report.geomean_table(both) == bench_report.geomean_table(cold)
+    assert bench_report.geomean_table(both, protocol="rotated") == bench_report.geomean_table(rotated)
+    assert bench_report.geomean_table(rotated) != bench_report.geomean_table(cold)
+    with pytest.raises(ValueError, match=r"^protocol: the results hold several protocols \['a', 'b'\]"):
+        bench_report.subset([dict(r, protocol="a") for r in part4_rows] + [dict(r, protocol="b") for r in part4_rows])

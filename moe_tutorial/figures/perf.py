@@ -78,14 +78,15 @@ def _ceilings(rows):
     return r.get("read_tbps") or r["copy_tbps"], r["matmul_tflops"]
 
 
-def plot_roofline(rows: list[dict], model: str, gemm: str = "first", *, ax=None):
+def plot_roofline(rows: list[dict], model: str, gemm: str = "first", *, ax=None, protocol: str | None = None):
     """Each implementation's measured points on the roofline of the GPU that measured them.
 
     A point sits at its problem's arithmetic intensity (``1000 * tflops / gbps``) and its
-    achieved TFLOP/s; the roof is ``min(copy bandwidth * intensity, matmul rate)``. Points are
+    achieved TFLOP/s; the roof is ``min(read bandwidth * intensity, matmul rate)``. Points are
     joined in order of M, so each implementation is a line climbing from decode to prefill.
+    ``protocol`` picks rows as :func:`moe_tutorial.perf.report.subset` does.
     """
-    mine = [r for r in rows if r["model"] == model and r["gemm"] == gemm and is_ok(r) and r.get("gbps")]
+    mine = [r for r in subset(rows, gemm, protocol=protocol) if r["model"] == model and is_ok(r) and r.get("gbps")]
     if not mine:
         raise ValueError(f"rows: no timed results for model={model!r}, gemm={gemm!r}")
     bw, peak = _ceilings(mine)
@@ -154,7 +155,8 @@ def _shared_legend(fig, axes, ncol: int = 5) -> float:
 
 
 def plot_across_models(rows: list[dict], models=None, gemm: str = "first", metric: str = "ms", *, impls=None,
-                       dtype: str | None = None, highlight: str | None = None, ncols: int = 3):
+                       dtype: str | None = None, highlight: str | None = None, ncols: int = 3,
+                       protocol: str | None = None):
     """``metric`` against M, one panel per model, one line per implementation, one legend.
 
     Args:
@@ -165,6 +167,8 @@ def plot_across_models(rows: list[dict], models=None, gemm: str = "first", metri
             the panels share their y axis).
         impls: which implementations to draw (default: all), in the series' order.
         dtype: keep only this dtype; None when the rows hold a single one.
+        protocol: keep only rows timed under this protocol; None: the headline protocol where
+            the rows hold several (:func:`moe_tutorial.perf.report.subset`).
         highlight: an implementation drawn thicker, e.g. the notebook's own kernel.
         ncols: panels per row; more models wrap onto further rows.
 
@@ -173,7 +177,7 @@ def plot_across_models(rows: list[dict], models=None, gemm: str = "first", metri
     """
     if metric not in ("ms", "fraction_of_floor"):
         raise ValueError(f"metric: expected 'ms' or 'fraction_of_floor', got {metric!r}")
-    rows = subset(rows, gemm, dtype, impls)
+    rows = subset(rows, gemm, dtype, impls, protocol)
     models = list(models) if models is not None else model_order(rows)
     if not models:
         raise ValueError(f"rows: no results for gemm={gemm!r}" + (f", dtype={dtype!r}" if dtype else "")

@@ -100,7 +100,7 @@ def _text(template: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     from ..shapes import BATCH_SIZES, HEADLINE_MODELS, MODEL_SHAPES
     from .bench import CPU_BATCH_SIZES, CPU_SHAPE, GEMMS
-    from .registry import BY_NAME, FIRST_IMPLS, LAYER_IMPLS
+    from .registry import BY_NAME, LAYER_IMPLS
     from .timing import PROTOCOLS
     from .tuning import VARIANTS
 

@@ -42,17 +42,30 @@ def batch_sizes(rows: list[dict]) -> list[int]:
     return sorted({r["M"] for r in rows})
 
 
-def subset(rows: list[dict], gemm: str | None = None, dtype: str | None = None, impls=None) -> list[dict]:
-    """The rows of one ``gemm`` and one ``dtype`` (None: any), of the given ``impls`` (None: all).
+#: The protocol tables and figures show when the rows hold several and none is asked for.
+HEADLINE_PROTOCOL = "cold-l2"
 
-    With ``dtype=None`` the rows must hold a single dtype: tables and figures key a case by
-    model, gemm, implementation and M, and two dtypes of one case would collide.
+
+def subset(rows: list[dict], gemm: str | None = None, dtype: str | None = None, impls=None,
+           protocol: str | None = None) -> list[dict]:
+    """The rows of one ``gemm``, ``dtype`` and timing ``protocol`` (None: any), of the given
+    ``impls`` (None: all).
+
+    Tables and figures key a case by model, gemm, implementation and M, so two dtypes or two
+    protocols of one case would collide. With ``dtype=None`` the rows must hold a single dtype;
+    with ``protocol=None`` rows of several protocols are narrowed to :data:`HEADLINE_PROTOCOL`.
     """
     rows = [r for r in rows if (gemm is None or r["gemm"] == gemm) and (dtype is None or r.get("dtype") == dtype)
-            and (impls is None or r["impl"] in impls)]
+            and (impls is None or r["impl"] in impls) and (protocol is None or r.get("protocol") == protocol)]
     dtypes = sorted({r["dtype"] for r in rows if r.get("dtype")})
     if len(dtypes) > 1:
         raise ValueError(f"dtype: the results hold several dtypes {dtypes}; expected one of them, got None")
+    protocols = {r.get("protocol") for r in rows}
+    if len(protocols) > 1:
+        if HEADLINE_PROTOCOL not in protocols:
+            raise ValueError(f"protocol: the results hold several protocols {sorted(map(str, protocols))}; "
+                             "expected one of them, got None")
+        rows = [r for r in rows if r.get("protocol") == HEADLINE_PROTOCOL]
     return rows
 
 
@@ -96,13 +109,13 @@ def _index(rows):
 
 
 def fraction_table(rows: list[dict], gemm: str | None = None, *, impls=None, dtype: str | None = None,
-                   labels: dict | None = None) -> str:
+                   labels: dict | None = None, protocol: str | None = None) -> str:
     """model, gemm, impl, then the fraction of the floor reached at each M, then :func:`floor_geomeans`.
 
     ``gemm``, ``dtype`` and ``impls`` pick rows as :func:`subset` does; ``labels`` maps an
     implementation to the name its line shows.
     """
-    rows = subset(rows, gemm, dtype, impls)
+    rows = subset(rows, gemm, dtype, impls, protocol)
     index, sizes, labels = _index(rows), batch_sizes(rows), labels or {}
     gemms = _ordered((r["gemm"] for r in rows), ("first", "layer"))
     geomeans = {g: floor_geomeans(rows, g) for g in gemms}
@@ -116,14 +129,15 @@ def fraction_table(rows: list[dict], gemm: str | None = None, *, impls=None, dty
     return format_table(["model", "gemm", "impl"] + [f"M={M}" for M in sizes] + ["geomean"], body)
 
 
-def floor_geomeans(rows: list[dict], gemm: str = "first", *, dtype: str | None = None) -> dict:
+def floor_geomeans(rows: list[dict], gemm: str = "first", *, dtype: str | None = None,
+                   protocol: str | None = None) -> dict:
     """``{(model, impl): value}``: the geometric mean over M of the fraction of the floor.
 
     ``value`` is a float over the M where the implementation timed correctly (skipped M are
     left out, not counted as zero), or "wrong" when any of that model's cases failed its
     check. Pairs with no timed M are absent.
     """
-    rows = subset(rows, gemm, dtype)
+    rows = subset(rows, gemm, dtype, protocol=protocol)
     out: dict = {}
     for model in model_order(rows):
         for impl in impl_order(rows):
@@ -138,13 +152,13 @@ def floor_geomeans(rows: list[dict], gemm: str = "first", *, dtype: str | None =
 
 
 def geomean_table(rows: list[dict], gemm: str = "first", *, dtype: str | None = None,
-                  labels: dict | None = None) -> str:
+                  labels: dict | None = None, protocol: str | None = None) -> str:
     """The headline table: one line per implementation, :func:`floor_geomeans` per model.
 
     A cell that counts only some of the M reads e.g. "0.10 (3/7 M)". ``labels`` maps an
     implementation to the name its line shows.
     """
-    rows = subset(rows, gemm, dtype)
+    rows = subset(rows, gemm, dtype, protocol=protocol)
     values, names, labels = floor_geomeans(rows, gemm), model_order(rows), labels or {}
     body = []
     for impl in impl_order(rows):
@@ -159,18 +173,20 @@ def geomean_table(rows: list[dict], gemm: str = "first", *, dtype: str | None = 
     return format_table([gemm_title(gemm)] + names, body)
 
 
-def best_tflops(rows: list[dict], impl: str = "fused", gemm: str = "first") -> dict[str, float]:
+def best_tflops(rows: list[dict], impl: str = "fused", gemm: str = "first", *,
+                protocol: str | None = None) -> dict[str, float]:
     """``{model: the highest TFLOP/s impl reached at any M}`` over rows that timed correctly."""
     best: dict[str, float] = {}
-    for r in subset(rows, gemm, impls=(impl,)):
+    for r in subset(rows, gemm, impls=(impl,), protocol=protocol):
         if is_ok(r) and r.get("tflops") is not None:
             best[r["model"]] = max(best.get(r["model"], 0.0), r["tflops"])
     return best
 
 
-def speedup_table(rows: list[dict], model: str, gemm: str = "first", baseline: str = "sorted") -> str:
+def speedup_table(rows: list[dict], model: str, gemm: str = "first", baseline: str = "sorted", *,
+                  protocol: str | None = None) -> str:
     """How many times faster ``baseline`` is than each other implementation, per M."""
-    rows = [r for r in rows if r["model"] == model and r["gemm"] == gemm]
+    rows = [r for r in subset(rows, gemm, protocol=protocol) if r["model"] == model]
     index, sizes = _index(rows), batch_sizes(rows)
     body = []
     for impl in impl_order(rows):
