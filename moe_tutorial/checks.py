@@ -54,6 +54,8 @@ def check_matmul_inputs(x, weight, topk_ids, *, kernel: bool = False,
             _fail(ValueError, name, f"x's device {x.device}", t.device)
     if kernel:
         check_kernel_dtype("x", x)
+        check_no_grad({"x": x, weight_name: weight})
+    check_holds_values("x", x)
     if topk_ids.numel() and not _capturing(topk_ids):
         lo, hi = torch.stack(torch.aminmax(topk_ids)).tolist()   # one host sync on a GPU
         if lo < 0 or hi >= E:
@@ -69,13 +71,41 @@ def _capturing(t: torch.Tensor) -> bool:
 
 
 def check_kernel_dtype(name: str, t: torch.Tensor) -> None:
-    """The Triton kernels take fp32 in the interpreter and fp32/fp16/bf16 on a GPU."""
+    """The Triton kernels take fp32 in the interpreter and fp32/fp16/bf16 on a GPU, on the
+    runtime's device (:func:`check_kernel_device`)."""
     if t.dtype not in runtime.KERNEL_DTYPES:
         where = "a CUDA GPU" if runtime.ON_GPU else "the CPU interpreter (bf16 is silently wrong there)"
         allowed = ", ".join(str(d) for d in runtime.KERNEL_DTYPES)
         _fail(TypeError, name, f"one of {allowed} on {where}", t.dtype)
-    if runtime.ON_GPU and t.device.type != "cuda":
-        _fail(ValueError, name, "a CUDA tensor (a GPU is present, kernels run there)", t.device)
+    check_kernel_device(name, t)
+
+
+def check_kernel_device(name: str, t: torch.Tensor) -> None:
+    """The Triton kernels read memory where the runtime runs them: CUDA tensors with a GPU,
+    CPU tensors in the interpreter (a meta tensor has no memory to read)."""
+    if t.device.type != runtime.DEVICE.type:
+        expected = ("a CUDA tensor (a GPU is present, kernels run there)" if runtime.ON_GPU
+                    else "a CPU tensor (Triton's interpreter runs the kernels on the CPU)")
+        _fail(ValueError, name, expected, t.device)
+
+
+def check_holds_values(name: str, t: torch.Tensor) -> None:
+    """A meta tensor has a shape but no values: the checks and the parts need the values."""
+    if t.device.type == "meta":
+        _fail(ValueError, name, "a tensor that holds values (on cpu or cuda)", t.device)
+
+
+def check_no_grad(tensors: dict) -> None:
+    """The Triton kernels have no backward pass: refuse a tensor autograd would track, rather
+    than return an output silently cut from the graph. ``tensors`` maps names to arguments;
+    anything that is not a tensor is left to the other checks."""
+    if not torch.is_grad_enabled():
+        return
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            _fail(ValueError, name, "a tensor that does not require grad (the Triton kernels have no backward: "
+                  "call them under torch.no_grad() or on .detach()ed tensors, or use impl='loop' or 'indexing', "
+                  "which autograd tracks)", "requires_grad=True")
 
 
 def check_topk_weights(topk_weights, topk_ids) -> None:
@@ -111,11 +141,39 @@ def check_layer_inputs(x, w13, w2, topk_weights, topk_ids) -> tuple[int, int, in
     return M, K, inter, E, topk
 
 
-def check_out(out, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
-    """A caller's output buffer must have the result's shape and dtype; returns it."""
+def check_out(out, shape: tuple, dtype: torch.dtype, *, device: torch.device | None = None,
+              inputs: dict | None = None) -> torch.Tensor:
+    """A caller's output buffer: the result's shape, dtype and ``device``, every element at
+    its own address, no memory shared with ``inputs`` (a dict name -> tensor), and not a
+    tensor autograd tracks (the kernels write it behind autograd's back). Returns it."""
     if not isinstance(out, torch.Tensor):
         _fail(TypeError, "out", "a torch.Tensor", type(out).__name__)
     if tuple(out.shape) != tuple(shape) or out.dtype != dtype:
         _fail(ValueError, "out", f"shape {tuple(shape)} and dtype {dtype}",
               f"shape {tuple(out.shape)} and dtype {out.dtype}")
+    if device is not None and out.device != device:
+        _fail(ValueError, "out", f"x's device {device}", out.device)
+    if overlaps_itself(out):
+        # An expanded (stride-0) buffer: every write to one address but the last is lost.
+        _fail(ValueError, "out", "a buffer whose elements do not overlap in memory",
+              f"strides {out.stride()} for shape {tuple(out.shape)}")
+    for name, t in (inputs or {}).items():
+        if isinstance(t, torch.Tensor) and t.numel() and out.numel() \
+                and t.untyped_storage().data_ptr() == out.untyped_storage().data_ptr():
+            _fail(ValueError, "out", "a buffer of its own", f"one that shares memory with {name}")
+    check_no_grad({"out": out})
     return out
+
+
+def overlaps_itself(t: torch.Tensor) -> bool:
+    """True if two elements of ``t`` may share an address (a stride-0, expanded dim, or strides
+    too small for the dims below them). Conservative: an interleaved layout that happens not to
+    overlap also counts; no torch operation produces one."""
+    if t.numel() == 0:
+        return False
+    reach = 0                                     # the largest offset the smaller strides reach
+    for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz > 1):
+        if stride <= reach:
+            return True
+        reach += stride * (size - 1)
+    return False

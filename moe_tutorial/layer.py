@@ -6,7 +6,7 @@ from typing import Callable
 import torch
 
 from .activation import silu_and_mul
-from .checks import check_kernel_dtype, check_layer_inputs
+from .checks import check_kernel_dtype, check_layer_inputs, check_no_grad
 
 IMPLS = ("loop", "indexing", "fused", "sorted")
 
@@ -36,13 +36,17 @@ def moe_layer(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
         topk_weights: ``[M, topk]`` float router weights (see :func:`moe_tutorial.route`).
         topk_ids: ``[M, topk]`` int32/int64 expert ids in ``[0, E)``.
         impl: "loop" (Part 1), "indexing" (Part 2), "fused" (Part 3 kernel) or
-            "sorted" (Part 4 kernel). The kernels need fp32 in the interpreter.
+            "sorted" (Part 4 kernel). The kernels need fp32 in the interpreter, and have no
+            backward pass: with them, inputs that require grad are refused (ValueError) unless
+            autograd is off (``torch.no_grad()``); "loop" and "indexing" are differentiable.
 
     Returns:
         ``[M, K]`` in x's dtype. ``M = 0`` gives an empty ``[0, K]``.
     """
     if impl not in IMPLS:
         raise ValueError(f"impl: expected one of {', '.join(IMPLS)}, got {impl!r}")
+    if impl in ("fused", "sorted"):
+        check_no_grad({"x": x, "w13": w13, "w2": w2, "topk_weights": topk_weights})
     # Parts 1 and 4 check their own inputs (once: each check of the ids costs a host sync).
     if impl == "loop":
         from .loop import loop_moe_layer

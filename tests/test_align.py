@@ -6,7 +6,8 @@ compared as sets.
 from __future__ import annotations
 
 from moe_tutorial import align_block_size, runtime
-from moe_tutorial.kernels.align import max_padded_rows
+from moe_tutorial.kernels.align import MAX_BLOCK_M, MAX_EXPERTS, max_padded_rows
+from moe_tutorial.kernels.align import check_alignment as check_alignment_matches
 from moe_tutorial.shapes import random_topk_ids
 
 import pytest
@@ -164,13 +165,9 @@ def test_checker_catches_mistakes(corrupt):
         check_alignment(ids, 4, 4, alignment)
 
 
-@pytest.mark.parametrize("M,topk", [(3, 4), (200, 2)])     # one-launch path, multi-launch path
-def test_ids_out_of_range_are_dropped(M, topk):
+def check_invalid_ids_dropped(ids: torch.Tensor, block_m: int, E: int, alignment) -> None:
     """Ids outside [0, E) appear nowhere; the valid pairs are aligned as if alone."""
-    E, block_m = 8, 16
-    ids = random_topk_ids(M, E, topk, generator=torch.Generator().manual_seed(M), device=DEVICE)
-    ids[0, 0], ids[-1, -1] = -1, E
-    sorted_ids, expert_ids, num_post = align_block_size(ids, block_m, E)
+    sorted_ids, expert_ids, num_post = alignment
     flat = ids.reshape(-1).cpu().long()
     valid = (flat >= 0) & (flat < E)
     counts = torch.bincount(flat[valid], minlength=E)
@@ -179,7 +176,31 @@ def test_ids_out_of_range_are_dropped(M, topk):
     used = sorted_ids[:num_post].cpu().long()
     real = used[used != flat.numel()]
     assert torch.equal(real.sort().values, valid.nonzero().flatten())
-    assert bool((expert_ids[: num_post // block_m] >= 0).all())
+    labels = expert_ids[: num_post // block_m].cpu().long()
+    assert bool((labels >= 0).all())
+    rows = used.view(-1, block_m)
+    for b in range(labels.numel()):
+        pairs = rows[b][rows[b] != flat.numel()]
+        assert bool((flat[pairs] == labels[b]).all()), f"block {b} holds a pair of another expert"
+
+
+@pytest.mark.parametrize("M,topk", [(3, 4), (200, 2)])     # one-launch path, multi-launch path
+def test_ids_out_of_range_are_dropped(M, topk):
+    E, block_m = 8, 16
+    ids = random_topk_ids(M, E, topk, generator=torch.Generator().manual_seed(M), device=DEVICE)
+    ids[0, 0], ids[-1, -1] = -1, E
+    check_invalid_ids_dropped(ids, block_m, E, align_block_size(ids, block_m, E))
+
+
+@pytest.mark.parametrize("M,topk", [(3, 4), (200, 2)])     # one-launch path, multi-launch path
+def test_int64_ids_of_2_pow_31_and_more_are_dropped(M, topk):
+    """The kernels work in int32: an id is judged before the cast, so 2^32 + 3 is no expert 3."""
+    E, block_m = 8, 4
+    ids = random_topk_ids(M, E, topk, generator=torch.Generator().manual_seed(M), device=DEVICE, dtype=torch.int64)
+    huge = [2 ** 31, 2 ** 32, 2 ** 32 + 3, 2 ** 63 - 1, -2 ** 32 + 1, -2 ** 63]   # int32 would see ..., 0, 3, -1, 1, 0
+    flat = ids.view(-1)
+    flat[torch.arange(len(huge)) * (flat.numel() // len(huge))] = torch.tensor(huge, device=DEVICE)
+    check_invalid_ids_dropped(ids, block_m, E, align_block_size(ids, block_m, E))
 
 
 def test_empty_batch():
@@ -188,18 +209,93 @@ def test_empty_batch():
     assert sorted_ids.numel() == 0 and expert_ids.numel() == 0 and int(num_post) == 0
 
 
-@pytest.mark.parametrize("block_m", [0, 3, 24, -16, 16.0, True, None])
-def test_bad_block_m(block_m):
-    ids = torch.zeros(2, 2, dtype=torch.int32, device=DEVICE)
-    with pytest.raises(ValueError, match="block_m"):
+@pytest.mark.parametrize("block_m", [0, 3, 24, -16, 16.0, True, None, 2 * MAX_BLOCK_M, 65536])
+@pytest.mark.parametrize("M", [2, 50])                     # one-launch path, multi-launch path
+def test_bad_block_m(block_m, M):
+    ids = torch.zeros(M, 2, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match=rf"^block_m: expected a power of two from 1 to {MAX_BLOCK_M}, got"):
         align_block_size(ids, block_m, 4)
 
 
-@pytest.mark.parametrize("num_experts", [0, -1, 2.0, True])
-def test_bad_num_experts(num_experts):
-    ids = torch.zeros(2, 2, dtype=torch.int32, device=DEVICE)
-    with pytest.raises(ValueError, match="num_experts"):
+@pytest.mark.parametrize("num_experts", [0, -1, 2.0, True, MAX_EXPERTS + 1, 65536])
+@pytest.mark.parametrize("M", [2, 50])
+def test_bad_num_experts(num_experts, M):
+    ids = torch.zeros(M, 2, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match=rf"^num_experts: expected an int from 1 to {MAX_EXPERTS}, got"):
         align_block_size(ids, 16, num_experts)
+
+
+@pytest.mark.parametrize("M,topk", [(8, 8), (100, 1)])     # one-launch path, multi-launch path
+def test_the_largest_block_m_and_expert_count_work(M, topk):
+    """The bounds are what the kernels can do, not below it: both paths at both limits."""
+    ids = random_topk_ids(M, MAX_EXPERTS, topk, generator=torch.Generator().manual_seed(M), device=DEVICE)
+    ids[0, 0] = MAX_EXPERTS - 1
+    check_alignment(ids, MAX_BLOCK_M, MAX_EXPERTS, align_block_size(ids, MAX_BLOCK_M, MAX_EXPERTS))
+
+
+def test_more_rows_than_int32_is_refused():
+    """2^31 pairs (an expanded tensor: no memory behind it) cannot be numbered in int32."""
+    ids = torch.zeros(1, 1, dtype=torch.int32, device=DEVICE).expand(2 ** 31, 1)
+    with pytest.raises(ValueError, match=r"^topk_ids: expected at most 2147483647 padded rows .*got 2147483648 pairs"):
+        align_block_size(ids, 1, 4)
+
+
+def test_meta_ids_get_the_device_error():
+    ids = torch.zeros(2, 2, dtype=torch.int32, device="meta")
+    kind = "CUDA" if runtime.ON_GPU else "CPU"
+    with pytest.raises(ValueError, match=rf"^topk_ids: expected a {kind} tensor .*got meta"):
+        align_block_size(ids, 16, 4)
+
+
+# ---------------------------------------------------------------------------------------
+# What an alignment records, and the check every consumer makes
+
+def test_an_alignment_unpacks_and_records_what_it_was_built_for():
+    ids = torch.tensor([[0, 2], [2, 3], [1, 0]], dtype=torch.int32, device=DEVICE)
+    alignment = align_block_size(ids, 4, 5)
+    sorted_ids, expert_ids, num_post = alignment                 # notebooks unpack it like this
+    assert isinstance(alignment, tuple) and len(alignment) == 3
+    assert alignment[0] is sorted_ids and alignment[2] is num_post
+    assert repr(alignment) == repr((sorted_ids, expert_ids, num_post))
+    assert (alignment.block_m, alignment.num_experts, alignment.num_pairs) == (4, 5, 6)
+    assert alignment.topk_ids is ids
+    check_alignment_matches(alignment, block_m=4, num_pairs=6, num_experts=5, device=ids.device, topk_ids=ids)
+    check_alignment_matches(alignment, block_m=4, num_pairs=6, num_experts=5, topk_ids=ids[:])   # a view: same ids
+
+
+def _mismatches():
+    """(what changes, check_alignment's keywords, error) for an alignment of ids [3, 2], block_m 4, E 5."""
+    return {
+        "block_m": (lambda ids: dict(block_m=8), r"^alignment: expected one built for block_m = 8, got .*block_m = 4"),
+        "num_experts": (lambda ids: dict(num_experts=6),
+                        r"^alignment: expected one built for num_experts = 6, got .*num_experts = 5"),
+        "num_pairs": (lambda ids: dict(num_pairs=5),
+                      r"^alignment: expected one built for num_pairs \(M \* topk\) = 5, got .* = 6"),
+        "other-ids": (lambda ids: dict(topk_ids=ids.clone()),
+                      r"^alignment: expected one built from this topk_ids, got one built from another tensor"),
+        "transposed-ids": (lambda ids: dict(topk_ids=ids.t().contiguous().t()), r"another tensor"),
+        "ids-written-since": (lambda ids: dict(topk_ids=ids.index_fill_(1, torch.tensor([0], device=DEVICE), 1)),
+                              r"^alignment: expected one built from topk_ids as they are now, got one built before"),
+        "device": (lambda ids: dict(device=torch.device("meta")), r"^alignment: expected one on meta, got one on"),
+    }
+
+
+@pytest.mark.parametrize("what", _mismatches())
+def test_a_mismatched_alignment_is_refused(what):
+    change, match = _mismatches()[what]
+    ids = torch.tensor([[0, 2], [2, 3], [1, 0]], dtype=torch.int32, device=DEVICE)
+    alignment = align_block_size(ids, 4, 5)
+    kwargs = dict(block_m=4, num_pairs=6, num_experts=5, device=ids.device, topk_ids=ids)
+    kwargs.update(change(ids))
+    with pytest.raises(ValueError, match=match):
+        check_alignment_matches(alignment, **kwargs)
+
+
+def test_a_plain_triple_is_not_an_alignment():
+    ids = torch.tensor([[0, 2]], dtype=torch.int32, device=DEVICE)
+    triple = tuple(align_block_size(ids, 4, 4))
+    with pytest.raises(TypeError, match=r"^alignment: expected the Alignment align_block_size returns .*got tuple"):
+        check_alignment_matches(triple, block_m=4, num_pairs=2, num_experts=4)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int16, torch.uint8, torch.bool])

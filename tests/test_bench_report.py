@@ -12,6 +12,7 @@ from moe_tutorial.perf import results, traffic
 from moe_tutorial.perf.registry import LABELS  # noqa: E402
 from moe_tutorial.shapes import ModelShape  # noqa: E402
 
+import numpy as np
 import pytest  # noqa: E402
 
 SMALL = ModelShape("custom", num_experts=6, topk=2, hidden=32, intermediate=16)
@@ -192,7 +193,20 @@ def test_plot_across_models_bad_input(part4_rows):
         perf.plot_across_models(part4_rows, gemm="layer")
     with pytest.raises(ValueError, match="several dtypes"):
         perf.plot_across_models(part4_rows + [dict(part4_rows[0], dtype="float16")])
-    assert perf.plot_across_models(part4_rows + [dict(part4_rows[0], dtype="float16")], dtype="bfloat16")
+    # dtype= keeps that dtype's rows: the figure is the one the bf16 rows alone give, without the
+    # (distinctively slow) fp16 row.
+    fp16 = dict(part4_rows[0], dtype="float16", ms=123.0)
+    kept = perf.plot_across_models(part4_rows + [fp16], dtype="bfloat16")
+    assert plotted_lines(kept) == plotted_lines(perf.plot_across_models(part4_rows))
+    assert all(123.0 not in ys for _, _, ys in plotted_lines(kept))
+    assert any(123.0 in ys for _, _, ys in plotted_lines(perf.plot_across_models(part4_rows + [fp16],
+                                                                                 dtype="float16")))
+
+
+def plotted_lines(fig) -> list[tuple]:
+    """Every line of every panel as (label, x values, y values): what a reader sees plotted."""
+    return [(line.get_label(), [float(v) for v in line.get_xdata()], [float(v) for v in line.get_ydata()])
+            for ax in fig.axes for line in ax.get_lines()]
 
 
 def test_performance_figures_draw_every_implementation(tmp_path):
@@ -211,7 +225,12 @@ def test_performance_figures_draw_every_implementation(tmp_path):
         perf.plot_roofline(rows, "custom", "layer")
     ai = perf.intensity(ModelShape("m", 8, 2, 4096, 14336), [1, 16384])
     assert ai[0] < 2 < 150 < ai[1]                        # decode: ~1 FLOP/byte; prefill: far above the ridge
-    perf.plot_intensity([SMALL])
+    fig = perf.plot_intensity([SMALL], copy_tbps=4.0, matmul_tflops=600.0)
+    curve = next(line for line in fig.axes[0].get_lines() if line.get_label().startswith("custom (E=6, topk=2)"))
+    assert curve.get_xdata()[0] == 1 and curve.get_xdata()[-1] == 16384
+    assert np.allclose(curve.get_ydata(), perf.intensity(SMALL, curve.get_xdata()))
+    assert [150.0, 150.0] in [list(line.get_ydata()) for line in fig.axes[0].get_lines()]     # the ridge
+    assert any(t.get_text().startswith("ridge: 150 FLOP/byte") for t in fig.axes[0].texts)
     assert [p.name for p in perf.save_bench_figures(rows, tmp_path)] == ["custom.png"]
 
 

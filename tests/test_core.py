@@ -6,12 +6,15 @@ example exactly, on M = 0, and on every bad input ``checks.py`` knows.
 """
 import moe_tutorial  # noqa: F401,I001  (first: picks the runtime before triton is imported)
 
+import math
 import random
 
+import numpy as np
 import pytest
 import torch
 
 from moe_tutorial import runtime
+from moe_tutorial.examples import WORKED_FIRST_GEMM, WORKED_LAYER, worked_example
 from moe_tutorial.checks import check_kernel_dtype, check_layer_inputs, check_matmul_inputs
 from moe_tutorial.indexing import expert_moe_matmul, intermediate_bytes
 from moe_tutorial.layer import IMPLS, moe_layer
@@ -127,12 +130,49 @@ def test_route_of_no_tokens_is_empty():
     (torch.ones(3, 4, dtype=torch.int64), 2, TypeError, r"^router_logits: expected a floating-point"),
     (torch.randn(3, 4), 0, ValueError, r"^top_k: expected an int between 1 and E=4, got 0"),
     (torch.randn(3, 4), 5, ValueError, r"^top_k: expected an int between 1 and E=4, got 5"),
-    (torch.randn(3, 4), 2.0, ValueError, r"^top_k: .*got 2.0"),
-    (torch.randn(3, 4), True, ValueError, r"^top_k: .*got True"),
-], ids=["1-D", "list", "int-logits", "zero", "more-than-E", "float", "bool"])
+    (torch.randn(3, 4), 2.0, TypeError, r"^top_k: expected an int, got 2.0"),
+    (torch.randn(3, 4), True, TypeError, r"^top_k: expected an int, got True"),
+    (torch.randn(3, 4), torch.tensor(2.0), TypeError, r"^top_k: expected an int, got tensor\(2.\)"),
+    (torch.randn(3, 4), torch.tensor([2]), TypeError, r"^top_k: expected an int, got tensor\(\[2\]\)"),
+    (torch.randn(3, 4), np.float64(2.0), TypeError, r"^top_k: expected an int"),
+    (torch.randn(3, 4), np.int64(5), ValueError, r"^top_k: expected an int between 1 and E=4, got 5"),
+    (torch.randn(3, 4, device="meta"), 2, ValueError, r"^router_logits: expected a tensor that holds values"),
+], ids=["1-D", "list", "int-logits", "zero", "more-than-E", "float", "bool", "float-tensor", "1-element-tensor",
+        "np-float", "np-int-above-E", "meta"])
 def test_route_rejects_bad_input(logits, top_k, kind, match):
     with pytest.raises(kind, match=match):
         route(logits, top_k)
+
+
+@pytest.mark.parametrize("top_k", [np.int64(2), np.int32(2), torch.tensor(2), torch.tensor(2, dtype=torch.int32)],
+                         ids=["np.int64", "np.int32", "0-d-tensor", "0-d-int32-tensor"])
+def test_route_takes_integer_like_top_k(top_k):
+    logits = torch.randn(5, 6, generator=torch.Generator().manual_seed(0))
+    weights, ids = route(logits, top_k)
+    expected_weights, expected_ids = route(logits, 2)
+    assert torch.equal(weights, expected_weights) and torch.equal(ids, expected_ids)
+
+
+@pytest.mark.parametrize("bad, what", [(float("nan"), "a NaN"), (float("inf"), r"\+inf")], ids=["nan", "+inf"])
+def test_route_refuses_logits_without_a_softmax(bad, what):
+    """A NaN or +inf logit would make the whole row's weights NaN: refused, naming the row."""
+    logits = torch.randn(4, 6, generator=torch.Generator().manual_seed(0))
+    logits[2, 3] = bad
+    with pytest.raises(ValueError, match=rf"^router_logits: expected finite logits or -inf .*got {what} in row 2"):
+        route(logits, 2)
+    logits[2] = float("-inf")                           # a row with no expert at all
+    with pytest.raises(ValueError, match=r"got only -inf in row 2"):
+        route(logits, 2)
+
+
+def test_route_minus_inf_masks_an_expert():
+    logits = torch.zeros(3, 4)
+    logits[:, 1] = float("-inf")
+    weights, ids = route(logits, 3, renormalize=False)
+    assert not bool((ids == 1).any()) and torch.allclose(weights, torch.full((3, 3), 1 / 3))
+    weights, ids = route(logits, 4)                     # every expert kept: the masked one with weight 0
+    assert ids[:, -1].tolist() == [1, 1, 1] and weights[:, -1].tolist() == [0.0, 0.0, 0.0]
+    assert torch.allclose(weights.sum(dim=1), torch.ones(3))
 
 
 # ---------------------------------------------------------------------------------------
@@ -251,15 +291,25 @@ def test_worked_example_layer(impl, worked):
 
 
 def test_worked_example_by_hand():
-    """Token 0 goes to experts 0 and 2 (weights 1 and 3), token 1 to experts 2 and 3."""
-    silu = torch.nn.functional.silu
-    # Expert e, token x: gate = up = (e+1) * sum(x); h = silu(gate) * up; out = (e+1) * I * h.
-    def expert(e, s):
-        g = torch.tensor((e + 1) * s, dtype=torch.float64)
-        return (e + 1) * 2 * (silu(g) * g)
-    y0 = 0.5 * expert(0, 3) + 0.5 * expert(2, 3)
-    y1 = 0.5 * expert(2, 6) + 0.5 * expert(3, 6)
-    assert round(y0.item(), 4) == 251.5432 and round(y1.item(), 4) == 3276.0
+    """The layer's definition in plain Python floats on the example's own tensors, against the
+    constants the series quotes (WORKED_FIRST_GEMM, WORKED_LAYER) and the float64 reference."""
+    ex = worked_example(torch.float64)
+    x, w13, w2 = ex.x.tolist(), ex.w13.tolist(), ex.w2.tolist()
+    ids, weights = ex.topk_ids.tolist(), ex.topk_weights.tolist()
+    first, y = [], []
+    for m in range(ex.M):
+        first.append([[sum(a * b for a, b in zip(row, x[m])) for row in ex.weight[e].tolist()] for e in ids[m]])
+        out = [0.0] * ex.K
+        for e, w in zip(ids[m], weights[m]):
+            h = [sum(a * b for a, b in zip(row, x[m])) for row in w13[e]]            # gate rows, then up rows
+            act = [g / (1 + math.exp(-g)) * u for g, u in zip(h[:ex.I], h[ex.I:])]   # silu(gate) * up
+            for k in range(ex.K):
+                out[k] += w * sum(a * b for a, b in zip(w2[e][k], act))
+        y.append(out)
+    assert first == WORKED_FIRST_GEMM
+    assert [[round(v, 4) for v in row] for row in y] == WORKED_LAYER
+    ref = reference_moe_layer(ex.x, ex.w13, ex.w2, ex.topk_weights, ex.topk_ids)
+    assert torch.allclose(ref, torch.tensor(y, dtype=torch.float64), rtol=1e-12, atol=0)
 
 
 # ---------------------------------------------------------------------------------------
@@ -302,9 +352,19 @@ def test_rel_error():
         rel_error(torch.zeros(3), ref)
 
 
-def test_tolerance():
-    assert tolerance(torch.float32) == tolerance(torch.float64) == 1e-5
-    assert tolerance(torch.bfloat16) == tolerance(torch.float16) == 1e-2
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+def test_tolerance_separates_rounding_from_a_wrong_expert(dtype):
+    """An implementation that only rounds in ``dtype`` passes; one pair of 32 sent to the wrong
+    expert fails, and so does a float32 result rounded to bf16 when float32 is promised."""
+    x, weight, ids = random_problem(16, 32, 64, 8, 2, seed=3)
+    x, weight = x.to(dtype), weight.to(dtype)
+    ref = reference_moe_matmul(x, weight, ids)
+    assert rel_error(expert_moe_matmul(x, weight, ids), ref) < tolerance(dtype)
+    wrong = ids.clone()
+    wrong[5, 1] = (wrong[5, 1] + 1) % 8 if (wrong[5, 1] + 1) % 8 != wrong[5, 0] else (wrong[5, 1] + 2) % 8
+    assert rel_error(expert_moe_matmul(x, weight, wrong), ref) > tolerance(dtype)
+    if dtype in (torch.float32, torch.float64):
+        assert rel_error(ref.to(torch.bfloat16), ref) > tolerance(dtype)
 
 
 # ---------------------------------------------------------------------------------------
@@ -470,3 +530,116 @@ def test_check_out_names_the_buffer():
         check_out(good, (2, 3), torch.float64)
     with pytest.raises(TypeError, match="^out: expected a torch.Tensor"):
         check_out([[0.0] * 3] * 2, (2, 3), torch.float32)
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: torch.empty(1, 3).expand(2, 3), r"^out: expected a buffer whose elements do not overlap in memory, "
+                                             r"got strides \(0, 1\) for shape \(2, 3\)"),
+    (lambda: torch.empty(4).as_strided((2, 3), (1, 1)), r"got strides \(1, 1\)"),
+    (lambda: torch.empty(2, 3, device="meta"), r"^out: expected x's device cpu, got meta"),
+    (lambda: torch.empty(2, 3, requires_grad=True), r"^out: expected a tensor that does not require grad"),
+], ids=["expanded", "overlapping-strides", "meta", "requires-grad"])
+def test_check_out_refuses_buffers_the_kernels_cannot_write(make, match):
+    from moe_tutorial.checks import check_out
+
+    with pytest.raises(ValueError, match=match):
+        check_out(make(), (2, 3), torch.float32, device=torch.device("cpu"))
+
+
+def test_check_out_refuses_a_buffer_that_shares_an_input():
+    from moe_tutorial.checks import check_out, overlaps_itself
+
+    x = torch.zeros(4, 6)
+    with pytest.raises(ValueError, match=r"^out: expected a buffer of its own, got one that shares memory with x"):
+        check_out(x[2:].view(2, 2, 3), (2, 2, 3), torch.float32, inputs={"x": x})
+    assert check_out(torch.zeros(2, 2, 3), (2, 2, 3), torch.float32, inputs={"x": x}) is not None
+    # Layouts torch makes without overlap pass: transposed, sliced, empty.
+    assert not any(overlaps_itself(t) for t in (x.t(), x[:, ::2], x[1:3, 1:], torch.empty(0, 3).expand(0, 3)))
+
+
+# ---------------------------------------------------------------------------------------
+# Every entry point: no values (meta), autograd. The PyTorch parts are differentiable; the
+# kernels have no backward and refuse inputs autograd tracks rather than cut the graph.
+
+def _entry_points():
+    from moe_tutorial.kernels.fused_kernel import fused_moe_matmul
+    from moe_tutorial.kernels.published_kernel import published_fused_moe_matmul
+    from moe_tutorial.kernels.sorted_kernel import sorted_moe_layer, sorted_moe_matmul
+
+    def layer(impl):
+        return lambda **a: moe_layer(**a, impl=impl)
+
+    return {  # name: (function, takes a layer problem, runs a Triton kernel)
+        "loop_moe_matmul": (loop_moe_matmul, False, False),
+        "expert_moe_matmul": (expert_moe_matmul, False, False),
+        "fused_moe_matmul": (fused_moe_matmul, False, True),
+        "published_fused_moe_matmul": (published_fused_moe_matmul, False, True),
+        "sorted_moe_matmul": (sorted_moe_matmul, False, True),
+        **{f"moe_layer-{impl}": (layer(impl), True, impl in ("fused", "sorted")) for impl in IMPLS},
+        "sorted_moe_layer": (sorted_moe_layer, True, True),
+    }
+
+
+ENTRY_POINTS = list(_entry_points())
+
+
+def _entry_problem(name: str) -> tuple:
+    fn, is_layer, kernel = _entry_points()[name]
+    args = _layer_base() if is_layer else _base()
+    if name == "sorted_moe_matmul":
+        args["topk_weights"] = torch.rand(3, 2, generator=torch.Generator().manual_seed(1))
+    return fn, {k: v.to(DEV) for k, v in args.items()}, kernel
+
+
+@pytest.mark.parametrize("name", ENTRY_POINTS)
+def test_meta_tensors_get_a_device_error(name):
+    """The kernels' device error, or (layers: the shared layer check comes first) a plainer one."""
+    fn, args, kernel = _entry_problem(name)
+    expected = (("a CUDA tensor" if runtime.ON_GPU else "a CPU tensor") if kernel and "layer" not in name
+                else "a tensor that holds values")
+    with pytest.raises(ValueError, match=rf"^x: expected {expected} .*got meta"):
+        fn(**{k: v.to("meta") for k, v in args.items()})
+
+
+def _differentiable(args: dict) -> list[str]:
+    return [k for k, v in args.items() if v.is_floating_point()]
+
+
+@pytest.mark.parametrize("name", [n for n in ENTRY_POINTS if _entry_points()[n][2]])
+def test_kernels_refuse_inputs_that_require_grad(name):
+    fn, args, _ = _entry_problem(name)
+    with torch.no_grad():
+        expected = fn(**args)
+    for arg in _differentiable(args):
+        tracked = dict(args, **{arg: args[arg].clone().requires_grad_()})
+        # sorted_moe_layer refuses in its launcher, which sees the x/activations, weights, router weights.
+        named = r"(x \(or the activations\)|the expert weights|topk_weights)" if name == "sorted_moe_layer" else arg
+        with pytest.raises(ValueError, match=rf"^{named}: expected a tensor that does not require grad .*"
+                                             r"got requires_grad=True"):
+            fn(**tracked)
+        with torch.no_grad():                                        # nothing to track: computed as usual
+            assert torch.equal(fn(**tracked), expected), arg
+
+
+@pytest.mark.parametrize("impl", MATMULS)
+def test_torch_first_gemms_pass_gradcheck(impl):
+    x, weight, ids = random_problem(3, 4, 5, 4, 2, dtype=torch.float64, seed=1)
+    x, weight = x.to(DEV).requires_grad_(), weight.to(DEV).requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, b: MATMULS[impl](a, b, ids.to(DEV)), (x, weight))
+
+
+@pytest.mark.parametrize("impl", LAYER_IMPLS)
+def test_torch_layers_backpropagate_like_the_reference(impl):
+    """The layers sum in fp32 (too coarse for gradcheck's finite differences): their gradients
+    are compared with autograd's through the float64 reference instead."""
+    args = {k: v.to(DEV) for k, v in _layer_base().items()}
+    names = _differentiable(args)
+    probe = torch.randn(3, 5, generator=torch.Generator().manual_seed(2), dtype=torch.float64).to(DEV)
+    grads = {}
+    for which, fn in (("impl", lambda **a: moe_layer(**a, impl=impl)), ("ref", reference_moe_layer)):
+        leaves = {k: (v.clone().requires_grad_() if k in names else v) for k, v in args.items()}
+        (fn(**leaves).double() * probe).sum().backward()
+        grads[which] = {k: leaves[k].grad for k in names}
+    for k in names:
+        assert grads["impl"][k] is not None, k
+        assert rel_error(grads["impl"][k], grads["ref"][k]) < tolerance(torch.float32), k

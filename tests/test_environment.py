@@ -14,10 +14,23 @@ else:  # pragma: no cover - Python 3.10 has no tomllib
 REPO = Path(__file__).resolve().parents[1]
 
 
+def make_setup_extras() -> list[str]:
+    """The extras ``make setup`` installs, read from the Makefile's ``pip install -e ".[...]"``."""
+    found = re.findall(r'pip install [^\n]*-e "\.\[([\w,]+)\]"', (REPO / "Makefile").read_text())
+    assert len(found) == 1, f"Makefile: expected one editable install with extras, found {found}"
+    return found[0].split(",")
+
+
 def pyproject_requirements() -> list[str]:
-    """``[project] dependencies`` followed by the ``dev`` extra, as written."""
+    """``[project] dependencies`` followed by every extra ``make setup`` installs, as written."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    return list(project["dependencies"]) + list(project["optional-dependencies"]["dev"])
+    extras = project["optional-dependencies"]
+    return list(project["dependencies"]) + [r for name in make_setup_extras() for r in extras[name]]
+
+
+def test_make_setup_installs_the_dev_and_browser_extras():
+    """`make test` runs pytest (dev) and Playwright (browser): conda users need both too."""
+    assert set(make_setup_extras()) >= {"dev", "browser"}
 
 
 def environment() -> dict:

@@ -51,10 +51,38 @@ def test_sorted_blocks_sorts_within_a_run():
     assert blocks == [(0, [2, None, None, None]), (1, [0, 1, 3, 4]), (1, [5, None, None, None])]
 
 
-def test_sorting_and_pid_figures_draw():
+def _cell_labels(ax, y: float) -> list[str]:
+    """The labels of the row of cells whose centres sit at height ``y``, left to right (the row's
+    caption stands left of x = 0)."""
+    return [t.get_text() for t in sorted((t for t in ax.texts if t.get_position()[1] == y and t.get_position()[0] > 0),
+                                         key=lambda t: t.get_position()[0])]
+
+
+def test_sorting_figure_shows_the_alignment():
+    """Top row: pairs in token order; bottom row: the alignment's blocks, pads where it pads."""
     ids = torch.tensor([[0, 2], [2, 3], [1, 0]], dtype=torch.int32, device=runtime.DEVICE)
-    fig = part4.plot_sorting(ids.cpu(), align_block_size(ids, 4, 4), 4)
-    assert len(fig.axes) == 1
-    fig = part4.plot_pid_order([0, 0, 1, -1], num_pid_n=5, group_ms=(1, 2, 4), wave=4)
+    alignment = align_block_size(ids, 4, 4)
+    blocks = part4.sorted_blocks(alignment, 4, 6)
+    fig = part4.plot_sorting(ids.cpu(), alignment, 4)
+    ax = fig.axes[0]
+    assert _cell_labels(ax, 3.5) == ["0,0", "0,1", "1,0", "1,1", "2,0", "2,1"]
+    expected = [("pad" if p is None else f"{p // 2},{p % 2}") for _, rows in blocks for p in rows]
+    assert _cell_labels(ax, 0.5) == expected
+    assert expected.count("pad") == 4 * len(blocks) - 6
+    captions = [t.get_text() for t in ax.texts if t.get_text().startswith("block ")]
+    assert captions == [f"block {b}: expert {e}" for b, (e, _) in enumerate(blocks)]
+    assert ax.get_title().startswith(f"3 tokens x topk 2 = 6 pairs -> {4 * len(blocks)} rows")
+
+
+def test_pid_figure_labels_every_tile_with_its_program():
+    experts = [0, 0, 1, -1]
+    fig = part4.plot_pid_order(experts, num_pid_n=5, group_ms=(1, 2, 4), wave=4)
     assert len(fig.axes) == 3
-    assert "=" in fig.axes[1].get_title()
+    for ax, g in zip(fig.axes, (1, 2, 4)):
+        pids = part4.tile_pids(4, 5, g)
+        # Cell (m, n) is drawn at (n, 3 - m); its label is the program that computes that tile.
+        drawn = {(int(t.get_position()[0]), 3 - int(t.get_position()[1])): int(t.get_text()) for t in ax.texts}
+        assert drawn == {(n, m): int(pids[m, n]) for m in range(4) for n in range(5)}
+        a_loads, b_loads = part4.wave_loads(pids, experts, 4)
+        assert ax.get_title().startswith(f"GROUP_M = {g}")
+        assert ax.get_title().endswith(f"{a_loads} x blocks + {b_loads} weight tiles = {a_loads + b_loads} loads")

@@ -102,6 +102,31 @@ def test_out_view_is_filled_and_nothing_else_is_touched():
     assert torch.isnan(buffer.permute(0, 2, 1)[:, :, 1::2]).all()
 
 
+@pytest.mark.parametrize("make, match", [
+    (lambda: poisoned((3, 1, 10)).expand(3, 3, 10), r"^out: expected a buffer whose elements do not overlap"),
+    (lambda: poisoned((3, 10, 1)).expand(3, 10, 3).transpose(1, 2), r"got strides \(10, 0, 1\) for shape"),
+    (lambda: poisoned((3, 3, 10)).transpose(0, 1), None),
+], ids=["expanded-slots", "expanded-topk-dim", "transposed-is-fine"])
+def test_out_whose_elements_alias_is_refused(make, match):
+    """Every write to an address but the last would be lost: torch refuses such in-place writes too."""
+    M, N, K, E, topk = 3, 10, 12, 6, 3
+    x, weight, ids = random_problem(M, N, K, E, topk, device=DEV, seed=5)
+    out = make()
+    if match is None:
+        check(fused_moe_matmul(x, weight, ids, out=out), x, weight, ids)
+        return
+    with pytest.raises(ValueError, match=match):
+        fused_moe_matmul(x, weight, ids, out=out)
+
+
+def test_out_sharing_memory_with_x_is_refused():
+    M, N, K, E, topk = 2, 4, 12, 6, 2
+    x, weight, ids = random_problem(M, N, K, E, topk, device=DEV, seed=5)
+    out = x.view(M, topk, N + 2)[:, :, :N]          # x's own memory: the kernel would read what it wrote
+    with pytest.raises(ValueError, match=r"^out: expected a buffer of its own, got one that shares memory with x"):
+        fused_moe_matmul(x, weight, ids, out=out)
+
+
 # ---------------------------------------------------------------------------------------
 # The series' worked example and the other parts.
 

@@ -59,3 +59,15 @@ def test_model_shapes_bf16_match_production(model):
     ref = reference_moe_matmul(x, weight, ids)
     assert rel_error(out, ref) < tolerance(torch.bfloat16)
     assert rel_error(out, sorted_moe_matmul(x, weight, ids).double()) < tolerance(torch.bfloat16)
+
+
+def test_a_precomputed_alignment_must_fit():
+    from moe_tutorial import align_block_size
+
+    x, weight, ids = random_problem(4, 32, 32, 4, 2, device=DEVICE)
+    good = align_block_size(ids, 16, 4)
+    assert rel_error(minimal_sorted_moe_matmul(x, weight, ids, block_m=16, alignment=good),
+                     reference_moe_matmul(x, weight, ids)) < (1e-5 if runtime.INTERPRETED else 3e-3)
+    with pytest.raises(ValueError, match=r"^alignment: expected one built for block_m = 32, got one built for "
+                                         r"block_m = 16"):
+        minimal_sorted_moe_matmul(x, weight, ids, block_m=32, alignment=good)

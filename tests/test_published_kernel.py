@@ -121,3 +121,10 @@ def test_wrong_out_buffer_is_refused():
     ex = worked_example(device=runtime.DEVICE)
     with pytest.raises(ValueError, match=r"^out: expected shape \(2, 2, 2\)"):
         published_fused_moe_matmul(ex.x, ex.weight, ex.topk_ids, out=torch.zeros(2, 2, 3, device=runtime.DEVICE))
+
+
+def test_out_whose_elements_alias_is_refused():
+    ex = worked_example(device=runtime.DEVICE)
+    out = torch.zeros(2, 1, 2, device=runtime.DEVICE).expand(2, 2, 2)    # both slots at one address
+    with pytest.raises(ValueError, match=r"^out: expected a buffer whose elements do not overlap in memory"):
+        published_fused_moe_matmul(ex.x, ex.weight, ex.topk_ids, out=out)

@@ -138,16 +138,92 @@ def test_precomputed_alignment():
     assert rel_error(out, reference_moe_matmul(x, weight, ids)) < FP32_TOL
 
 
+def _mismatched_alignments():
+    """(alignment builder, error) for M=9, topk=2, E=8 run with CONFIGS[1] (block_m 32)."""
+    def other_ids(ids):
+        return align_block_size(torch.flip(ids, dims=[0]).contiguous(), 32, 8)
+
+    def written_since(ids):
+        alignment = align_block_size(ids, 32, 8)
+        ids[0, 0] = (ids[0, 0] + 1) % 8              # ids change; the alignment does not
+        return alignment
+
+    return {
+        # Another block size: the kernel would read expert_ids past their end (a segfault in
+        # the interpreter); other ids: rows of the wrong pairs, silently.
+        "block_m": (lambda ids: align_block_size(ids, 16, 8), r"^alignment: .*block_m = 32, got .*block_m = 16"),
+        "num_experts": (lambda ids: align_block_size(ids, 32, 16), r"^alignment: .*num_experts = 8, got .* = 16"),
+        "other-ids": (other_ids, r"^alignment: expected one built from this topk_ids, got one built from another"),
+        "fewer-pairs": (lambda ids: align_block_size(ids[:4], 32, 8), r"^alignment: .*num_pairs \(M \* topk\) = 18"),
+        "written-since": (written_since, r"^alignment: expected one built from topk_ids as they are now"),
+        "plain-tuple": (lambda ids: tuple(align_block_size(ids, 32, 8)), r"^alignment: expected the Alignment"),
+    }
+
+
+@pytest.mark.parametrize("what", _mismatched_alignments())
+def test_mismatched_alignment_is_refused(what):
+    build, match = _mismatched_alignments()[what]
+    M, N, K, E, topk = 9, 20, 24, 8, 2
+    x, weight, ids = random_problem(M, N, K, E, topk, device=DEVICE, seed=4)
+    alignment = build(ids)
+    kind = TypeError if what == "plain-tuple" else ValueError
+    with pytest.raises(kind, match=match):
+        sorted_moe_matmul(x, weight, ids, config=CONFIGS[1], alignment=alignment)
+
+
+@pytest.mark.parametrize("what", ["block_m", "num_experts", "fewer-pairs", "plain-tuple"])
+def test_launcher_refuses_a_mismatched_alignment(what):
+    """launch_sorted_gemm (the bench and the tuner call it) has no ids, but knows the rest."""
+    build, match = _mismatched_alignments()[what]
+    M, N, K, E, topk = 9, 20, 24, 8, 2
+    x, weight, ids = random_problem(M, N, K, E, topk, device=DEVICE, seed=4)
+    c = torch.full((M * topk, N), float("nan"), device=DEVICE)
+    with pytest.raises(TypeError if what == "plain-tuple" else ValueError, match=match):
+        launch_sorted_gemm(x, weight, c, None, build(ids), M * topk, topk, CONFIGS[1])
+    assert c.isnan().all(), "nothing was launched"
+
+
+def _record_descriptors(monkeypatch) -> list:
+    """Spy on the launcher's choice of weight path: each launch appends its TMA descriptor or None."""
+    import moe_tutorial.kernels.sorted_kernel as sk
+
+    made, real = [], sk._weight_descriptor
+    monkeypatch.setattr(sk, "_weight_descriptor", lambda b, config: made.append(real(b, config)) or made[-1])
+    return made
+
+
+@pytest.mark.gpu
+@needs_gpu
 @pytest.mark.parametrize("M,N,K,E,topk", [(6, 40, 64, 4, 2), (5, 33, 45, 8, 3)])
-def test_use_tma_config(M, N, K, E, topk):
+def test_use_tma_config(M, N, K, E, topk, monkeypatch):
     """``use_tma`` takes the tensor-descriptor path on Hopper when K's rows are 16-byte
-    aligned (K = 64) and falls back to pointer loads otherwise (K = 45, or no GPU)."""
+    aligned (K = 64 in fp32) and falls back to pointer loads otherwise (K = 45, or before
+    Hopper); either way the result is right, and equal to the pointer path's."""
     x, weight, ids = random_problem(M, N, K, E, topk, device=DEVICE, seed=K)
-    config = KernelConfig(block_m=16, block_n=32, block_k=32, group_m=1, use_tma=True)
     topk_weights = torch.rand(M, topk, generator=torch.Generator().manual_seed(3)).to(DEVICE)
-    out = sorted_moe_matmul(x, weight, ids, topk_weights, config=config)
     ref = reference_moe_matmul(x, weight, ids) * topk_weights.double()[..., None]
-    assert rel_error(out, ref) < FP32_TOL
+    made = _record_descriptors(monkeypatch)
+    outs = {}
+    for use_tma in (True, False):
+        config = KernelConfig(block_m=16, block_n=32, block_k=32, group_m=1, use_tma=use_tma)
+        outs[use_tma] = sorted_moe_matmul(x, weight, ids, topk_weights, config=config)
+        assert rel_error(outs[use_tma], ref) < FP32_TOL, use_tma
+    hopper = torch.cuda.get_device_capability()[0] >= 9
+    assert len(made) == 1, "only the use_tma=True launch asks for a descriptor"
+    assert (made[0] is not None) == (hopper and K * weight.element_size() % 16 == 0), (K, made[0])
+    assert rel_error(outs[True], outs[False].double()) < FP32_TOL
+
+
+def test_use_tma_falls_back_in_the_interpreter(monkeypatch):
+    """The interpreter has no copy engine: a use_tma config loads through pointers there."""
+    if not runtime.INTERPRETED:
+        pytest.skip("the GPU's side is test_use_tma_config")
+    x, weight, ids = random_problem(5, 40, 64, 4, 2, device=DEVICE, seed=1)
+    made = _record_descriptors(monkeypatch)
+    config = KernelConfig(block_m=16, block_n=32, block_k=32, group_m=1, use_tma=True)
+    out = sorted_moe_matmul(x, weight, ids, config=config)
+    assert made == [None]
+    assert rel_error(out, reference_moe_matmul(x, weight, ids)) < FP32_TOL
 
 
 def test_all_tokens_on_one_expert():

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..checks import check_tensor
+from ..checks import check_kernel_device, check_tensor
 
 
 @triton.jit
@@ -61,8 +61,9 @@ def _align_small_kernel(
     """
     i = tl.arange(0, SMALL)
     ok = i < numel
-    ids = tl.load(ids_ptr + i, mask=ok, other=-1).to(tl.int32)
-    ok = ok & (ids >= 0) & (ids < NUM_EXPERTS)
+    ids = tl.load(ids_ptr + i, mask=ok, other=-1)
+    ok = ok & (ids >= 0) & (ids < NUM_EXPERTS)      # before the cast: int64 id 2^32 + 3 is no expert 3
+    ids = ids.to(tl.int32)
     same = (ids[:, None] == ids[None, :]) & ok[:, None] & ok[None, :]      # [SMALL, SMALL]
     count = tl.sum(same.to(tl.int32), axis=1)                 # pairs sharing my expert
     rank = tl.sum((same & (i[None, :] < i[:, None])).to(tl.int32), axis=1)   # ... before me
@@ -93,8 +94,8 @@ def _count_chunks_kernel(ids_ptr, numel, partial_ptr,
     pid = tl.program_id(0)
     offs = pid * CHUNK + tl.arange(0, CHUNK)
     # Out-of-range lanes land in the spare bin E_PAD - 1 >= NUM_EXPERTS, dropped later.
-    ids = tl.load(ids_ptr + offs, mask=offs < numel, other=E_PAD - 1).to(tl.int32)
-    ids = _spare_if_invalid(ids, NUM_EXPERTS, E_PAD)
+    ids = tl.load(ids_ptr + offs, mask=offs < numel, other=E_PAD - 1)
+    ids = _spare_if_invalid(ids, NUM_EXPERTS, E_PAD).to(tl.int32)   # int64 ids are judged before the cast
     tl.store(partial_ptr + pid * E_PAD + tl.arange(0, E_PAD), tl.histogram(ids, E_PAD))
 
 
@@ -128,8 +129,9 @@ def _scatter_and_label_kernel(
         # inside a run is whatever order the GPU's programs arrive in.
         offs = pid * CHUNK + tl.arange(0, CHUNK)
         ok = offs < numel
-        expert = tl.load(ids_ptr + offs, mask=ok, other=0).to(tl.int32)
+        expert = tl.load(ids_ptr + offs, mask=ok, other=0)
         ok = ok & (expert >= 0) & (expert < NUM_EXPERTS)       # never touch memory for a bad id
+        expert = expert.to(tl.int32)                           # only now: int64 ids are judged whole
         row = tl.atomic_add(cursor_ptr + expert, 1, mask=ok)
         tl.store(sorted_ids_ptr + row, offs, mask=ok)
     else:
@@ -140,6 +142,79 @@ def _scatter_and_label_kernel(
 
 #: Up to this many (token, slot) pairs, one program aligns them in a single launch.
 SMALL_BATCH_PAIRS = 64
+
+#: The largest ``block_m``. The sorted kernel's configurations use 16 to 128 rows; a run's
+#: padding is written one row at a time (up to ``block_m - 1`` steps), so a block far larger
+#: than any tile only wastes rows and time (65536 ran for minutes in the interpreter).
+MAX_BLOCK_M = 256
+
+#: The most experts. The three-launch path keeps one counter per expert in a single program,
+#: ``E + 1`` rounded up to a power of two, and labels blocks with a ``[16, that]`` tile, which
+#: must stay within what Triton will hold (2^20 elements) and what one GPU program can carry.
+MAX_EXPERTS = 4096
+
+#: Rows are int32 and the padding value is the number of pairs: both must fit.
+MAX_ROWS = 2 ** 31 - 1
+
+
+class Alignment(tuple):
+    """What :func:`align_block_size` returns: the triple ``(sorted_token_ids, expert_ids,
+    num_tokens_post_padded)``, unpacked like any tuple, and what it was built for.
+
+    ``block_m``, ``num_experts``, ``num_pairs`` (``M * topk``) and ``topk_ids``, the very tensor
+    it sorted. Every function that takes an alignment calls :func:`check_alignment`, which
+    compares them with its own launch on the host, without reading a device value: the
+    kernel trusts the alignment blindly (another block_m reads out of bounds, other ids give
+    wrong rows). Holding ``topk_ids`` keeps their memory from being reused by other ids.
+    """
+
+    def __new__(cls, tensors, *, block_m: int, num_experts: int, topk_ids: torch.Tensor):
+        self = super().__new__(cls, tensors)
+        self.block_m, self.num_experts, self.num_pairs = block_m, num_experts, topk_ids.numel()
+        self.topk_ids = topk_ids
+        self._ids_version = _version(topk_ids)
+        return self
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """Torch's in-place write counter of ``t`` (shared with its views); inference tensors have none."""
+    return None if t.is_inference() else t._version
+
+
+def _same_ids(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The same memory read the same way: what the kernel sees is then the same ids."""
+    return (a.device == b.device and a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
+            and a.data_ptr() == b.data_ptr())
+
+
+def check_alignment(alignment, *, block_m: int, num_pairs: int, num_experts: int,
+                    device: torch.device | None = None, topk_ids: torch.Tensor | None = None) -> None:
+    """Refuse an alignment built for another launch: a TypeError if it is not an
+    :class:`Alignment`, a ValueError naming what differs otherwise. Host-side only, no sync.
+
+    Args:
+        alignment: from :func:`align_block_size`.
+        block_m, num_pairs, num_experts: the launch's ``config.block_m``, ``M * topk`` and E.
+        device: where the launch runs, if known.
+        topk_ids: the ids of the launch, if it has them; the alignment must have been built
+            from this very tensor, and it must not have been written since.
+    """
+    if not isinstance(alignment, Alignment):
+        raise TypeError("alignment: expected the Alignment align_block_size returns (it records what it was "
+                        f"built for), got {type(alignment).__name__}")
+    for what, want, got in (("block_m", block_m, alignment.block_m), ("num_experts", num_experts,
+                            alignment.num_experts), ("num_pairs (M * topk)", num_pairs, alignment.num_pairs)):
+        if want != got:
+            raise ValueError(f"alignment: expected one built for {what} = {want}, got one built for {what} = {got}")
+    if device is not None and alignment[0].device != device:
+        raise ValueError(f"alignment: expected one on {device}, got one on {alignment[0].device}")
+    if topk_ids is not None:
+        if not _same_ids(topk_ids, alignment.topk_ids):
+            raise ValueError("alignment: expected one built from this topk_ids, got one built from another "
+                             "tensor; align_block_size(topk_ids, block_m, E) with the ids you pass")
+        if _version(topk_ids) != alignment._ids_version:
+            raise ValueError("alignment: expected one built from topk_ids as they are now, got one built "
+                             "before they were written in place; align them again")
 
 
 def max_padded_rows(numel: int, block_m: int, num_experts: int) -> int:
@@ -152,44 +227,56 @@ def max_padded_rows(numel: int, block_m: int, num_experts: int) -> int:
 
 
 def align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int, *,
-                     small_batch_pairs: int = SMALL_BATCH_PAIRS):
+                     small_batch_pairs: int = SMALL_BATCH_PAIRS) -> Alignment:
     """Sort (token, slot) pairs by expert; pad each expert's run to a multiple of ``block_m``.
 
     Args:
-        topk_ids: ``[M, topk]`` int32/int64 in ``[0, num_experts)``.
-        block_m: rows per block, a power of two.
-        num_experts: E.
+        topk_ids: ``[M, topk]`` int32/int64 in ``[0, num_experts)``, on the kernels' device.
+        block_m: rows per block, a power of two up to :data:`MAX_BLOCK_M`.
+        num_experts: E, up to :data:`MAX_EXPERTS`.
         small_batch_pairs: up to this many pairs, one launch; 0 always takes the three launches
             (the benchmark times both to show what the one-launch path buys).
 
     Returns:
-        ``(sorted_token_ids, expert_ids, num_tokens_post_padded)``:
+        An :class:`Alignment`, the triple ``(sorted_token_ids, expert_ids, num_tokens_post_padded)``
+        that also records what it was built for:
         - ``sorted_token_ids`` int32 ``[max_padded_rows]``: flat pair indices ``m * topk + j``
           grouped by expert; padding rows hold ``M * topk``; rows from
           ``num_tokens_post_padded`` on are unspecified.
         - ``expert_ids`` int32 ``[max_padded_rows // block_m]``: the expert of each block,
           -1 for blocks past ``num_tokens_post_padded``.
         - ``num_tokens_post_padded`` int32 ``[1]``: rows actually used, a device tensor.
-        Ids outside ``[0, num_experts)`` are dropped (their pairs appear nowhere); checking
-        them would cost a host sync, so callers validate (``check_matmul_inputs`` does).
+        Ids outside ``[0, num_experts)`` are dropped (their pairs appear nowhere), int64 ids of
+        2^31 and more included; checking them would cost a host sync, so callers validate
+        (``check_matmul_inputs`` does).
         The order of pairs inside one expert's run is not specified (atomics on a GPU for
         more than SMALL_BATCH_PAIRS pairs; token order below that).
     """
     check_tensor("topk_ids", topk_ids, 2)
     if topk_ids.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"topk_ids: expected dtype torch.int32 or torch.int64, got {topk_ids.dtype}")
-    if isinstance(block_m, bool) or not isinstance(block_m, int) or block_m < 1 or block_m & (block_m - 1):
-        raise ValueError(f"block_m: expected a power of two, got {block_m!r}")
-    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
-        raise ValueError(f"num_experts: expected a positive int, got {num_experts!r}")
-    ids = topk_ids.reshape(-1).contiguous()
-    numel = ids.numel()
-    device = topk_ids.device
+    check_kernel_device("topk_ids", topk_ids)
+    if isinstance(block_m, bool) or not isinstance(block_m, int) or block_m < 1 or block_m & (block_m - 1) \
+            or block_m > MAX_BLOCK_M:
+        raise ValueError(f"block_m: expected a power of two from 1 to {MAX_BLOCK_M}, got {block_m!r}")
+    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or not 1 <= num_experts <= MAX_EXPERTS:
+        raise ValueError(f"num_experts: expected an int from 1 to {MAX_EXPERTS}, got {num_experts!r}")
+    numel = topk_ids.numel()
     max_padded = max_padded_rows(numel, block_m, num_experts)
+    if max_padded > MAX_ROWS:
+        raise ValueError(f"topk_ids: expected at most {MAX_ROWS} padded rows (int32 row numbers), got "
+                         f"{numel} pairs, up to {max_padded} rows with block_m = {block_m}")
+    ids = topk_ids.reshape(-1).contiguous()
+    device = topk_ids.device
     sorted_ids = torch.empty(max_padded, dtype=torch.int32, device=device)
     expert_ids = torch.empty(triton.cdiv(max_padded, block_m), dtype=torch.int32, device=device)
+
+    def result(num_post: torch.Tensor) -> Alignment:
+        return Alignment((sorted_ids, expert_ids, num_post), block_m=block_m, num_experts=num_experts,
+                         topk_ids=topk_ids)
+
     if numel == 0:
-        return sorted_ids, expert_ids, torch.zeros(1, dtype=torch.int32, device=device)
+        return result(torch.zeros(1, dtype=torch.int32, device=device))
     num_post = torch.empty(1, dtype=torch.int32, device=device)    # a kernel writes it: no memset launch
     num_blocks = expert_ids.numel()
     if numel <= min(small_batch_pairs, SMALL_BATCH_PAIRS):
@@ -202,7 +289,7 @@ def align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int, *,
             NUM_EXPERTS=num_experts, BLOCK_M=block_m, SMALL=small,
             num_warps=max(1, min(8, small * small // (32 * 16))),
         )
-        return sorted_ids, expert_ids, num_post
+        return result(num_post)
     e_pad = triton.next_power_of_2(num_experts + 1)   # + 1: a spare bin for masked lanes
     chunk, label_chunk = 1024, max(16, 8192 // e_pad)
     num_chunks = triton.cdiv(numel, chunk)
@@ -219,4 +306,4 @@ def align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int, *,
         ids, numel, sorted_ids, cursor, ends, num_post, expert_ids, num_blocks, num_chunks,
         NUM_EXPERTS=num_experts, E_PAD=e_pad, BLOCK_M=block_m, CHUNK=chunk, LABEL_CHUNK=label_chunk,
     )
-    return sorted_ids, expert_ids, num_post
+    return result(num_post)

@@ -97,13 +97,19 @@ def fused_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: torch.Tens
         weight: ``[E, N, K]`` x's dtype; any strides.
         topk_ids: ``[M, topk]`` int32/int64 in ``[0, E)``; any topk from 1 to E.
         block_n, block_k: powers of two; defaults from :func:`default_blocks`.
-        out: optional ``[M, topk, N]`` buffer to write into (any strides).
+        out: optional ``[M, topk, N]`` buffer to write into: any strides, but no two elements
+            at one address and no memory shared with the inputs.
+
+    No backward pass: inputs that require grad are refused unless autograd is off.
 
     Returns:
         ``[M, topk, N]`` in x's dtype, accumulated in fp32.
     """
     M, K, N, E, topk = check_matmul_inputs(x, weight, topk_ids, kernel=True)
-    out = x.new_empty(M, topk, N) if out is None else check_out(out, (M, topk, N), x.dtype)
+    if out is None:
+        out = x.new_empty(M, topk, N)
+    else:
+        check_out(out, (M, topk, N), x.dtype, device=x.device, inputs={"x": x, "weight": weight, "topk_ids": topk_ids})
     block_n, block_k = resolve_blocks(topk, N, K, block_n, block_k)
     if M == 0 or N == 0:
         return out

@@ -17,7 +17,7 @@ import triton.language as tl
 
 from .. import runtime
 from ..checks import check_matmul_inputs
-from .align import align_block_size
+from .align import align_block_size, check_alignment
 
 
 @triton.jit
@@ -103,7 +103,10 @@ def minimal_sorted_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: t
                          f"got shape {tuple(out.shape)}, {out.dtype}")
     if M == 0 or N == 0:
         return out
-    sorted_ids, expert_ids, num_post = alignment if alignment is not None else align_block_size(topk_ids, block_m, E)
+    if alignment is None:
+        alignment = align_block_size(topk_ids, block_m, E)
+    check_alignment(alignment, block_m=block_m, num_pairs=M * topk, num_experts=E, topk_ids=topk_ids)
+    sorted_ids, expert_ids, num_post = alignment
     flat = out.view(M * topk, N)
     grid = (triton.cdiv(sorted_ids.numel(), block_m), triton.cdiv(N, block_n))
     minimal_sorted_kernel[grid](

@@ -101,7 +101,7 @@ def published_fused_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: 
     if out is None:
         out = torch.zeros(M, topk, N, dtype=x.dtype, device=x.device)
     else:
-        check_out(out, (M, topk, N), x.dtype)
+        check_out(out, (M, topk, N), x.dtype, device=x.device, inputs={"x": x, "weight": weight, "topk_ids": topk_ids})
     block_n, block_k = resolve_blocks(topk, N, K, block_n, block_k)
     if M == 0 or N == 0:
         return out

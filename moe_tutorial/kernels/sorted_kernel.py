@@ -22,9 +22,10 @@ from ..checks import (
     check_kernel_dtype,
     check_layer_inputs,
     check_matmul_inputs,
+    check_no_grad,
     check_topk_weights,
 )
-from .align import align_block_size
+from .align import align_block_size, check_alignment
 from .configs import KernelConfig, get_config, shrink
 
 
@@ -226,8 +227,12 @@ def _launch(a, b, c, router_weights, alignment, num_pairs: int, a_row_div: int,
     """Launch :func:`sorted_moe_kernel` once. Shapes as flat pairs: ``c`` is ``[num_pairs, N]``.
 
     ``a`` ``[rows, K]``, ``b`` ``[E, N or 2N, K]``, ``router_weights`` ``[num_pairs]`` fp32 or
-    None, ``alignment`` the triple from :func:`align_block_size` built with ``config.block_m``.
+    None, ``alignment`` from :func:`align_block_size` built with ``config.block_m`` for these
+    ``num_pairs`` and ``b``'s experts (checked: a mismatch is a ValueError, not a wild read).
     """
+    check_alignment(alignment, block_m=config.block_m, num_pairs=num_pairs, num_experts=b.shape[0], device=a.device)
+    # The kernel has no backward: refuse what autograd would track (sorted_moe_layer's x, w13, w2, weights).
+    check_no_grad({"x (or the activations)": a, "the expert weights": b, "topk_weights": router_weights})
     sorted_ids, expert_ids, num_post = alignment
     N, K = c.shape[1], a.shape[1]
     max_padded = sorted_ids.numel()
@@ -259,7 +264,10 @@ def sorted_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: torch.Ten
         topk_ids: ``[M, topk]`` int32/int64 in ``[0, E)``.
         topk_weights: optional ``[M, topk]`` float; multiplied into each output row.
         config: launch parameters; default from :func:`moe_tutorial.kernels.configs.get_config`.
-        alignment: a precomputed ``align_block_size(topk_ids, config.block_m, E)``.
+        alignment: a precomputed ``align_block_size(topk_ids, config.block_m, E)`` of these very
+            ``topk_ids``; one built for anything else is refused with a ValueError.
+
+    No backward pass: inputs that require grad are refused unless autograd is off.
 
     Returns:
         ``[M, topk, N]`` in x's dtype, accumulated in fp32.
@@ -267,11 +275,14 @@ def sorted_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: torch.Ten
     M, K, N, E, topk = check_matmul_inputs(x, weight, topk_ids, kernel=True)
     if topk_weights is not None:
         check_topk_weights(topk_weights, topk_ids)
+        check_no_grad({"topk_weights": topk_weights})
     out = x.new_empty(M, topk, N)
     if M == 0 or N == 0:
         return out
     config = config or get_config(M, E, N, K, topk, x.dtype, "plain")
-    alignment = alignment or align_block_size(topk_ids, config.block_m, E)
+    if alignment is None:
+        alignment = align_block_size(topk_ids, config.block_m, E)
+    check_alignment(alignment, block_m=config.block_m, num_pairs=M * topk, num_experts=E, topk_ids=topk_ids)
     router = None if topk_weights is None else topk_weights.reshape(-1).float().contiguous()
     launch_sorted_gemm(x, weight, out.view(M * topk, N), router, alignment, M * topk, topk, config)
     return out
