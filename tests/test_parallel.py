@@ -29,6 +29,7 @@ from moe_tutorial.parallel import (
     shard_intermediate,
     tensor_parallel_layer,
 )
+from moe_tutorial.figures import part5
 from moe_tutorial.parallel.dispatch import destinations, send_order
 from moe_tutorial.parallel.launch import RemoteTraceback
 from moe_tutorial.reference import reference_moe_layer, rel_error
@@ -282,6 +283,12 @@ def test_bench_stages_run_and_write_the_csv(tmp_path):
     latency_us, gbps = results.link_from(saved)
     assert latency_us > 0 and gbps > 0
     assert saved[0]["gpu"].startswith("cpu") and saved[0]["torch"] and saved[0]["date"] and saved[0]["protocol"]
+    # Notebook 06 draws these rows once the two-GPU data exists: 3 steps (+ the model line), 3 layers x 2 lines.
+    machine = results.measured_machine(saved)
+    ax = part5.plot_steps_vs_bytes(saved, ["tiny"], machine).axes[0]
+    assert len(ax.lines) == 3 + 1
+    axes = part5.plot_layer_throughput(saved, ["tiny", "absent"], machine).axes
+    assert len(axes[0].lines) == 3 * 2 and len(axes[1].lines) == 0
 
 
 # --------------------------------------------------------------------------------------
@@ -368,3 +375,60 @@ def test_results_loading(tmp_path):
         results.link_from([])
     m = results.measured_machine(rows, copy_tbps=4.0, matmul_tflops=600.0)
     assert m.latency_us == pytest.approx(20.0) and math.isclose(m.copy_tbps, 4.0)
+
+
+def test_dispatch_picture_matches_the_count_table():
+    p = demos.make_problem([3, 4], **SMALL, seed=3)
+    ids = [demos.own_tokens(p, r)[2] for r in range(2)]
+    sends, recvs = part5.exchange(ids, 2)
+    counts = _expected_counts(ids, 2, 2)
+    for r in range(2):
+        assert [d for *_, d in sends[r]] == sorted(d for *_, d in sends[r])          # grouped by destination
+        assert len(recvs[r]) == int(counts[:, r].sum())
+        assert [s for s, _ in recvs[r]] == sorted(s for s, _ in recvs[r])            # rank 0's rows first
+    for combine_too in (False, True):
+        fig = part5.plot_all_to_all(ids, 2, combine=combine_too)
+        arrows = [c for c in fig.axes[0].texts if getattr(c, "arrow_patch", None) is not None]
+        assert len(arrows) == (3 + 4) * 2                                            # one per pair
+    texts = [t.get_text() for t in part5.plot_counts(counts, row_bytes=64).axes[0].texts]
+    assert texts == [f"{int(counts[s, d])}\n{int(counts[s, d]) * 64} B" for s in range(2) for d in range(2)]
+
+
+def test_memory_and_weight_split_pictures():
+    table = memory.memory_table((1, 8))
+    ax = part5.plot_memory(table, (1, 8)).axes[0]
+    hatched = [bar for bar in ax.patches if bar.get_hatch()]
+    # DeepSeek-V3 does not fit one H200 even on 8 GPUs in bf16; every other model fits on one.
+    assert len(hatched) == 2 and len(ax.patches) == 2 * len(table)
+    ax_ep, ax_tp = part5.plot_weight_split(4, 2, inter_cells=4).axes
+    owners = lambda ax: [t.get_text() for t in ax.texts if t.get_text() in ("r0", "r1")]  # noqa: E731
+    assert owners(ax_ep) == ["r0"] * 8 + ["r1"] * 8
+    assert owners(ax_tp) == ["r0", "r0", "r1", "r1"] * 4
+
+
+def test_comm_share_picture_has_one_line_per_machine():
+    machines = {f"{lat} us": cost.Machine(450.0, lat, 4.27, 672.0) for lat in (0, 30)}
+    fig = part5.plot_comm_share([MODEL_SHAPES["Mixtral-8x7B"], MODEL_SHAPES["DeepSeek-V3"]], machines)
+    for ax in fig.axes:
+        shares = [line.get_ydata() for line in ax.lines]
+        assert len(shares) == 2 and all(((0 <= y) & (y <= 1)).all() for y in shares)
+        assert (shares[1] >= shares[0]).all()                                    # latency only adds
+
+
+def test_notebook_06_prose_states_the_numbers_code_gives():
+    from prose import assert_says
+
+    nb = "06_expert_parallel"
+    mix, ds = (memory.expert_bytes(MODEL_SHAPES[n]) / 1e9 for n in ("Mixtral-8x7B", "DeepSeek-V3"))
+    h200 = memory.H200_MEMORY_GB
+    assert mix < h200 < ds / 8
+    assert_says(nb, "An H200 has {:.0f} GB. Mixtral-8x7B's experts ({:.0f} GB) fit on one", h200, mix)
+    assert_says(nb, "take {:.0f} GB in bf16, more than {} H200s hold: even on 8 GPUs each would need {:.0f} GB",
+                ds, int(ds // h200), ds / 8)
+    assert_says(nb, "take more than {} H200s hold in bf16", int(ds // h200))
+    assert_says(nb, "plus {} bytes of expert id and router weight per row", cost.META_BYTES)
+    assert_says(nb, "Our dispatch makes {} collectives (the counts, the rows, the ids and weights), combine one",
+                cost.DISPATCH_COLLECTIVES)
+    assert cost.COMBINE_COLLECTIVES == 1
+    assert_says(nb, "paid {} times per layer", cost.DISPATCH_COLLECTIVES + cost.COMBINE_COLLECTIVES)
+    assert_says(nb, "NVIDIA specifies {:.0f} GB/s each way for an H200", cost.H200_NVLINK_GBPS)

@@ -229,14 +229,17 @@ def plot_steps_vs_bytes(rows: list[dict], models: list[str], machine: Machine):
     link, with the model's ``latency + bytes / bandwidth`` (the link measured in the same run)."""
     fig, ax = plt.subplots(figsize=(6.6, 4.0))
     markers = {"dispatch": "o", "combine": "s", "a2a_same_bytes": "^"}
+    seen = []
     for i, model in enumerate(models):
         for step, marker in markers.items():
             pts = sorted((r["bytes"], r["ms"]) for r in ok_rows(rows, model=model, step=step) if r["bytes"])
             if pts:
                 b, t = zip(*pts)
+                seen += b
                 ax.plot(b, np.array(t) * 1e3, marker=marker, ls="-", lw=0.8, color=f"C{i}", ms=4,
                         label=f"{model}: {step.replace('_', ' ')}")
-    b = np.logspace(3, 10, 50)
+    lo, hi = (min(seen) / 2, max(seen) * 2) if seen else (1e3, 1e10)
+    b = np.logspace(np.log10(lo), np.log10(hi), 50)
     ax.plot(b, (machine.latency_us * 1e-6 + b / (machine.link_gbps * 1e9)) * 1e6, "k--", lw=1,
             label=f"one collective: {machine.latency_us:.0f} us + bytes / {machine.link_gbps:.0f} GB/s")
     ax.set(xscale="log", yscale="log", xlabel="bytes one rank sends to the other ranks", ylabel="time (us)",
@@ -269,6 +272,9 @@ def plot_layer_throughput(rows: list[dict], models: list[str], machine: Machine,
         m_axis(ax, sizes)
         ax.set_xlabel("tokens per rank M")
         ax.grid(True, which="major", alpha=0.3)
-        ax.legend(fontsize=7, title="measured (dashed: model)", title_fontsize=7)
+        if shape is None:
+            ax.text(0.5, 0.5, "no measurements", transform=ax.transAxes, ha="center", color="#777777")
+        else:
+            ax.legend(fontsize=7, title="measured (dashed: model)", title_fontsize=7)
     fig.tight_layout()
     return fig
