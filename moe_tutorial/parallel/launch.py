@@ -50,10 +50,16 @@ def child_environment(backend: str) -> dict[str, str]:
     """What a rank's process needs in its environment before Python starts in it.
 
     gloo ranks are CPU ranks: no GPU (so moe_tutorial picks Triton's interpreter there even on a
-    GPU machine) and one thread each, since several of them share a laptop's few cores.
+    GPU machine) and one thread each, since several of them share a laptop's few cores. They all
+    run on this machine, so gloo talks over the loopback interface (unless told otherwise): a
+    laptop's host name does not always resolve to an address gloo can use.
     """
     if backend == "gloo":
-        return {"CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+        env = {"CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+        loopback = {"linux": "lo", "darwin": "lo0"}.get(sys.platform)
+        if loopback and "GLOO_SOCKET_IFNAME" not in os.environ:
+            env["GLOO_SOCKET_IFNAME"] = loopback
+        return env
     return {}
 
 
