@@ -18,6 +18,7 @@ from .kernels.sorted_kernel import (  # noqa: E402
 )
 from .layer import moe_layer  # noqa: E402
 from .loop import loop_moe_layer, loop_moe_matmul  # noqa: E402
+from .parallel import expert_parallel_layer, tensor_parallel_layer  # noqa: E402
 from .reference import reference_moe_layer, reference_moe_matmul, rel_error  # noqa: E402
 from .routing import route  # noqa: E402
 from .shapes import MODEL_SHAPES, ModelShape, get_shape, random_problem  # noqa: E402
@@ -27,6 +28,6 @@ __all__ = [
     "fused_moe_kernel", "fused_moe_matmul", "align_block_size", "sorted_moe_kernel",
     "sorted_moe_matmul", "sorted_moe_layer", "moe_layer", "reference_moe_matmul",
     "reference_moe_layer", "rel_error", "worked_example", "MODEL_SHAPES", "ModelShape",
-    "get_shape", "random_problem", "runtime",
+    "get_shape", "random_problem", "runtime", "expert_parallel_layer", "tensor_parallel_layer",
 ]
 __version__ = "0.1.0"

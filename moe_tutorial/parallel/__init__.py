@@ -1,0 +1,28 @@
+"""Part 5: the MoE layer on several devices with torch.distributed (NCCL on GPUs, gloo on CPUs).
+
+One idea per module:
+
+* :mod:`.launch` starts N processes forming one group (CPU processes with gloo on a laptop,
+  also from Jupyter), and :mod:`.rank_main` is what each of them runs;
+* :mod:`.groups` checks that a group exists and that all ranks called with matching shapes;
+* :mod:`.sharding` says which experts (or which columns of every expert) a rank holds;
+* :mod:`.dispatch` moves each (token, slot) row to its expert's rank and back (all-to-all);
+* :mod:`.expert_parallel` is the layer built from them and Part 4's kernel;
+* :mod:`.tensor_parallel` is the alternative: every expert split by columns, one all-reduce;
+* :mod:`.memory` and :mod:`.cost` are the numbers: expert bytes per GPU, and a model of
+  link time against compute;
+* :mod:`.demos` holds the rank programs notebook 06 launches, :mod:`.bench` the GPU measurements,
+  :mod:`.results` reads them back.
+"""
+from .dispatch import Dispatched, DispatchPlan, combine, dispatch
+from .expert_parallel import expert_parallel_layer, local_experts
+from .groups import require_group
+from .launch import launch
+from .sharding import expert_range, experts_per_rank, intermediate_range, shard_experts, shard_intermediate
+from .tensor_parallel import tensor_parallel_layer
+
+__all__ = [
+    "launch", "require_group", "experts_per_rank", "expert_range", "shard_experts", "intermediate_range",
+    "shard_intermediate", "dispatch", "combine", "Dispatched", "DispatchPlan", "local_experts",
+    "expert_parallel_layer", "tensor_parallel_layer",
+]

@@ -1,0 +1,57 @@
+"""The two-GPU measurements shipped with the series, and the link numbers the cost model takes from them.
+
+``moe_tutorial/data/h200x2_ep.csv`` is written by ``scripts/h200x2_ep.py`` (columns in
+:data:`moe_tutorial.parallel.bench.FIELDS`). Until it is committed, :func:`load` returns None and
+notebook 06 says so.
+"""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from ..perf.traffic import H200_COPY_TBPS, H200_MATMUL_TFLOPS
+from .cost import Machine
+
+H200X2_RESULTS = Path(__file__).parent.parent / "data" / "h200x2_ep.csv"
+_INT = {"world", "E", "K", "I", "topk", "M", "bytes"}
+_FLOAT = {"ms", "gbps", "rel_error"}
+
+
+def _parse(key: str, value: str):
+    if value == "":
+        return None
+    if key in _INT:
+        return int(float(value))
+    if key in _FLOAT:
+        return float(value)
+    return value
+
+
+def load(path=H200X2_RESULTS) -> list[dict] | None:
+    """The rows of the results CSV (numbers parsed, empty cells None), or None if there is no file."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    with open(path, newline="") as f:
+        return [{k: _parse(k, v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def ok_rows(rows: list[dict], **where) -> list[dict]:
+    """Rows with status "ok" whose columns equal every ``where`` item."""
+    return [r for r in rows if r.get("status") == "ok" and all(r.get(k) == v for k, v in where.items())]
+
+
+def link_from(rows: list[dict]) -> tuple[float, float]:
+    """``(latency in us, bandwidth in GB/s one way)`` of the link, from the equal-split all-to-alls:
+    the time of the smallest one, and the best rate of the others."""
+    a2a = sorted(ok_rows(rows, step="a2a_equal"), key=lambda r: r["bytes"])
+    if len(a2a) < 2:
+        raise ValueError(f"rows: expected at least two ok 'a2a_equal' rows, got {len(a2a)}")
+    return a2a[0]["ms"] * 1e3, max(r["gbps"] for r in a2a[1:])
+
+
+def measured_machine(rows: list[dict], copy_tbps: float = H200_COPY_TBPS,
+                     matmul_tflops: float = H200_MATMUL_TFLOPS) -> Machine:
+    """The cost model's :class:`Machine` with the link measured in ``rows`` and the given ceilings."""
+    latency_us, gbps = link_from(rows)
+    return Machine(link_gbps=gbps, latency_us=latency_us, copy_tbps=copy_tbps, matmul_tflops=matmul_tflops)

@@ -1,0 +1,434 @@
+"""Part 5 on the CPU: the expert- and tensor-parallel layers in 2 and 4 gloo processes against the
+single-process layer, the checks that make mistakes fail clearly, the launcher, the GPU bench's
+code path on tiny shapes, and the cost model, memory table and figures.
+
+Every launch starts fresh processes (about 2 s each on a laptop), so each one runs a whole battery
+of cases; the rank programs are top-level functions here because the ranks import them by name.
+"""
+import moe_tutorial as mt  # noqa: F401,I001  (first: picks the runtime before anything imports triton)
+
+import math
+import time
+
+import pytest
+import torch
+
+from moe_tutorial.parallel import (
+    bench,
+    combine,
+    cost,
+    demos,
+    dispatch,
+    expert_parallel_layer,
+    experts_per_rank,
+    launch,
+    memory,
+    require_group,
+    results,
+    shard_experts,
+    shard_intermediate,
+    tensor_parallel_layer,
+)
+from moe_tutorial.figures import part5
+from moe_tutorial.parallel.dispatch import destinations, send_order
+from moe_tutorial.parallel.launch import RemoteTraceback
+from moe_tutorial.reference import reference_moe_layer, rel_error
+from moe_tutorial.shapes import MODEL_SHAPES, ModelShape
+
+SMALL = dict(num_experts=4, topk=2, hidden=16, inter=8)
+
+
+# --------------------------------------------------------------------------------------
+# Rank programs (run inside the launched processes)
+# --------------------------------------------------------------------------------------
+
+def layers_on_every_rank(cases: list[dict]) -> list[dict]:
+    """For each case: the EP layer, the same by its three steps, and the TP layer, on this rank."""
+    rank, world = require_group()
+    out = []
+    for case in cases:
+        case = dict(case)
+        int64 = case.pop("int64_ids", False)
+        p = demos.make_problem(**case)
+        x, tw, ti = demos.own_tokens(p, rank)
+        if int64:
+            ti = ti.long()
+        w13, w2 = shard_experts(p.w13, p.w2, rank, world)
+        steps = demos.expert_parallel_demo(case)
+        t13, t2 = shard_intermediate(p.w13, p.w2, rank, world)
+        out.append({"ep": expert_parallel_layer(x, w13, w2, tw, ti, num_experts=case["num_experts"]),
+                    "steps": steps["y"], "counts": steps["counts"], "received": steps["received_ids"],
+                    "tp": tensor_parallel_layer(p.x, t13, t2, p.topk_weights, p.topk_ids)})
+    return out
+
+
+def _message(fn) -> str:
+    try:
+        fn()
+    except (ValueError, TypeError, RuntimeError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
+def mistakes_on_every_rank() -> dict:
+    """Each mistake made on every rank (or differing between ranks); the message each rank gets.
+    After every error the ranks are still in step, which the last, correct call shows."""
+    rank, world = require_group()
+    p = demos.make_problem([3, 3], **SMALL)
+    x, tw, ti = demos.own_tokens(p, rank)
+    w13, w2 = shard_experts(p.w13, p.w2, rank, world)
+    t13, t2 = shard_intermediate(p.w13, p.w2, rank, world)
+    other = demos.make_problem([3, 3], num_experts=4, topk=2, hidden=8, inter=8)     # K = 8 instead of 16
+    ox, otw, oti = demos.own_tokens(other, rank)
+    o13, o2 = shard_experts(other.w13, other.w2, rank, world)
+    wide = demos.make_problem([3, 3], num_experts=8, topk=2, hidden=16, inter=8)     # E = 8 instead of 4
+    wx, wtw, wti = demos.own_tokens(wide, rank)
+    w8_13, w8_2 = shard_experts(wide.w13, wide.w2, rank, world)
+    r1 = rank == 1
+    messages = {
+        "E not divisible": _message(lambda: expert_parallel_layer(x, w13[:1], w2[:1], tw, ti, num_experts=3)),
+        "K differs": _message(lambda: expert_parallel_layer(ox if r1 else x, o13 if r1 else w13, o2 if r1 else w2,
+                                                            otw if r1 else tw, oti if r1 else ti, num_experts=4)),
+        "topk differs": _message(lambda: expert_parallel_layer(x, w13, w2, tw[:, :1] if r1 else tw,
+                                                               ti[:, :1] if r1 else ti, num_experts=4)),
+        "E differs": _message(lambda: expert_parallel_layer(wx if r1 else x, w8_13 if r1 else w13,
+                                                            w8_2 if r1 else w2, wtw if r1 else tw,
+                                                            wti if r1 else ti, num_experts=8 if r1 else 4)),
+        "TP batch differs": _message(lambda: tensor_parallel_layer(p.x[:5] if r1 else p.x, t13, t2,
+                                                                   p.topk_weights[:5] if r1 else p.topk_weights,
+                                                                   p.topk_ids[:5] if r1 else p.topk_ids)),
+        "TP I not divisible": _message(lambda: shard_intermediate(p.w13[:, :6], p.w2[:, :, :3], rank, 2)),
+        "id out of range": _message(lambda: expert_parallel_layer(x, w13, w2, tw, torch.full_like(ti, 9),
+                                                                  num_experts=4)),
+        "combine rows": _message(lambda: combine(x, dispatch(x, tw, ti, 4).plan)),
+    }
+    y = expert_parallel_layer(x, w13, w2, tw, ti, num_experts=4)
+    messages["still in step"] = rel_error(y, reference_moe_layer(x, *(p.w13, p.w2), tw, ti))
+    return messages
+
+
+def bad_weights_on_rank_1() -> None:
+    """Rank 1 passes 3 experts where E / world = 2: it raises alone, rank 0 waits in the exchange."""
+    rank, world = require_group()
+    p = demos.make_problem([2, 2], **SMALL)
+    x, tw, ti = demos.own_tokens(p, rank)
+    w13, w2 = (p.w13[:3], p.w2[:3]) if rank == 1 else shard_experts(p.w13, p.w2, rank, world)
+    expert_parallel_layer(x, w13, w2, tw, ti, num_experts=4)
+
+
+def sleep_forever() -> None:
+    time.sleep(3600)
+
+
+TINY = ModelShape("tiny", 4, 2, 32, 16)
+
+
+def bench_on_cpu(csv_path: str) -> list[dict]:
+    """The GPU script's stages on a tiny shape in fp32, one repetition each, and a deadline already past."""
+    cases = (("uneven", 5, 3, False), ("rank 1 receives nothing", 4, 4, True), ("rank 0 owns no tokens", 0, 3, False))
+    far = time.time() + 120
+    rows = bench.link_and_check_rank([TINY], csv_path, far, far, None, (1 << 10, 1 << 14), torch.float32, cases)
+    rows += bench.timing_rank(TINY, csv_path, far, (1, 4), None, torch.float32, reps=1, warmup=0)
+    rows += bench.timing_rank(TINY, None, 0.0, (8,), None, torch.float32, reps=1, warmup=0)
+    return rows
+
+
+# --------------------------------------------------------------------------------------
+# The layers against the single-process layer
+# --------------------------------------------------------------------------------------
+
+def _expected_counts(ids_by_rank, per: int, world: int) -> torch.Tensor:
+    return torch.stack([torch.bincount(ids.reshape(-1).long() // per, minlength=world) for ids in ids_by_rank])
+
+
+def _check_cases(cases, world: int, outs) -> None:
+    for case, by_rank in zip(cases, zip(*outs)):
+        case = {k: v for k, v in case.items() if k != "int64_ids"}
+        p = demos.make_problem(**case)
+        ref = reference_moe_layer(p.x, p.w13, p.w2, p.topk_weights, p.topk_ids)
+        single = mt.moe_layer(p.x, p.w13, p.w2, p.topk_weights, p.topk_ids)
+        what = f"{case} on {world} ranks"
+        ep = torch.cat([r["ep"] for r in by_rank])
+        assert ep.shape == ref.shape, what
+        if ref.numel():
+            assert rel_error(ep, ref) <= 1e-5, what
+            assert rel_error(ep, single) <= 1e-5, what
+            assert rel_error(torch.cat([r["steps"] for r in by_rank]), ref) <= 1e-5, what
+            for r in by_rank:
+                assert rel_error(r["tp"], ref) <= 1e-5, what
+        per = case["num_experts"] // world
+        ids_by_rank = [demos.own_tokens(p, r)[2] for r in range(world)]
+        counts = _expected_counts(ids_by_rank, per, world)
+        for rank, r in enumerate(by_rank):
+            assert torch.equal(r["counts"], counts), what                    # every rank knows the whole table
+            expected_local = torch.cat([ids[(ids // per) == rank] - rank * per for ids in ids_by_rank])
+            assert sorted(r["received"].tolist()) == sorted(expected_local.tolist()), what
+
+
+CASES_2 = [
+    dict(tokens_per_rank=[3, 5], **SMALL, seed=0),
+    dict(tokens_per_rank=[4, 4], **SMALL, seed=1, experts_used=[0, 1]),      # rank 1 receives nothing
+    dict(tokens_per_rank=[0, 6], **SMALL, seed=2),                           # rank 0 owns no tokens
+    dict(tokens_per_rank=[5, 2], **SMALL, seed=3, experts_used=[0, 2, 3]),   # expert 1 gets no pair
+    dict(tokens_per_rank=[0, 0], **SMALL, seed=4),                           # nothing at all
+    dict(tokens_per_rank=[3, 3], num_experts=2, topk=1, hidden=16, inter=8, seed=5),
+    dict(tokens_per_rank=[2, 3], **SMALL, seed=6, int64_ids=True),
+] + [  # random sizes, experts and topk, drawn once from a seeded generator
+    dict(tokens_per_rank=[int(m) for m in torch.randint(0, 7, (2,), generator=torch.Generator().manual_seed(s))],
+         num_experts=e, topk=1 + s % e, hidden=16, inter=8, seed=10 + s)
+    for s, e in ((0, 2), (1, 4), (2, 6))
+]
+
+
+def test_two_ranks_match_the_single_process_layer():
+    outs = launch(layers_on_every_rank, 2, CASES_2, timeout_s=90)
+    _check_cases(CASES_2, 2, outs)
+
+
+CASES_4 = [
+    dict(tokens_per_rank=[2, 0, 3, 1], num_experts=8, topk=2, hidden=16, inter=8, seed=0),
+    dict(tokens_per_rank=[2, 2, 2, 2], num_experts=8, topk=2, hidden=16, inter=8, seed=1,
+         experts_used=[0, 1, 6, 7]),                                        # ranks 1 and 2 receive nothing
+]
+
+
+def test_four_ranks_match_the_single_process_layer():
+    outs = launch(layers_on_every_rank, 4, CASES_4, timeout_s=90)
+    _check_cases(CASES_4, 4, outs)
+
+
+# --------------------------------------------------------------------------------------
+# Mistakes: clear errors, the same on every rank
+# --------------------------------------------------------------------------------------
+
+def test_mistakes_give_clear_errors_on_every_rank():
+    msgs = launch(mistakes_on_every_rank, 2, timeout_s=90)
+    for m in msgs:
+        assert m["E not divisible"].startswith("ValueError: world size: expected a divisor of the number of "
+                                               "experts E=3"), m["E not divisible"]
+        assert m["K differs"] == ("ValueError: x.shape[1] (hidden size K): expected the same value on every rank, "
+                                  "got 16 on rank 0, 8 on rank 1")
+        assert m["topk differs"].startswith("ValueError: topk_ids.shape[1] (topk): expected the same value"), m
+        assert m["E differs"].startswith("ValueError: num_experts: expected the same value on every rank, "
+                                         "got 4 on rank 0, 8 on rank 1"), m
+        assert m["TP batch differs"].startswith("ValueError: x.shape[0] (tokens M; every rank runs the same batch)")
+        assert m["TP I not divisible"].startswith("ValueError: world size: expected a divisor of the intermediate "
+                                                  "size I=3")
+        assert m["id out of range"] == "ValueError: topk_ids: expected expert ids in [0, 4), got an id of 9"
+        assert m["combine rows"].startswith("ValueError: expert_out: expected ")
+        assert m["still in step"] <= 1e-5
+
+
+def test_a_rank_failing_alone_is_reported_with_its_rank_and_traceback():
+    with pytest.raises(ValueError, match=r"^rank 1: w13: expected this rank's E / world = 2 experts") as info:
+        launch(bad_weights_on_rank_1, 2, timeout_s=60)
+    assert isinstance(info.value.__cause__, RemoteTraceback)
+    assert "check_local_weights" in info.value.__cause__.text
+
+
+def test_no_process_group_is_a_clear_error():
+    p = demos.make_problem([3], **SMALL)
+    with pytest.raises(RuntimeError, match="process group: expected torch.distributed to be initialised"):
+        expert_parallel_layer(p.x, p.w13, p.w2, p.topk_weights, p.topk_ids, num_experts=4)
+    with pytest.raises(RuntimeError, match="process group"):
+        tensor_parallel_layer(p.x, p.w13, p.w2, p.topk_weights, p.topk_ids)
+    with pytest.raises(RuntimeError, match="process group"):
+        dispatch(p.x, p.topk_weights, p.topk_ids, 4)
+
+
+def test_launcher_arguments():
+    with pytest.raises(TypeError, match="fn: expected a function defined at the top level of an importable module"):
+        launch(lambda: 1, 2)
+
+    def local():
+        return 1
+
+    with pytest.raises(TypeError, match="fn: expected a function defined at the top level"):
+        launch(local, 2)
+    with pytest.raises(ValueError, match="world_size: expected a positive int, got 0"):
+        launch(sleep_forever, 0)
+    with pytest.raises(ValueError, match="backend: expected one of gloo, nccl, got 'mpi'"):
+        launch(sleep_forever, 1, backend="mpi")
+
+
+def test_launcher_stops_ranks_that_never_return():
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"ranks \[0\] returned nothing within 4 s"):
+        launch(sleep_forever, 1, timeout_s=4)
+    assert time.monotonic() - t0 < 15
+
+
+# --------------------------------------------------------------------------------------
+# The GPU bench's code path, on the CPU
+# --------------------------------------------------------------------------------------
+
+def test_bench_stages_run_and_write_the_csv(tmp_path):
+    path = tmp_path / "ep.csv"
+    rows = launch(bench_on_cpu, 2, str(path), timeout_s=120)[0]
+    saved = results.load(path)
+    assert len(saved) == len(rows) - 1               # the last call wrote no CSV
+    checks = [r for r in saved if r["step"].startswith("check")]
+    assert {r["case"] for r in checks} == {"uneven", "rank 1 receives nothing", "rank 0 owns no tokens"}
+    assert all(r["status"] == "ok" and r["rel_error"] <= 1e-5 for r in checks), checks
+    timed = [r for r in saved if r["step"] not in ("check_ep", "check_tp", "check_ep_fp64")]
+    for M in (1, 4):
+        assert {r["step"] for r in timed if r["M"] == M} == set(bench.STEPS[3:-1])
+    assert all(r["status"] == "ok" and r["ms"] > 0 for r in timed)
+    # Bytes over the link: dispatch moves rows and metadata, combine rows, the plain all-to-all rows.
+    for M in (1, 4):
+        by = {r["step"]: r for r in timed if r["M"] == M}
+        assert by["dispatch"]["bytes"] == by["a2a_same_bytes"]["bytes"] // (TINY.hidden * 4) * (TINY.hidden * 4 + 8)
+        assert by["combine"]["bytes"] == by["a2a_same_bytes"]["bytes"]
+    assert [r["status"] for r in rows if r.get("M") == 8] == ["skipped: time budget"]    # the deadline had passed
+    latency_us, gbps = results.link_from(saved)
+    assert latency_us > 0 and gbps > 0
+    assert saved[0]["gpu"].startswith("cpu") and saved[0]["torch"] and saved[0]["date"] and saved[0]["protocol"]
+    # Notebook 06 draws these rows once the two-GPU data exists: 3 steps (+ the model line), 3 layers x 2 lines.
+    machine = results.measured_machine(saved)
+    ax = part5.plot_steps_vs_bytes(saved, ["tiny"], machine).axes[0]
+    assert len(ax.lines) == 3 + 1
+    axes = part5.plot_layer_throughput(saved, ["tiny", "absent"], machine).axes
+    assert len(axes[0].lines) == 3 * 2 and len(axes[1].lines) == 0
+
+
+# --------------------------------------------------------------------------------------
+# Pieces that need no processes
+# --------------------------------------------------------------------------------------
+
+def test_experts_per_rank_and_shards():
+    assert experts_per_rank(256, 8) == 32
+    with pytest.raises(ValueError, match=r"world size: expected a divisor of the number of experts E=8 "
+                                         r"\(each rank holds E / world experts: \[1, 2, 4, 8\]\), got 3"):
+        experts_per_rank(8, 3)
+    p = demos.make_problem([4], **SMALL)
+    w13, w2 = shard_experts(p.w13, p.w2, 1, 2)
+    assert torch.equal(w13, p.w13[2:4]) and torch.equal(w2, p.w2[2:4])
+    with pytest.raises(ValueError, match=r"rank: expected an int in \[0, 2\), got 2"):
+        shard_experts(p.w13, p.w2, 2, 2)
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_tensor_parallel_shards_add_up_to_the_layer(world):
+    """Plain torch, one process: the layer on each rank's columns, summed, is the whole layer."""
+    p = demos.make_problem([5], num_experts=4, topk=2, hidden=12, inter=8, seed=world)
+    parts = [reference_moe_layer(p.x, *shard_intermediate(p.w13, p.w2, r, world), p.topk_weights, p.topk_ids)
+             for r in range(world)]
+    ref = reference_moe_layer(p.x, p.w13, p.w2, p.topk_weights, p.topk_ids)
+    assert rel_error(sum(parts), ref) <= 1e-12
+    w13, w2 = shard_intermediate(p.w13, p.w2, 0, world)
+    assert w13.shape == (4, 2 * 8 // world, 12) and w2.shape == (4, 12, 8 // world)
+
+
+def test_send_order_groups_pairs_by_destination_in_token_order():
+    ids = torch.tensor([[3, 0], [1, 2], [2, 3]])                 # E = 4 on 2 ranks: experts 0-1 on rank 0
+    dest = destinations(ids, 2)
+    assert dest.tolist() == [1, 0, 0, 1, 1, 1]
+    order, counts = send_order(dest, 2)
+    assert order.tolist() == [1, 2, 0, 3, 4, 5] and counts.tolist() == [2, 4]
+
+
+def test_cost_model_bytes_by_hand():
+    s = MODEL_SHAPES["DeepSeek-V3"]
+    # 2 GPUs, 1024 tokens per rank: half of the 8192 pairs leave, 7168 bf16 values each (+ 8 bytes in dispatch).
+    assert cost.dispatch_bytes(1024, s, 2) == 4096 * (7168 * 2 + 8)
+    assert cost.combine_bytes(1024, s, 2) == 4096 * 7168 * 2
+    assert cost.allreduce_bytes(1024, s, 2) == 2048 * 7168 * 2          # ring: 2 (w-1)/w of [2048, K]
+    assert cost.remote_pairs(10, 2, 1) == 0
+    m = cost.Machine(link_gbps=100.0, latency_us=10.0, copy_tbps=4.0, matmul_tflops=500.0)
+    t = cost.predict(64, s, 2, m)
+    assert t["dispatch"] == pytest.approx(3 * 10e-6 + cost.dispatch_bytes(64, s, 2) / 100e9)
+    assert t["ep"] == pytest.approx(t["dispatch"] + t["experts"] + t["combine"])
+    assert 0 < t["ep_comm_share"] < 1
+    # With uniform routing each rank's experts see M * topk pairs: the same FLOPs as TP's share.
+    assert cost.ep_compute(64, s, 2)[1] == pytest.approx(cost.tp_compute(64, s, 2)[1])
+
+
+@pytest.mark.parametrize("world", [2, 4, 8, 16])
+def test_expert_parallel_sends_less_than_an_all_reduce_once_world_exceeds_topk(world):
+    """Per rank, EP moves ~2 M topk K bytes and TP's all-reduce ~2 world M K: EP wins when world > topk."""
+    for s in MODEL_SHAPES.values():
+        ep = cost.dispatch_bytes(256, s, world) + cost.combine_bytes(256, s, world)
+        tp = cost.allreduce_bytes(256, s, world)
+        if world > s.topk:
+            assert ep < tp, (s.name, world)
+        elif world < s.topk:
+            assert ep > tp, (s.name, world)
+
+
+def test_memory_table():
+    s = MODEL_SHAPES["DeepSeek-V3"]
+    assert memory.expert_bytes(s) == 58 * 3 * 256 * 2048 * 7168 * 2
+    rows = {r["model"]: r for r in memory.memory_table((1, 8))}
+    assert set(rows) == set(MODEL_SHAPES)
+    assert rows["DeepSeek-V3"][8] == pytest.approx(rows["DeepSeek-V3"]["total_gb"] / 8)
+    with pytest.raises(ValueError, match="shape: expected one of"):
+        memory.expert_bytes(TINY)
+
+
+def test_results_loading(tmp_path):
+    assert results.load(tmp_path / "missing.csv") is None
+    rows = [dict(step="a2a_equal", status="ok", bytes=b, ms=ms, gbps=b / (ms * 1e6))
+            for b, ms in ((4096, 0.02), (1 << 20, 0.03), (1 << 28, 0.8))]
+    latency, gbps = results.link_from(rows)
+    assert latency == pytest.approx(20.0) and gbps == pytest.approx((1 << 28) / 0.8e6)
+    with pytest.raises(ValueError, match="rows: expected at least two ok 'a2a_equal' rows, got 0"):
+        results.link_from([])
+    m = results.measured_machine(rows, copy_tbps=4.0, matmul_tflops=600.0)
+    assert m.latency_us == pytest.approx(20.0) and math.isclose(m.copy_tbps, 4.0)
+
+
+def test_dispatch_picture_matches_the_count_table():
+    p = demos.make_problem([3, 4], **SMALL, seed=3)
+    ids = [demos.own_tokens(p, r)[2] for r in range(2)]
+    sends, recvs = part5.exchange(ids, 2)
+    counts = _expected_counts(ids, 2, 2)
+    for r in range(2):
+        assert [d for *_, d in sends[r]] == sorted(d for *_, d in sends[r])          # grouped by destination
+        assert len(recvs[r]) == int(counts[:, r].sum())
+        assert [s for s, _ in recvs[r]] == sorted(s for s, _ in recvs[r])            # rank 0's rows first
+    for combine_too in (False, True):
+        fig = part5.plot_all_to_all(ids, 2, combine=combine_too)
+        arrows = [c for c in fig.axes[0].texts if getattr(c, "arrow_patch", None) is not None]
+        assert len(arrows) == (3 + 4) * 2                                            # one per pair
+    texts = [t.get_text() for t in part5.plot_counts(counts, row_bytes=64).axes[0].texts]
+    assert texts == [f"{int(counts[s, d])}\n{int(counts[s, d]) * 64} B" for s in range(2) for d in range(2)]
+
+
+def test_memory_and_weight_split_pictures():
+    table = memory.memory_table((1, 8))
+    ax = part5.plot_memory(table, (1, 8)).axes[0]
+    hatched = [bar for bar in ax.patches if bar.get_hatch()]
+    # DeepSeek-V3 does not fit one H200 even on 8 GPUs in bf16; every other model fits on one.
+    assert len(hatched) == 2 and len(ax.patches) == 2 * len(table)
+    ax_ep, ax_tp = part5.plot_weight_split(4, 2, inter_cells=4).axes
+    owners = lambda ax: [t.get_text() for t in ax.texts if t.get_text() in ("r0", "r1")]  # noqa: E731
+    assert owners(ax_ep) == ["r0"] * 8 + ["r1"] * 8
+    assert owners(ax_tp) == ["r0", "r0", "r1", "r1"] * 4
+
+
+def test_comm_share_picture_has_one_line_per_machine():
+    machines = {f"{lat} us": cost.Machine(450.0, lat, 4.27, 672.0) for lat in (0, 30)}
+    fig = part5.plot_comm_share([MODEL_SHAPES["Mixtral-8x7B"], MODEL_SHAPES["DeepSeek-V3"]], machines)
+    for ax in fig.axes:
+        shares = [line.get_ydata() for line in ax.lines]
+        assert len(shares) == 2 and all(((0 <= y) & (y <= 1)).all() for y in shares)
+        assert (shares[1] >= shares[0]).all()                                    # latency only adds
+
+
+def test_notebook_06_prose_states_the_numbers_code_gives():
+    from prose import assert_says
+
+    nb = "06_expert_parallel"
+    mix, ds = (memory.expert_bytes(MODEL_SHAPES[n]) / 1e9 for n in ("Mixtral-8x7B", "DeepSeek-V3"))
+    h200 = memory.H200_MEMORY_GB
+    assert mix < h200 < ds / 8
+    assert_says(nb, "An H200 has {:.0f} GB. Mixtral-8x7B's experts ({:.0f} GB) fit on one", h200, mix)
+    assert_says(nb, "take {:.0f} GB in bf16, more than {} H200s hold: even on 8 GPUs each would need {:.0f} GB",
+                ds, int(ds // h200), ds / 8)
+    assert_says(nb, "take more than {} H200s hold in bf16", int(ds // h200))
+    assert_says(nb, "plus {} bytes of expert id and router weight per row", cost.META_BYTES)
+    assert_says(nb, "Our dispatch makes {} collectives (the counts, the rows, the ids and weights), combine one",
+                cost.DISPATCH_COLLECTIVES)
+    assert cost.COMBINE_COLLECTIVES == 1
+    assert_says(nb, "paid {} times per layer", cost.DISPATCH_COLLECTIVES + cost.COMBINE_COLLECTIVES)
+    assert_says(nb, "NVIDIA specifies {:.0f} GB/s each way for an H200", cost.H200_NVLINK_GBPS)
