@@ -334,7 +334,7 @@ def test_cost_model_bytes_by_hand():
     assert cost.combine_bytes(1024, s, 2) == 4096 * 7168 * 2
     assert cost.allreduce_bytes(1024, s, 2) == 2048 * 7168 * 2          # ring: 2 (w-1)/w of [2048, K]
     assert cost.remote_pairs(10, 2, 1) == 0
-    m = cost.Machine(link_gbps=100.0, latency_us=10.0, copy_tbps=4.0, matmul_tflops=500.0)
+    m = cost.Machine(link_gbps=100.0, latency_us=10.0, read_tbps=4.0, matmul_tflops=500.0)
     t = cost.predict(64, s, 2, m)
     assert t["dispatch"] == pytest.approx(3 * 10e-6 + cost.dispatch_bytes(64, s, 2) / 100e9)
     assert t["ep"] == pytest.approx(t["dispatch"] + t["experts"] + t["combine"])
@@ -373,8 +373,8 @@ def test_results_loading(tmp_path):
     assert latency == pytest.approx(20.0) and gbps == pytest.approx((1 << 28) / 0.8e6)
     with pytest.raises(ValueError, match="rows: expected at least two ok 'a2a_equal' rows, got 0"):
         results.link_from([])
-    m = results.measured_machine(rows, copy_tbps=4.0, matmul_tflops=600.0)
-    assert m.latency_us == pytest.approx(20.0) and math.isclose(m.copy_tbps, 4.0)
+    m = results.measured_machine(rows, read_tbps=4.0, matmul_tflops=600.0)
+    assert m.latency_us == pytest.approx(20.0) and math.isclose(m.read_tbps, 4.0)
 
 
 def test_dispatch_picture_matches_the_count_table():

@@ -33,18 +33,18 @@ DISPATCH_COLLECTIVES, COMBINE_COLLECTIVES, ALLREDUCE_COLLECTIVES = 3, 1, 1
 @dataclass(frozen=True)
 class Machine:
     """What the model needs to know about the GPUs: link bandwidth one way (GB/s), the fixed cost
-    of one collective (us), memory copy bandwidth (TB/s) and matmul rate (TFLOP/s)."""
+    of one collective (us), read-only memory bandwidth (TB/s) and matmul rate (TFLOP/s)."""
 
     link_gbps: float
     latency_us: float
-    copy_tbps: float
+    read_tbps: float
     matmul_tflops: float
 
     def link_seconds(self, nbytes: float, collectives: int = 1) -> float:
         return collectives * self.latency_us * 1e-6 + nbytes / (self.link_gbps * 1e9)
 
     def compute_seconds(self, nbytes: float, flops: float) -> float:
-        return floor_seconds(nbytes, flops, self.copy_tbps * 1e12, self.matmul_tflops * 1e12)
+        return floor_seconds(nbytes, flops, self.read_tbps * 1e12, self.matmul_tflops * 1e12)
 
 
 def remote_pairs(M: float, topk: int, world: int) -> float:

@@ -50,8 +50,8 @@ def link_from(rows: list[dict]) -> tuple[float, float]:
     return a2a[0]["ms"] * 1e3, max(r["gbps"] for r in a2a[1:])
 
 
-def measured_machine(rows: list[dict], copy_tbps: float = H200_COPY_TBPS,
+def measured_machine(rows: list[dict], read_tbps: float = H200_COPY_TBPS,
                      matmul_tflops: float = H200_MATMUL_TFLOPS) -> Machine:
     """The cost model's :class:`Machine` with the link measured in ``rows`` and the given ceilings."""
     latency_us, gbps = link_from(rows)
-    return Machine(link_gbps=gbps, latency_us=latency_us, copy_tbps=copy_tbps, matmul_tflops=matmul_tflops)
+    return Machine(link_gbps=gbps, latency_us=latency_us, read_tbps=read_tbps, matmul_tflops=matmul_tflops)
