@@ -282,3 +282,11 @@ def test_default_sweep_leaves_the_steps_out():
     plan = bench.BenchPlan([SHAPE], (1,), torch.float32)
     names = {impl for _, _, _, impl in bench.cases(plan)}
     assert "sorted" in names and not names & set(bench_impls.FIRST_STEPS + bench_impls.LAYER_STEPS)
+
+
+@pytest.mark.skipif(not runtime.INTERPRETED, reason="runs the read-only kernel in the interpreter")
+def test_read_only_kernel_with_evict_first_reads_the_same():
+    words = torch.arange(5_000, dtype=torch.int32)
+    sums = torch.empty(4, dtype=torch.int32)
+    ceilings.read_only_kernel[(4,)](words, sums, words.numel(), BLOCK=256, EVICT_FIRST=True)
+    assert int(sums.sum()) == int(words.sum())

@@ -52,15 +52,28 @@ class Ceilings:
 
 
 @triton.jit
-def read_only_kernel(x_ptr, sums_ptr, n, BLOCK: tl.constexpr):
-    """Program p adds up blocks p, p + P, p + 2P, ... of ``x`` and writes one number: reads only."""
+def read_only_kernel(x_ptr, sums_ptr, n, BLOCK: tl.constexpr, EVICT_FIRST: tl.constexpr = False):
+    """Program p adds up blocks p, p + P, p + 2P, ... of ``x`` and writes one number: reads only.
+
+    With EVICT_FIRST the loads tell the cache not to keep what they bring: nothing is read twice.
+    """
     pid = tl.program_id(0)
     step = tl.num_programs(0).to(tl.int64) * BLOCK
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     acc = tl.zeros((BLOCK,), dtype=tl.int32)
     for start in range(0, n, step):
-        acc += tl.load(x_ptr + start + offs, mask=start + offs < n, other=0)
+        if EVICT_FIRST:
+            acc += tl.load(x_ptr + start + offs, mask=start + offs < n, other=0, eviction_policy="evict_first")
+        else:
+            acc += tl.load(x_ptr + start + offs, mask=start + offs < n, other=0)
     tl.store(sums_ptr + pid, tl.sum(acc, axis=0))
+
+
+#: Launch shapes tried for the read-only ceiling, ``(programs per SM, BLOCK, num_warps, evict_first)``:
+#: the bandwidth a GPU gives a pure read depends on how many bytes are in flight, so the ceiling
+#: is the best of a few reasonable kernels, not one guess.
+READ_VARIANTS = ((8, 4096, 4, False), (4, 8192, 8, False), (8, 8192, 8, True), (16, 4096, 4, True),
+                 (2, 16384, 8, False))
 
 
 @triton.jit
@@ -82,7 +95,7 @@ def measure_ceilings(dtype: torch.dtype | None = None, protocol: str = "cold-l2"
     """Measure the ceilings on this machine, in ``dtype``, under ``protocol`` (see :mod:`timing`).
 
     GPU: the matmul first (it also brings the clocks up from idle), then an 8 GB read
-    (``read_bytes``, at most a quarter of the free memory), a copy of half of those bytes (so it
+    (``read_bytes``, at most a quarter of the free memory; the best of :data:`READ_VARIANTS`), a copy of half of those bytes (so it
     moves as many: half read, half written) timed with events (a copy
     replayed in a CUDA graph read only 2.75 TB/s on an H200, notes/gpu-notes.md), and an empty
     launch. CPU: a 64 MiB sum and copy and a 1024^3 matmul with ``perf_counter``, only so that a
@@ -108,9 +121,9 @@ def measure_ceilings(dtype: torch.dtype | None = None, protocol: str = "cold-l2"
     # Random int32 words: a read moves bits, whatever they mean.
     words = torch.randint(-2**31, 2**31 - 1, (read_bytes // 4,), generator=g, device=device, dtype=torch.int32)
     if runtime.ON_GPU:
-        programs = 8 * torch.cuda.get_device_properties(device).multi_processor_count
-        sums = torch.empty(programs, device=device, dtype=torch.int32)
-        read_ms = _timed(lambda: read_only_kernel[(programs,)](words, sums, words.numel(), BLOCK=4096), protocol)
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        read_ms = min(_read_ms(words, per_sm * sms, block, warps, evict, protocol)
+                      for per_sm, block, warps, evict in READ_VARIANTS)
         copy_ms = _copy_ms(words[: words.numel() // 2])
         flag = torch.zeros(1, device=device, dtype=torch.int32)
         launch_us = 1e3 * _timed(lambda: empty_kernel[(1,)](flag), protocol)
@@ -126,6 +139,12 @@ def measure_ceilings(dtype: torch.dtype | None = None, protocol: str = "cold-l2"
                     matmul_tflops=2 * matmul_n ** 3 / (mm_ms * 1e-3) / 1e12,
                     launch_us=launch_us, copy_tbps=read_bytes / (copy_ms * 1e-3) / 1e12,
                     protocol=protocol if runtime.ON_GPU else "perf_counter")
+
+
+def _read_ms(words: torch.Tensor, programs: int, block: int, warps: int, evict_first: bool, protocol: str) -> float:
+    sums = torch.empty(programs, device=words.device, dtype=torch.int32)
+    return _timed(lambda: read_only_kernel[(programs,)](words, sums, words.numel(), BLOCK=block,
+                                                        EVICT_FIRST=evict_first, num_warps=warps), protocol)
 
 
 def _copy_ms(src: torch.Tensor) -> float:
