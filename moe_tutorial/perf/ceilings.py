@@ -95,7 +95,8 @@ def measure_ceilings(dtype: torch.dtype | None = None, protocol: str = "cold-l2"
     """Measure the ceilings on this machine, in ``dtype``, under ``protocol`` (see :mod:`timing`).
 
     GPU: the matmul first (it also brings the clocks up from idle), then an 8 GB read
-    (``read_bytes``, at most a quarter of the free memory; the best of :data:`READ_VARIANTS`), a copy of half of those bytes (so it
+    (``read_bytes``, at most a quarter of the free memory; the best of :data:`READ_VARIANTS`), a copy
+    of half of those bytes (so it
     moves as many: half read, half written) timed with events (a copy
     replayed in a CUDA graph read only 2.75 TB/s on an H200, notes/gpu-notes.md), and an empty
     launch. CPU: a 64 MiB sum and copy and a 1024^3 matmul with ``perf_counter``, only so that a
