@@ -68,13 +68,15 @@ def fused_moe_kernel(
     tl.store(out_ptrs, acc, mask=col_ok)
 
 
-def default_blocks(topk: int, N: int, K: int) -> tuple[int, int]:
+def default_blocks(topk: int, N: int, K: int, *, interpreted: bool | None = None) -> tuple[int, int]:
     """``(BLOCK_N, BLOCK_K)``: a [BLOCK_K, FUSED_N] tile of about 8K elements on a GPU.
 
     In the interpreter every program costs about a millisecond, so the blocks are wider there.
+    ``interpreted`` picks the branch (default: this machine's runtime), so that a CPU can say
+    which blocks a GPU would use.
     """
     topk_pad = triton.next_power_of_2(topk)
-    if runtime.INTERPRETED:
+    if runtime.INTERPRETED if interpreted is None else interpreted:
         block_n = min(triton.next_power_of_2(max(N, 1)), 64)
         block_k = min(triton.next_power_of_2(max(K, 1)), 128)
     else:
