@@ -36,7 +36,8 @@ def measured(fp32_over_bf16: float, same_over_uniform: float, ncu=()) -> list[di
                  timing("dtype", "float32", model, bf16 * fp32_over_bf16, dtype="float32"),
                  timing("routing", "uniform", model, bf16),
                  timing("routing", "same experts", model, bf16 * same_over_uniform, routing="same experts")]
-    rows += [timing("tile", "64x64, 4 warps", "Mixtral-8x7B", 9.1), timing("tile", "128x32, 8 warps", "Mixtral-8x7B", 9.7)]
+    rows += [timing("tile", "64x64, 4 warps", "Mixtral-8x7B", 9.1),
+             timing("tile", "128x32, 8 warps", "Mixtral-8x7B", 9.7)]
     return rows + [ncu_row(k, v) for k, v in ncu]
 
 

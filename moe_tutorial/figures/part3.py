@@ -22,6 +22,8 @@ from .args import check_ids_below, check_int, check_k_step, check_power_of_two, 
 from .cells import cell
 from .style import PADDING_COLOR, expert_color, impl_color, m_axis
 
+#: Streaming multiprocessors (SMs) of an NVIDIA H200 SXM, the GPU the series measures on.
+H200_SMS = 132
 #: Colours of a program's slots (topk_idx 0, 1, ...): greys and blues, so they never read as experts.
 SLOT_COLORS = ["#c6dbef", "#9ecae1", "#6baed6", "#4292c6", "#2171b5", "#08519c", "#08306b", "#041f45"]
 #: One colour per pid_n in the pid-grid figure.
@@ -199,7 +201,7 @@ def _draw_columns(ax, cols: list[Column], topk: int, N: int, block_n: int, title
         pad = c.topk_idx >= topk
         slot_color = PADDING_COLOR if pad else SLOT_COLORS[c.topk_idx % len(SLOT_COLORS)]
         light = c.topk_idx >= 4 and not pad
-        cell(ax, i, 0, "white", i, fontsize=6, rotation=rotate)
+        cell(ax, i, 0, "white", i, fontsize=6, rotation=90 if width > 100 else 0)
         cell(ax, i, 1, slot_color, c.topk_idx, hatch="///" if pad else None,
               text_color="white" if light else "black")
         cell(ax, i, 2, "white", c.n_inner, fontsize=6)
