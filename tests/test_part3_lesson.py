@@ -128,3 +128,13 @@ def test_steps_0_to_3_follow_a_readers_own_example():
     assert "element for element: False" not in text
     assert "the kernel's store (Step 2's trace) wrote the same offsets: True" in text
     assert "close: True" in text
+
+
+def test_default_blocks_can_say_what_a_gpu_would_use():
+    """Notebook 03 counts a GPU launch's programs on any machine: BLOCK_N = 256 // TOPK_PAD, within [16, 128]."""
+    from moe_tutorial.kernels.fused_kernel import default_blocks
+
+    assert default_blocks(8, 1536, 2048, interpreted=False) == (32, 32)          # Qwen3-30B-A3B: 48 programs
+    assert default_blocks(2, 28672, 4096, interpreted=False) == (128, 32)        # Mixtral-8x7B
+    assert default_blocks(6, 2816, 2048, interpreted=False) == (32, 32)          # topk 6 pads to 8
+    assert default_blocks(8, 1536, 2048) == default_blocks(8, 1536, 2048, interpreted=runtime.INTERPRETED)

@@ -158,6 +158,10 @@ def test_02_counts_three_trips_of_the_weights():
 # --------------------------------------------------------------------------------------
 # 03: the fused kernel
 
+def test_03_hbm_size():
+    assert_says(P3, "its large off-chip memory, {} on an H200", format_bytes(H200_MEMORY_BYTES))
+
+
 def test_03_topk_padding_facts():
     dsv2 = get_shape("DeepSeek-V2-Lite")
     assert_says(P3, "DeepSeek-V2-Lite routes each token to {} experts", dsv2.topk)
