@@ -167,7 +167,8 @@ def run_case(case: Case, weight: torch.Tensor, common: dict, max_seconds: float)
             "note": note}
 
 
-def run_experiments(dry_run: bool, max_seconds: float, log=print) -> list[dict]:
+def run_experiments(dry_run: bool, max_seconds: float, path: Path, log=print) -> list[dict]:
+    """Every case of :func:`cases`; the rows so far are rewritten to ``path`` after each one."""
     common = machine_info()
     rows: list[dict] = []
     weight, weight_key = None, None
@@ -181,6 +182,7 @@ def run_experiments(dry_run: bool, max_seconds: float, log=print) -> list[dict]:
         t0 = time.perf_counter()
         row = run_case(case, weight, common, max_seconds)
         rows.append(row)
+        part3_cap.write(path, rows)
         shown = f"{row['tflops']:6.2f} TFLOP/s  {row['loaded_tbps']:6.2f} TB/s" if row.get("tflops") else row["note"]
         log(f"  {case.experiment:8s} {case.variant:16s} {case.model:14s} M={case.M:<5d} {shown}  "
             f"({time.perf_counter() - t0:.1f} s)")
@@ -292,13 +294,15 @@ def main(argv=None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     print(f"Part 3's cap, on {machine_info()['gpu']}:")
-    rows = run_experiments(args.dry_run, args.max_seconds)
+    path = out_dir / "h200_part3_cap.csv"
+    rows = run_experiments(args.dry_run, args.max_seconds, path)
     if runtime.ON_GPU and not args.no_ncu and not args.dry_run:
         common = machine_info()
         for dtype_name in ("bfloat16", "float32"):
             torch.cuda.empty_cache()
             rows += run_ncu(dtype_name, out_dir, common)
-    path = part3_cap.write(out_dir / "h200_part3_cap.csv", rows)
+            part3_cap.write(path, rows)
+    part3_cap.write(path, rows)
     print()
     print(part3_cap.table(rows))
     for dtype, metrics in part3_cap.ncu(rows).items():
