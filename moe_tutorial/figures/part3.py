@@ -387,7 +387,8 @@ def draw_dot_padding(block_n: int = 16, block_k: int = 16, min_dim: int = 16, *,
     Right panel: a ``[BLOCK_M, BLOCK_K] x [BLOCK_K, BLOCK_N]`` tile does ``2 BM BN BK`` FLOPs on
     ``itemsize (BM BK + BK BN)`` bytes it loads; with the weights shared by BM rows the
     intensity grows with BM, and the attainable rate is ``min(matmul, intensity x bandwidth)``.
-    Defaults are the H200 ceilings of DESIGN.md (4.27 TB/s copy, 672 TFLOP/s bf16 matmul).
+    Defaults are the H200 ceilings in :mod:`moe_tutorial.perf.traffic`; notebook 03 passes the ones
+    measured with its benchmark data.
     """
     fig, (ax, ax_r) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [1.2, 1]})
     for r in range(min_dim):
