@@ -9,6 +9,7 @@ import matplotlib.pyplot as plt
 import torch
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
 
+from .args import check_ids_below, check_int, check_same_shape, fail, id_rows
 from .cells import cell
 from .style import expert_color, impl_color
 
@@ -41,7 +42,10 @@ def draw_routing(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts
         topk_ids: ``[M, topk]`` int expert ids. topk_weights: ``[M, topk]`` float.
         num_experts: E, the number of expert boxes drawn.
     """
-    ids, weights = topk_ids.cpu().tolist(), topk_weights.float().cpu().tolist()
+    ids = id_rows("topk_ids", topk_ids)
+    check_ids_below("topk_ids", ids, num_experts)
+    check_same_shape("topk_weights", topk_weights, "topk_ids", topk_ids)
+    weights = topk_weights.float().cpu().tolist()
     M = len(ids)
     used = {e for row in ids for e in row}
     height = max(M, num_experts)
@@ -84,8 +88,15 @@ def plot_router(probs: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
     Args:
         probs: ``[M, E]`` softmax of the router logits. topk_ids, topk_weights: ``[M, topk]``.
     """
+    if getattr(probs, "ndim", None) != 2:
+        fail(ValueError, "probs", "a 2-D [M, E] tensor of probabilities", f"shape {tuple(getattr(probs, 'shape', ()))}")
     probs = probs.float().cpu()
     M, E = probs.shape
+    ids = id_rows("topk_ids", topk_ids)
+    if len(ids) != M:
+        fail(ValueError, "topk_ids", f"one row per token of probs (M = {M})", f"{len(ids)} rows")
+    check_ids_below("topk_ids", ids, E)
+    check_same_shape("topk_weights", topk_weights, "topk_ids", topk_ids)
     fig, axes = plt.subplots(1, M, figsize=(2.4 * M, 2.4), sharey=True, squeeze=False)
     for m, ax in enumerate(axes[0]):
         chosen = dict(zip(topk_ids[m].tolist(), topk_weights[m].float().tolist()))
@@ -138,8 +149,9 @@ def plot_expert_view(topk_ids: torch.Tensor, num_experts: int):
     expert view the loop walks: for each expert, the ``(m, j)`` pairs of
     ``torch.where(topk_ids == e)``, i.e. the rows of its one small GEMM. Idle experts are grey.
     """
-    ids = topk_ids.cpu().tolist()
-    M, topk = len(ids), len(ids[0]) if ids else 0
+    ids = id_rows("topk_ids", topk_ids)
+    check_ids_below("topk_ids", ids, num_experts)
+    M, topk = len(ids), len(ids[0])
     pairs = {e: [(m, j) for m in range(M) for j in range(topk) if ids[m][j] == e] for e in range(num_experts)}
     widest = max([len(p) for p in pairs.values()] + [1])
     rows = max(M, num_experts)
@@ -177,6 +189,13 @@ def plot_launches(num_experts: list[int], launches: dict[str, list[int]], models
         launches: implementation name -> launches at each E (e.g. ``{"loop": [...], "indexing": [...]}``).
         models: model name -> its E, marked with a dotted line so readers see where real models sit.
     """
+    if not num_experts:
+        fail(ValueError, "num_experts", "at least one E", "none")
+    for e in num_experts:
+        check_int("num_experts", e, 1)
+    for impl, counts in launches.items():
+        if len(counts) != len(num_experts):
+            fail(ValueError, f"launches[{impl!r}]", f"one count per E ({len(num_experts)} of them)", f"{len(counts)}")
     fig, ax = plt.subplots(figsize=(7.5, 3.8))
     for i, (impl, counts) in enumerate(launches.items()):
         ax.plot(num_experts, counts, "o-", color=impl_color(impl), label=impl)

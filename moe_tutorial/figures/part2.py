@@ -9,6 +9,7 @@ import matplotlib.pyplot as plt
 import torch
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
+from .args import check_ids_below, fail, id_rows
 from .cells import cell
 from .part1 import _box
 from .style import expert_color, impl_color
@@ -32,8 +33,9 @@ def draw_gather(topk_ids: torch.Tensor, num_experts: int):
     block per (token, slot), joined to the expert it copies. An expert chosen twice is copied
     twice; an expert nobody chose is not copied at all.
     """
-    ids = topk_ids.cpu().tolist()
-    M, topk = len(ids), len(ids[0]) if ids else 0
+    ids = id_rows("topk_ids", topk_ids)
+    check_ids_below("topk_ids", ids, num_experts)
+    M, topk = len(ids), len(ids[0])
     rows = max(M * topk, num_experts)
     fig, ax = plt.subplots(figsize=(7.5, 0.55 * rows + 1.0))
 
@@ -70,6 +72,14 @@ def plot_intermediate_sizes(tokens: list[int], sizes: dict[str, list[float]], ca
         capacity: a horizontal line for the GPU's whole memory (default: one H200).
         mark: ``(model, M)`` to point at with its size, e.g. ``("Mixtral-8x7B", 64)``.
     """
+    for name, values in sizes.items():
+        if len(values) != len(tokens):
+            fail(ValueError, f"sizes[{name!r}]", f"one size per M of tokens ({len(tokens)})", f"{len(values)}")
+    if mark is not None:
+        if mark[0] not in sizes:
+            fail(ValueError, "mark", f"(model, M) with a model of sizes ({', '.join(sizes)})", repr(mark[0]))
+        if mark[1] not in tokens:
+            fail(ValueError, "mark", f"(model, M) with an M of tokens ({tokens[0]} ... {tokens[-1]})", mark[1])
     fig, ax = plt.subplots(figsize=(7.5, 4))
     # Some models overlap exactly (Mixtral and DeepSeek-V3 have the same topk * N * K), so each
     # line gets its own dash pattern and marker and the one underneath still shows.
@@ -102,6 +112,10 @@ def _trip(ax, x0, x1, text, color, *, read: bool):
     ax.text(max(x0, x1) + 0.1, 1.5, text, ha="left", va="center", fontsize=8, color=color)
 
 
+#: The arrows of :func:`draw_round_trip` that can carry a label.
+ROUND_TRIP_LABELS = ("gather", "write", "read_back", "out", "fused")
+
+
 def draw_round_trip(labels: dict[str, str] | None = None):
     """HBM -> SRAM -> HBM -> SRAM: Part 2's two kernels against one fused kernel.
 
@@ -114,6 +128,9 @@ def draw_round_trip(labels: dict[str, str] | None = None):
             ``"read_back"``, ``"out"``, ``"fused"`` (e.g. from :func:`format_bytes`).
     """
     labels = labels or {}
+    unknown = sorted(set(labels) - set(ROUND_TRIP_LABELS))
+    if unknown:
+        fail(ValueError, "labels", f"keys among {', '.join(ROUND_TRIP_LABELS)}", ", ".join(unknown))
 
     def tag(key):
         return f"\n{labels[key]}" if key in labels else ""

@@ -18,9 +18,12 @@ from matplotlib.patches import Rectangle
 
 from ..perf import traffic
 from ..shapes import BATCH_SIZES, HEADLINE_MODELS, get_shape
+from .args import check_ids_below, check_int, check_k_step, check_power_of_two, check_program, fail, id_rows
 from .cells import cell
 from .style import PADDING_COLOR, expert_color, impl_color, m_axis
 
+#: Streaming multiprocessors (SMs) of an NVIDIA H200 SXM, the GPU the series measures on.
+H200_SMS = 132
 #: Colours of a program's slots (topk_idx 0, 1, ...): greys and blues, so they never read as experts.
 SLOT_COLORS = ["#c6dbef", "#9ecae1", "#6baed6", "#4292c6", "#2171b5", "#08519c", "#08306b", "#041f45"]
 #: One colour per pid_n in the pid-grid figure.
@@ -75,9 +78,17 @@ def program_columns(topk_ids, pid_m: int, pid_n: int, N: int, block_n: int) -> l
 
     Args:
         topk_ids: ``[M, topk]`` expert ids (tensor or nested list).
-        pid_m, pid_n: the program; N: output features; block_n: BLOCK_N.
+        pid_m, pid_n: the program, inside the grid ``(M, cdiv(N, block_n))``.
+        N: output features. block_n: BLOCK_N, a power of two.
+
+    Raises ValueError naming the argument when the program lies outside the grid or BLOCK_N is
+    one the kernel would refuse.
     """
-    row = [int(e) for e in (topk_ids[pid_m].tolist() if hasattr(topk_ids, "tolist") else topk_ids[pid_m])]
+    rows = id_rows("topk_ids", topk_ids)
+    check_int("N", N, 1)
+    check_power_of_two("block_n", block_n)
+    check_program(pid_m, pid_n, len(rows), N, block_n)
+    row = rows[pid_m]
     topk = len(row)
     cols = []
     for offs in range(topk_pad(topk) * block_n):
@@ -90,49 +101,91 @@ def program_columns(topk_ids, pid_m: int, pid_n: int, N: int, block_n: int) -> l
 
 def k_range(k_step: int, K: int, block_k: int) -> range:
     """The K indices the ``k_step``-th turn of the K loop loads (the last one may be short)."""
+    check_int("K", K, 1)
+    check_power_of_two("block_k", block_k)
+    check_k_step(k_step, K, block_k)
     return range(k_step * block_k, min(K, (k_step + 1) * block_k))
 
 
 # --------------------------------------------------------------------------------------
 # Triton's model: the grid of programs over the output
 
-def draw_pid_grid(M: int, N: int, topk: int, block_n: int):
-    """Which program writes which part of ``out [M, topk, N]``.
+#: Largest output the pid-grid figure draws cell by cell (rows M * topk, columns N rounded up).
+PID_GRID_MAX_ROWS, PID_GRID_MAX_COLS = 48, 64
 
-    Row m of the drawing is token m; its topk groups of N cells are ``out[m, j, :]``. Program
-    ``(pid_m, pid_n)`` writes token pid_m, features ``[pid_n * BLOCK_N, (pid_n + 1) * BLOCK_N)``,
-    in every one of the token's topk groups. Lanes of the last block past N are drawn dashed:
-    the program computes their offsets too, and its mask keeps it from touching them.
+
+def program_color(pid_m: int, pid_n: int):
+    """A program's colour in the pid-grid figure: the hue says pid_n, the shade pid_m (light, dark)."""
+    return _tint(PID_COLORS[pid_n % len(PID_COLORS)], 1.0 if pid_m % 2 == 0 else 0.55)
+
+
+def draw_pid_grid(M: int, N: int, topk: int, block_n: int, *, highlight: tuple[int, int] | None = None):
+    """Which program writes which cells of ``out [M, topk, N]``, on Part 3's grid ``(M, cdiv(N, BLOCK_N))``.
+
+    Token m is a band of ``topk`` rows (its slots j, that is ``out[m, j, :]``); the columns are
+    the output features n. Program ``(pid_m, pid_n)`` writes one rectangle: token pid_m's band,
+    features ``[pid_n * BLOCK_N, (pid_n + 1) * BLOCK_N)``, every slot. Its hue says pid_n and
+    its shade pid_m, and it is labelled ``(pid_m, pid_n)``. Lanes of the last block past N are
+    drawn dashed: the program computes their offsets, and its mask keeps it off them.
+
+    Args:
+        M, N, topk: the output's sizes. block_n: BLOCK_N, a power of two.
+        highlight: one program ``(pid_m, pid_n)`` to outline; the others are drawn faint.
     """
+    check_int("M", M, 1)
+    check_int("N", N, 1)
+    check_int("topk", topk, 1)
+    check_power_of_two("block_n", block_n)
     num_n = math.ceil(N / block_n)
-    span = num_n * block_n                        # lanes per group, masked ones included
-    gap = 1.0
-    width = topk * span + (topk - 1) * gap
-    fig, ax = plt.subplots(figsize=(min(13, 0.38 * width + 2.2), 0.5 * M + 1.6))
+    span = num_n * block_n                      # lanes per row, masked ones included
+    if M * topk > PID_GRID_MAX_ROWS or span > PID_GRID_MAX_COLS:
+        fail(ValueError, "M, topk, N", f"a small output to draw cell by cell (M * topk <= {PID_GRID_MAX_ROWS}, "
+             f"N rounded up to BLOCK_N <= {PID_GRID_MAX_COLS})", f"M * topk = {M * topk}, {span} columns")
+    if highlight is not None:
+        check_program(highlight[0], highlight[1], M, N, block_n)
+    gap = 0.5                                    # between the tokens' bands
+    height = M * topk + (M - 1) * gap
+    fig, ax = plt.subplots(figsize=(0.42 * span + 2.6, 0.42 * height + 1.5))
     for m in range(M):
+        y0 = m * (topk + gap)
+        for pid_n in range(num_n):
+            lo = pid_n * block_n
+            hi = min(N, lo + block_n)
+            mine = highlight is None or highlight == (m, pid_n)
+            color = _tint(program_color(m, pid_n), 1.0 if mine else 0.3)
+            for j in range(topk):
+                for n in range(lo, hi):
+                    cell(ax, n, y0 + j, color, edge="white", lw=0.8)
+            for n in range(hi, lo + block_n):        # past N: computed, masked, never written
+                for j in range(topk):
+                    ax.add_patch(Rectangle((n, y0 + j), 1, 1, facecolor="none", edgecolor="#bbbbbb", lw=0.6,
+                                           ls="--"))
+            ax.add_patch(Rectangle((lo, y0), hi - lo, topk, facecolor="none", lw=2.2 if highlight else 1.2,
+                                   edgecolor="black" if mine else "#bbbbbb"))
+            ax.text((lo + hi) / 2, y0 + topk / 2, f"({m}, {pid_n})", ha="center", va="center", fontsize=9,
+                    color="black" if mine else "#999999", fontweight="bold" if highlight and mine else "normal")
+        ax.text(-0.4, y0 + topk / 2, f"token {m}\npid_m = {m}", ha="right", va="center", fontsize=9)
         for j in range(topk):
-            x0 = j * (span + gap)
-            for n in range(span):
-                pid_n = n // block_n
-                if n < N:
-                    text = f"{m},{pid_n}" if n % block_n == 0 else ""
-                    cell(ax, x0 + n, m, PID_COLORS[pid_n % len(PID_COLORS)], text, fontsize=6)
-                else:
-                    ax.add_patch(Rectangle((x0 + n, m), 1, 1, facecolor="none", edgecolor="#bbbbbb", lw=0.6, ls="--"))
-    for j in range(topk):
-        x0 = j * (span + gap)
-        ax.text(x0 + N / 2, -0.35, f"out[:, {j}, :]  (slot j = {j})", ha="center", va="bottom", fontsize=8)
-        for b in range(num_n + 1):
-            ax.plot([x0 + b * block_n] * 2, [-0.05, M + 0.05], color="black", lw=1.0)
-        if span > N:
-            ax.text(x0 + N + (span - N) / 2, M + 0.35, "masked", ha="center", va="top", fontsize=7, color="#777777")
-    for m in range(M):
-        ax.text(-0.4, m + 0.5, f"token {m}", ha="right", va="center", fontsize=8)
-    ax.set_title(f"grid = (M, cdiv(N, BLOCK_N)) = ({M}, {num_n}): each label 'pid_m,pid_n' marks "
-                 f"the first of its BLOCK_N = {block_n} features", fontsize=9)
-    _frame(ax, width, M, pad=0.5)
-    ax.set_xlim(-3.2, width + 0.5)
-    ax.set_ylim(M + 1.0, -1.0)
+            ax.text(span + 0.2, y0 + j + 0.5, f"slot {j}", ha="left", va="center", fontsize=8, color="#555555")
+    for pid_n in range(num_n):
+        lo = pid_n * block_n
+        ax.text(lo + block_n / 2, -0.9, f"pid_n = {pid_n}", ha="center", va="bottom", fontsize=9)
+        ax.text(lo + block_n / 2, -0.2, f"n = {lo}..{lo + block_n - 1}", ha="center", va="bottom", fontsize=8,
+                color="#555555")
+    if span > N:
+        ax.text(N + (span - N) / 2, height + 0.2, "past N:\nmasked", ha="center", va="top", fontsize=8,
+                color="#777777")
+    title = (f"out [M={M}, topk={topk}, N={N}] on the grid (M, cdiv(N, BLOCK_N)) = ({M}, {num_n}), "
+             f"BLOCK_N = {block_n}: label (pid_m, pid_n)")
+    if highlight is not None:
+        m, n = highlight
+        lo, hi = n * block_n, min(N, (n + 1) * block_n)
+        title += f"\nprogram {highlight} writes out[{m}, :, {lo}:{hi}]: {topk * (hi - lo)} cells"
+    ax.set_title(title, fontsize=10)
+    ax.set_xlim(-3.0, span + 1.6)
+    ax.set_ylim(height + 1.1, -1.6)
+    ax.set_aspect("equal")
+    ax.axis("off")
     fig.tight_layout()
     return fig
 
@@ -148,7 +201,7 @@ def _draw_columns(ax, cols: list[Column], topk: int, N: int, block_n: int, title
         pad = c.topk_idx >= topk
         slot_color = PADDING_COLOR if pad else SLOT_COLORS[c.topk_idx % len(SLOT_COLORS)]
         light = c.topk_idx >= 4 and not pad
-        cell(ax, i, 0, "white", i, fontsize=6, rotation=rotate)
+        cell(ax, i, 0, "white", i, fontsize=6, rotation=90 if width > 100 else 0)
         cell(ax, i, 1, slot_color, c.topk_idx, hatch="///" if pad else None,
               text_color="white" if light else "black")
         cell(ax, i, 2, "white", c.n_inner, fontsize=6)
@@ -178,11 +231,18 @@ def draw_fused_columns(cases):
             (padding slots past topk hatched grey); ``n_inner``; ``n_global`` (red when past
             N); and the expert id the column loads, in the expert's colour.
     """
-    widths = [topk_pad(len(c["topk_ids"][0])) * c["block_n"] for c in cases]
+    keys = {"title", "topk_ids", "pid_m", "pid_n", "N", "block_n"}
+    if not cases:
+        fail(ValueError, "cases", "at least one case", "none")
+    for i, case in enumerate(cases):
+        if not isinstance(case, dict) or set(case) != keys:
+            got = sorted(case) if isinstance(case, dict) else type(case).__name__
+            fail(ValueError, f"cases[{i}]", f"a dict with the keys {sorted(keys)}", got)
+    widths = [topk_pad(len(id_rows("topk_ids", c["topk_ids"])[0])) * c["block_n"] for c in cases]
     fig, axes = plt.subplots(len(cases), 1, figsize=(min(13, 0.3 * max(widths) + 1.5), 1.75 * len(cases) + 0.3),
                              squeeze=False)
     for ax, case in zip(axes[:, 0], cases):
-        ids = case["topk_ids"]
+        ids = id_rows("topk_ids", case["topk_ids"])
         topk = len(ids[0])
         cols = program_columns(ids, case["pid_m"], case["pid_n"], case["N"], case["block_n"])
         _draw_columns(ax, cols, topk, case["N"], case["block_n"], case["title"])
@@ -206,10 +266,14 @@ def draw_program(topk_ids, num_experts: int, N: int, K: int, pid_m: int, pid_n: 
     Args:
         topk_ids: ``[M, topk]`` expert ids. num_experts, N, K: E and the GEMM's sizes.
         pid_m, pid_n, k_step: the program and the turn of its K loop.
-        block_n, block_k: BLOCK_N and BLOCK_K (any positive ints; the kernel needs powers of two).
+        block_n, block_k: BLOCK_N and BLOCK_K, powers of two (the only sizes the kernel accepts).
         fig: a Figure to draw into (cleared first), e.g. the explorer's; default a new one.
+
+    Raises ValueError naming the argument for a program outside the grid, a K step past K, a
+    block size the kernel would refuse, or an id that is not an expert of ``[0, num_experts)``.
     """
-    ids = topk_ids.tolist() if hasattr(topk_ids, "tolist") else [list(r) for r in topk_ids]
+    ids = id_rows("topk_ids", topk_ids)
+    check_ids_below("topk_ids", ids, num_experts)
     M, topk = len(ids), len(ids[0])
     cols = program_columns(ids, pid_m, pid_n, N, block_n)
     ks = k_range(k_step, K, block_k)
@@ -284,7 +348,12 @@ def pid_explorer(topk_ids, num_experts: int, N: int, K: int, block_n: int, block
     """
     import ipywidgets as widgets
 
-    M = len(topk_ids)
+    # The first redraw, below, checks every argument; the sliders' ranges keep the later ones valid.
+    M = len(id_rows("topk_ids", topk_ids))
+    check_int("N", N, 1)
+    check_int("K", K, 1)
+    check_power_of_two("block_n", block_n)
+    check_power_of_two("block_k", block_k)
     sliders = {
         "pid_m": widgets.IntSlider(value=0, min=0, max=M - 1, description="pid_m"),
         "pid_n": widgets.IntSlider(value=0, min=0, max=math.ceil(N / block_n) - 1, description="pid_n"),
@@ -318,7 +387,8 @@ def draw_dot_padding(block_n: int = 16, block_k: int = 16, min_dim: int = 16, *,
     Right panel: a ``[BLOCK_M, BLOCK_K] x [BLOCK_K, BLOCK_N]`` tile does ``2 BM BN BK`` FLOPs on
     ``itemsize (BM BK + BK BN)`` bytes it loads; with the weights shared by BM rows the
     intensity grows with BM, and the attainable rate is ``min(matmul, intensity x bandwidth)``.
-    Defaults are the H200 ceilings of DESIGN.md (4.27 TB/s copy, 672 TFLOP/s bf16 matmul).
+    Defaults are the H200 ceilings in :mod:`moe_tutorial.perf.traffic`; notebook 03 passes the ones
+    measured with its benchmark data.
     """
     fig, (ax, ax_r) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [1.2, 1]})
     for r in range(min_dim):

@@ -25,11 +25,13 @@ def fused_moe_kernel(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TOPK_PAD: tl.constexpr,
 ):
     """out[m, j, n] = sum_k x[m, k] * w[topk_ids[m, j], n, k] for one token and one N block."""
+    # [Step 0: the grid]
     # Program (pid_m, pid_n) writes token pid_m, features [pid_n*BLOCK_N, (pid_n+1)*BLOCK_N),
     # for every one of the token's topk experts. int64 so that m * stride cannot overflow.
     pid_m = tl.program_id(axis=0).to(tl.int64)
     pid_n = tl.program_id(axis=1)
 
+    # [Step 1: the fused-topk encoding]
     # Lay the topk experts side by side. arange needs a power of two, hence TOPK_PAD >= TOPK;
     # the padding columns are masked off everywhere below.
     FUSED_N: tl.constexpr = TOPK_PAD * BLOCK_N
@@ -39,11 +41,15 @@ def fused_moe_kernel(
     n_global = pid_n * BLOCK_N + n_inner         # output feature this column computes
     col_ok = (topk_idx < TOPK) & (n_global < N)
 
+    # [Step 2: the gather pointer grid]
     # One expert id per column; int64 because expert * stride_we passes 2^31 on large models.
     expert = tl.load(topk_ids_ptr + pid_m * stride_im + topk_idx * stride_ik,
                      mask=topk_idx < TOPK, other=0).to(tl.int64)
+    # Each column's pointer to k = 0 of its weight row; the K loop adds k[:, None] * stride_wk
+    # to make the [BLOCK_K, FUSED_N] grid of pointers of one step.
     w_col_ptrs = w_ptr + expert * stride_we + n_global.to(tl.int64) * stride_wn   # [FUSED_N]
 
+    # [Step 3: the K loop]
     offs_k = tl.arange(0, BLOCK_K)
     acc = tl.zeros((FUSED_N,), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -56,18 +62,21 @@ def fused_moe_kernel(
         # A single token row is far below tl.dot's 16-row minimum: multiply and reduce over K.
         acc += tl.sum(x_chunk.to(tl.float32)[:, None] * w_chunk.to(tl.float32), axis=0)
 
+    # [Step 3: the scatter]
     # Scatter the fused row back to out[m, topk_idx, n_global]; the store casts to out's dtype.
     out_ptrs = out_ptr + pid_m * stride_om + topk_idx * stride_ot + n_global * stride_on
     tl.store(out_ptrs, acc, mask=col_ok)
 
 
-def default_blocks(topk: int, N: int, K: int) -> tuple[int, int]:
+def default_blocks(topk: int, N: int, K: int, *, interpreted: bool | None = None) -> tuple[int, int]:
     """``(BLOCK_N, BLOCK_K)``: a [BLOCK_K, FUSED_N] tile of about 8K elements on a GPU.
 
     In the interpreter every program costs about a millisecond, so the blocks are wider there.
+    ``interpreted`` picks the branch (default: this machine's runtime), so that a CPU can say
+    which blocks a GPU would use.
     """
     topk_pad = triton.next_power_of_2(topk)
-    if runtime.INTERPRETED:
+    if runtime.INTERPRETED if interpreted is None else interpreted:
         block_n = min(triton.next_power_of_2(max(N, 1)), 64)
         block_k = min(triton.next_power_of_2(max(K, 1)), 128)
     else:
@@ -113,6 +122,8 @@ def fused_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: torch.Tens
     block_n, block_k = resolve_blocks(topk, N, K, block_n, block_k)
     if M == 0 or N == 0:
         return out
+    # [Step 0: the grid]
+    # One program per token (axis 0) and per BLOCK_N block of output features (axis 1).
     grid = (M, triton.cdiv(N, block_n))
     fused_moe_kernel[grid](
         x, weight, topk_ids, out,
