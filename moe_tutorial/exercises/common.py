@@ -46,11 +46,11 @@ def hint_by_name(table, arg: str) -> str:
 
 
 def summary(problems: Iterable[Problem], extra: str = "") -> str:
-    """``"right on all 4 problems (the worked example, topk = 1, ...)."``"""
+    """``"right on all 4 problems (the worked example; topk = 1; ...)."``"""
     problems = list(problems)
     labels = [p.label for p in problems if p.label]
-    count = "the problem" if len(problems) == 1 else f"all {len(problems)} problems"
-    text = f"right on {count} ({', '.join(labels)})"
+    count = {1: "the problem", 2: "both problems"}.get(len(problems), f"all {len(problems)} problems")
+    text = f"right on {count} ({'; '.join(labels)})"
     return text + (f"; {extra}" if extra else "") + "."
 
 

@@ -151,12 +151,11 @@ def grade_notebook(path: Path, name: str, *, timeout: int = 300, part: int | Non
     except DeadKernelError as e:
         died = f"the kernel died ({str(e).splitlines()[0] if str(e) else 'no reason given'})"
     for cell in graded.cells[:first]:
-        for out in cell.get("outputs", []):
-            if out.get("output_type") == "error":
-                report.errors.append(f"{out.get('ename')}: {out.get('evalue')}")
+        report.errors += _cell_errors(cell, timeout)
     for ex, cell in zip(exercises, graded.cells[first:]):
+        why = died or (_cell_errors(cell, timeout) or ["the grading cell did not run"])[0]
         report.verdicts[ex.id] = _verdict_from(cell, key, ex.id) or (
-            "FAIL", f"[{ex.id}] FAIL {ex.function}\n  no verdict: " + (died or _cell_error(cell)))
+            "FAIL", f"[{ex.id}] FAIL {ex.function}\n  no verdict: {why}")
     if died:
         report.errors.append(died)
     return report
@@ -172,10 +171,16 @@ def _verdict_from(cell, key: str, ex_id: str) -> tuple[str, str] | None:
     return None
 
 
-def _cell_error(cell) -> str:
-    errors = [f"{o.get('ename')}: {o.get('evalue')}" for o in cell.get("outputs", [])
-              if o.get("output_type") == "error"]
-    return errors[0] if errors else "the grading cell did not run"
+def _cell_errors(cell, timeout: int) -> list[str]:
+    """The errors a cell's outputs show; an interrupted cell ran past the time limit."""
+    errors = []
+    for out in cell.get("outputs", []):
+        if out.get("output_type") == "error":
+            if out.get("ename") == "KeyboardInterrupt":
+                errors.append(f"interrupted after {timeout} s (--timeout)")
+            else:
+                errors.append(f"{out.get('ename')}: {out.get('evalue')}")
+    return errors
 
 
 # ----------------------------------------------------------------------------- the table
