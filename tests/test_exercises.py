@@ -1,7 +1,9 @@
 """The exercise checkers: right answers pass, stubs are "not attempted", every mutant is caught.
 
 A checker that cannot fail is a bug, so each one meets known-wrong implementations
-(``exercise_mutants.MUTANTS``) and must reject them with the message a student needs.
+(``exercise_mutants.MUTANTS``) and must reject them with the message a student needs; a
+checker that rejects a right answer written differently is a bug too
+(``exercise_mutants.ALTERNATIVES``). The grader must not be fooled by what a notebook prints.
 """
 from __future__ import annotations
 
@@ -14,17 +16,26 @@ import moe_tutorial
 import moe_tutorial.exercises as exercises
 from moe_tutorial import runtime
 from moe_tutorial.exercises import EXERCISES
+from moe_tutorial.exercises.feedback import Fail, call_student, last_verdict
+from moe_tutorial.exercises.grade import is_check_cell, part_of
 from moe_tutorial.exercises.guard import (
     OutOfBounds,
+    Recorder,
     find_out_of_bounds,
+    int_poison,
     memory_guard,
     poisoned_allocations,
+    poisoned_masked_loads,
 )
+from moe_tutorial.exercises.part3 import pointer_hint
+from moe_tutorial.exercises.part4 import sorted_pointer_hint
+from moe_tutorial.kernels import interpreter
 
 import nbformat
+import numpy as np
 import pytest
 import torch
-from exercise_mutants import MUTANTS, NOTEBOOKS, PACKAGE_ANSWERS, solutions, stubs
+from exercise_mutants import ALTERNATIVES, KINDS, MUTANTS, NOTEBOOKS, PACKAGE_ANSWERS, solutions, stubs
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNEL_PARTS = {3, 4}
@@ -69,20 +80,50 @@ def test_stub_is_not_attempted(ex_id, capsys):
     assert len(out.strip().splitlines()) == 1, out
 
 
-@pytest.mark.parametrize("mutant", MUTANTS, ids=[f"{m.ex_id}-{m.name}" for m in MUTANTS])
-def test_mutant_is_rejected_with_the_right_message(mutant, capsys):
-    if int(mutant.ex_id[0]) in KERNEL_PARTS and not runtime.INTERPRETED:
-        pytest.skip("kernel mutants may touch memory out of range: the guard exists only in the interpreter")
+CPU_MUTANTS = [m for m in MUTANTS if not m.gpu_only]
+GPU_MUTANTS = [m for m in MUTANTS if m.gpu_only]
+
+
+def _expect_rejected(mutant, capsys) -> str:
     ok, out = run(mutant.ex_id, mutant.build(), capsys)
     assert not ok, out
     assert out.startswith(f"[{mutant.ex_id}] FAIL"), out
-    assert mutant.phrase in out, out
+    assert mutant.phrase and mutant.phrase in out, out
     assert "the checker itself failed" not in out, out
+    return out
 
 
-def test_every_exercise_has_mutants():
+@pytest.mark.parametrize("mutant", CPU_MUTANTS, ids=[f"{m.ex_id}-{m.name}" for m in CPU_MUTANTS])
+def test_mutant_is_rejected_with_the_right_message(mutant, capsys):
+    if int(mutant.ex_id[0]) in KERNEL_PARTS and not runtime.INTERPRETED:
+        pytest.skip("kernel mutants may touch memory out of range: the guard exists only in the interpreter")
+    _expect_rejected(mutant, capsys)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not runtime.ON_GPU, reason="needs a CUDA GPU: on the CPU a tensor made without device= is right")
+@pytest.mark.parametrize("mutant", GPU_MUTANTS, ids=[f"{m.ex_id}-{m.name}" for m in GPU_MUTANTS])
+def test_device_mutant_is_rejected_on_a_gpu(mutant, capsys):
+    _expect_rejected(mutant, capsys)
+
+
+@pytest.mark.parametrize("alt", ALTERNATIVES, ids=[f"{a.ex_id}-{a.name}" for a in ALTERNATIVES])
+def test_correct_alternative_passes(alt, capsys):
+    ok, out = run(alt.ex_id, alt.build(), capsys)
+    assert ok, out
+
+
+def test_every_exercise_has_mutants_and_every_kind_of_mistake_is_covered():
     counts = {ex_id: sum(m.ex_id == ex_id for m in MUTANTS) for ex_id in EXERCISES}
-    assert all(n >= 2 or ex_id == "3.4" for ex_id, n in counts.items()), counts
+    assert all(n >= 2 for n in counts.values()), counts
+    kinds = {m.kind for m in MUTANTS}
+    assert kinds == set(KINDS), kinds ^ set(KINDS)
+
+
+def test_at_least_25_kinds_of_correct_alternatives():
+    kinds = {a.kind for a in ALTERNATIVES}
+    assert len(kinds) >= 25, sorted(kinds)
+    assert all(sum(a.ex_id[0] == part for a in ALTERNATIVES) >= 3 for part in "1234")
 
 
 def test_int32_offsets_pass_the_ordinary_checks(capsys):
@@ -104,14 +145,86 @@ def test_checkers_never_raise(capsys):
     assert "expected a function" in capsys.readouterr().out
 
 
+class _Opaque:
+    """Claims to be a number and a sequence, and is neither."""
+
+    def __int__(self):
+        raise RuntimeError("no int")
+
+    def __index__(self):
+        raise RuntimeError("no index")
+
+    def __len__(self):
+        return 2
+
+    def __iter__(self):
+        raise RuntimeError("no iteration")
+
+
+ODD_RETURNS = [None, 3, 2.5, "text", [1, 2], (None, None), (None, None, None), {"a": 1}, torch.tensor(1.0),
+               torch.zeros(0), torch.ones(2, 2, dtype=torch.bool), torch.ones(3, dtype=torch.complex64), np.zeros(3),
+               _Opaque(), (_Opaque(), _Opaque()), (torch.tensor([1.5]), torch.tensor([2.5])),
+               (torch.zeros(3, dtype=torch.int32), torch.zeros(3, dtype=torch.int32), _Opaque()),
+               (torch.full((4,), float("nan")), torch.zeros(2, dtype=torch.int64), torch.tensor([float("inf")])),
+               float("nan"), -1, 10**30]
+
+
+@pytest.mark.parametrize("ex_id", list(EXERCISES))
+def test_odd_returns_fail_without_blaming_the_checker(ex_id, capsys):
+    """Whatever the student's function returns, the verdict is the student's FAIL, never a checker crash."""
+    for value in ODD_RETURNS:
+        ok, out = run(ex_id, lambda *args, value=value, **kwargs: value, capsys)
+        assert not ok and out.startswith(f"[{ex_id}] FAIL"), (value, out)
+        assert "the checker itself failed" not in out, (value, out)
+
+
+def test_an_input_changed_in_place_fails_even_when_the_result_is_right(capsys):
+    def route_and_scale(router_logits, top_k, renormalize=True):
+        result = moe_tutorial.route(router_logits, top_k, renormalize)
+        router_logits.mul_(2)
+        return result
+
+    ok, out = run("1.1", route_and_scale, capsys)
+    assert not ok and "changed its input `router_logits` in place" in out, out
+
+
+def test_student_code_gets_copies_with_the_same_layout():
+    x = torch.randn(4, 10)[:, ::2]
+    seen = {}
+
+    def look(t):
+        seen["stride"], seen["contiguous"], seen["same"] = t.stride(), t.is_contiguous(), t.data_ptr() == x.data_ptr()
+        return t.sum()
+
+    assert torch.equal(call_student(look, x), x.sum())
+    assert seen == {"stride": x.stride(), "contiguous": False, "same": False}
+    torch.set_default_dtype(torch.float32)
+    call_student(lambda: torch.set_default_dtype(torch.float64))
+    assert torch.get_default_dtype() == torch.float32          # a student's global change does not leak
+    with pytest.raises(Fail, match="changed its input `x` in place"):
+        call_student(lambda t: t.add_(1), x.clone(), names=("x",))
+
+
+def test_hints_match_whole_names():
+    out_hint, router_hint = sorted_pointer_hint("out_ptr"), sorted_pointer_hint("router_ptr")
+    assert "store reached past the output" in out_hint and "router-weight" in router_hint
+    assert "store reached past the output" not in pointer_hint("router_ptr")
+    assert sorted_pointer_hint("topk_weights") == router_hint           # an input's own name
+    assert pointer_hint("c_out") == pointer_hint("out_ptr") == pointer_hint("outPtr")
+    assert "weight load" in pointer_hint("weights_ptr") and "weight load" in pointer_hint("w13_ptr")
+    assert "x load" in pointer_hint("x") and "expert-id" in pointer_hint("topk_ids_ptr")
+
+
 def test_wrong_return_types_are_explained(capsys):
     assert not exercises.check_loop_matmul(lambda x, w, ids: x.tolist())
     assert "expected a torch.Tensor of shape [M, topk, N] = (2, 2, 2), got list" in capsys.readouterr().out
     assert not exercises.check_route(lambda logits, k, renormalize=True: logits)
     assert "expected a pair" in capsys.readouterr().out
-    assert not exercises.check_route(lambda logits, k, renormalize=True: moe_tutorial.route(logits, k, renormalize)[::-1])
+    assert not exercises.check_route(lambda logits, k, renormalize=True:
+                                     moe_tutorial.route(logits, k, renormalize)[::-1])
     assert "return (topk_weights, topk_ids)" in capsys.readouterr().out
-    assert not exercises.check_loop_matmul(lambda x, w, ids: torch.einsum("mk,enk->men", x, w)[:, :ids.shape[1]].double())
+    assert not exercises.check_loop_matmul(lambda x, w, ids:
+                                           torch.einsum("mk,enk->men", x, w)[:, :ids.shape[1]].double())
     assert "expected dtype torch.float32 (x's dtype), got torch.float64" in capsys.readouterr().out
 
 
@@ -142,8 +255,41 @@ def test_poisoned_allocations_show_unwritten_memory():
         a, b, c = torch.empty(3), torch.zeros(2).new_empty(4), torch.empty(2, dtype=torch.int32)
         d, e = torch.empty_like(a), torch.empty_strided((2, 2), (1, 2))
     assert a.isnan().all() and b.isnan().all() and d.isnan().all() and e.isnan().all()
-    assert (c == torch.iinfo(torch.int32).min).all()
+    assert (c == int_poison(torch.int32)).all()
     assert (torch.empty, torch.empty_like, torch.empty_strided, torch.Tensor.new_empty) == originals
+
+
+@interpreter_only
+def test_masked_off_lanes_of_a_load_without_other_are_poisoned():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def copy_kernel(src_ptr, dst_ptr, n, BLOCK: tl.constexpr, OTHER: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        if OTHER:
+            v = tl.load(src_ptr + offs, mask=offs < n, other=7)
+        else:
+            v = tl.load(src_ptr + offs, mask=offs < n)
+        tl.store(dst_ptr + offs, v)
+
+    for dtype in (torch.float32, torch.int32, torch.int64):
+        src, dst = torch.arange(8).to(dtype), torch.zeros(8, dtype=dtype)
+        recorder = Recorder()
+        # Both nestings with the memory guard: each must leave the other working, and both gone after.
+        with poisoned_masked_loads(recorder), memory_guard():
+            copy_kernel[(1,)](src, dst, 5, BLOCK=8, OTHER=False)
+        assert torch.equal(dst[:5], src[:5]) and recorder.no_other == ["src_ptr"]
+        if dtype.is_floating_point:
+            assert interpreter.is_poison_nan(dst).tolist() == [False] * 5 + [True] * 3
+        else:
+            assert (dst[5:] == interpreter.POISON_INT).all()
+        with memory_guard(), poisoned_masked_loads():
+            copy_kernel[(1,)](src, dst, 5, BLOCK=8, OTHER=True)       # other= given: untouched
+        assert dst[5:].tolist() == [7, 7, 7]
+        copy_kernel[(1,)](src, dst, 5, BLOCK=8, OTHER=False)          # outside: the interpreter's zeros again
+        assert dst[5:].tolist() == [0, 0, 0]
+    assert not interpreter.is_poison_nan(torch.tensor([float("nan"), 1.0])).any()   # an ordinary NaN is not poison
 
 
 # ----------------------------------------------------------------------------- notebooks, README, grading
@@ -163,25 +309,84 @@ def test_readme_lists_every_exercise():
         assert f"| {ex.id} " in text and f"`{ex.function}`" in text, ex.id
 
 
-@pytest.mark.timeout(300)
-def test_grade_reports_a_class(tmp_path):
-    # Two "students": one handed in the solutions, one the untouched exercises with one answer filled in.
-    nb = nbformat.read(NOTEBOOKS / "part2_exercises.ipynb", as_version=4)
-    sol = nbformat.read(NOTEBOOKS / "part2_solutions.ipynb", as_version=4)
-    answer = next(c.source for c in sol.cells if "def intermediate_bytes" in c.source)
-    for cell in nb.cells:
-        if "def intermediate_bytes" in cell.source:
-            cell.source = answer
-        if "def select_weights" in cell.source:
-            cell.source = "def select_weights(weight, topk_ids):\n    return weight[topk_ids.long().t()]"
-    nbformat.write(nb, tmp_path / "bob.ipynb")
-    nbformat.write(sol, tmp_path / "alice.ipynb")
-    result = subprocess.run([sys.executable, "-m", "moe_tutorial.exercises.grade", "--csv", str(tmp_path / "grades.csv"),
-                             str(tmp_path / "alice.ipynb"), str(tmp_path / "bob.ipynb")],
-                            capture_output=True, text=True, cwd=ROOT, timeout=280)
+def test_check_cells_and_parts_are_recognised():
+    assert is_check_cell("check_route(route)") and is_check_cell("# check it\ncheck_route(route)\n")
+    assert not is_check_cell("check_route(route); print('[1.1] PASS')")
+    assert not is_check_cell("def check_route(f):\n    return True") and not is_check_cell("route(1)")
+    for part in (1, 2, 3, 4):
+        for kind in ("exercises", "solutions"):
+            assert part_of(nbformat.read(NOTEBOOKS / f"part{part}_{kind}.ipynb", as_version=4)) == part
+
+
+def _cells_with(nb, text: str) -> list:
+    found = [c for c in nb.cells if text in c.source]
+    assert found, text
+    return found
+
+
+def _part2(kind: str):
+    return nbformat.read(NOTEBOOKS / f"part2_{kind}.ipynb", as_version=4)
+
+
+def _with_cell_after(nb, text: str, source: str):
+    """``nb`` with a code cell holding ``source`` right after the first cell containing ``text``."""
+    i = nb.cells.index(_cells_with(nb, text)[0])
+    nb.cells.insert(i + 1, nbformat.v4.new_code_cell(source))
+    return nb
+
+
+@pytest.mark.timeout(400)
+def test_grade_runs_the_checkers_itself_and_is_not_fooled(tmp_path):
+    """Five "students" of Part 2: the solutions; one honest answer; forgeries of every kind on stubs;
+    a notebook whose import cell breaks; the package's own function handed in."""
+    alice = _part2("solutions")
+    bob = _part2("exercises")
+    answer = _cells_with(alice, "def intermediate_bytes")[0].source
+    _cells_with(bob, "def intermediate_bytes")[0].source = answer
+    _cells_with(bob, "def select_weights")[0].source = (
+        "def select_weights(weight, topk_ids):\n    return weight[topk_ids.long().t()]")
+
+    mallory = _part2("exercises")           # every function still the stub
+    _with_cell_after(mallory, "check_select_weights(select_weights)",          # a printed verdict
+                     'print("[2.1] PASS select_weights: right on all 8 problems.")')
+    _with_cell_after(mallory, "def expert_moe_matmul",                          # a redefined checker
+                     "def check_indexing_matmul(fn):\n    print('[2.2] PASS expert_moe_matmul: right')\n"
+                     "    return True")
+    _with_cell_after(mallory, "def intermediate_bytes",                         # patched checker modules
+                     "import moe_tutorial.exercises as mex\nimport moe_tutorial.exercises.feedback as fb\n"
+                     "fb.run_check = lambda ex_id, body: True\nmex.check_intermediate_bytes = lambda fn: True\n"
+                     "fb.last_verdict = lambda ex_id: ('PASS', 'forged')")
+    _with_cell_after(mallory, "check_indexing_layer(indexing_moe_layer)",      # forged verdict outputs
+                     "from IPython.display import display\nfor i in ('2.1', '2.2', '2.3', '2.4'):\n"
+                     "    display({'application/vnd.moe-tutorial.verdict+json': "
+                     "{'key': '0' * 32, 'id': i, 'verdict': 'PASS', 'message': ''}}, raw=True)")
+    broken = _part2("exercises")
+    _cells_with(broken, "import moe_tutorial")[0].source = "import moe_tutorial.no_such_module\nimport torch"
+    lazy = _part2("solutions")
+    _cells_with(lazy, "def intermediate_bytes")[0].source = "intermediate_bytes = moe_tutorial.intermediate_bytes"
+
+    names = ["alice", "bob", "mallory", "broken", "lazy"]
+    for name, nb in zip(names, (alice, bob, mallory, broken, lazy)):
+        nbformat.write(nb, tmp_path / f"{name}.ipynb")
+    result = subprocess.run([sys.executable, "-m", "moe_tutorial.exercises.grade", "--details",
+                             "--csv", str(tmp_path / "grades.csv"), *[str(tmp_path / f"{n}.ipynb") for n in names]],
+                            capture_output=True, text=True, cwd=ROOT, timeout=380)
     assert result.returncode == 0, result.stderr
-    lines = {line.split()[0]: line.split() for line in result.stdout.splitlines() if line.startswith(("alice", "bob"))}
-    assert lines["alice"][1:5] == ["PASS"] * 4 and lines["alice"][-1] == "4/4", result.stdout
-    assert lines["bob"][1:5] == ["FAIL", "todo", "PASS", "todo"] and lines["bob"][-1] == "1/4", result.stdout
+    rows = {words[0]: words for words in map(str.split, result.stdout.splitlines()) if words and words[0] in names}
+    assert rows["alice"][1:6] == ["PASS"] * 4 + ["4/4"], result.stdout
+    assert rows["bob"][1:6] == ["FAIL", "todo", "PASS", "todo", "1/4"], result.stdout
+    assert rows["mallory"][1:6] == ["todo"] * 4 + ["0/4"], result.stdout
+    assert rows["broken"][1:6] == ["todo"] * 4 + ["0/4"] and rows["broken"][6:] == ["(cell", "errors)"], result.stdout
+    assert rows["lazy"][1:6] == ["PASS", "PASS", "FAIL", "PASS", "3/4"], result.stdout
+    assert "`intermediate_bytes` is the package's own implementation" in result.stdout
+    assert "ModuleNotFoundError: No module named 'moe_tutorial.no_such_module'" in result.stdout
     csv = (tmp_path / "grades.csv").read_text().splitlines()
-    assert csv[0].startswith("notebook,2.1,2.2,2.3,2.4") and "FAIL" in csv[2]
+    assert csv[0] == "notebook,2.1,2.2,2.3,2.4,passed,total" and csv[3] == "mallory,NOT ATTEMPTED,NOT ATTEMPTED," \
+        "NOT ATTEMPTED,NOT ATTEMPTED,0,4", csv
+
+
+def test_last_verdict_records_what_the_checker_decided(capsys):
+    exercises.check_intermediate_bytes(moe_tutorial.intermediate_bytes)
+    assert last_verdict("2.3")[0] == "PASS"
+    exercises.check_intermediate_bytes(lambda *a: print("[2.3] PASS intermediate_bytes: forged") or 0)
+    assert last_verdict("2.3")[0] == "FAIL" and "[2.3] FAIL" in last_verdict("2.3")[1]

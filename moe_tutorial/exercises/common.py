@@ -1,6 +1,8 @@
-"""What several checkers share: running a function over problems, tolerances, summaries."""
+"""What several checkers share: running a function over problems, tolerances, hints, summaries."""
 from __future__ import annotations
 
+import dataclasses
+import re
 from typing import Callable, Iterable
 
 import torch
@@ -8,8 +10,13 @@ import torch
 from .. import runtime
 from ..reference import tolerance
 from .diagnose import expect_first_gemm, expect_layer
-from .feedback import call_student, on, run_check
+from .feedback import Fail, NotAttempted, call_student, on, run_check
+from .guard import Recorder
 from .problems import Problem
+
+#: What the checkers call the inputs of a first-GEMM function and of a layer (used in messages and hints).
+FIRST_GEMM_NAMES = ("x", "weight", "topk_ids", "topk_weights")
+LAYER_NAMES = ("x", "w13", "w2", "topk_weights", "topk_ids")
 
 
 def kernel_tolerance() -> float:
@@ -17,22 +24,41 @@ def kernel_tolerance() -> float:
     return tolerance(torch.float32) if runtime.INTERPRETED else 5e-3
 
 
+def name_tokens(name: str) -> list[str]:
+    """``"topk_weights_ptr"`` -> ``["topk", "weights", "ptr"]``; camelCase splits too."""
+    name = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", str(name))
+    return [t for t in re.split(r"[^a-z0-9]+", name.lower()) if t]
+
+
 def hint_by_name(table, arg: str) -> str:
-    """The hint of the first ``(keys, hint)`` row of ``table`` whose key is in the name ``arg``."""
-    name = arg.lower()
+    """The hint of the first ``(keys, hint)`` row of ``table`` with a key that is a whole part of ``arg``.
+
+    Names are compared by their ``_``-separated words: key ``"out"`` matches ``out_ptr`` and
+    ``c_out`` but not ``router_ptr``; key ``"topk_ids"`` matches ``topk_ids_ptr``.
+    """
+    words = name_tokens(arg)
     for keys, hint in table:
-        if any(k in name for k in keys):
-            return hint
+        for key in keys:
+            k = name_tokens(key)
+            if any(words[i:i + len(k)] == k for i in range(len(words) - len(k) + 1)):
+                return hint
     return "check the offsets and the mask of that load or store."
 
 
 def summary(problems: Iterable[Problem], extra: str = "") -> str:
-    """``"right on all 4 problems (the worked example, topk = 1, ...)."``"""
+    """``"right on all 4 problems (the worked example; topk = 1; ...)."``"""
     problems = list(problems)
     labels = [p.label for p in problems if p.label]
-    count = "the problem" if len(problems) == 1 else f"all {len(problems)} problems"
-    text = f"right on {count} ({', '.join(labels)})"
+    count = {1: "the problem", 2: "both problems"}.get(len(problems), f"all {len(problems)} problems")
+    text = f"right on {count} ({'; '.join(labels)})"
     return text + (f"; {extra}" if extra else "") + "."
+
+
+#: Added to a failure on a non-contiguous problem when the same values in contiguous tensors pass.
+STRIDES_NOTE = ("With the same values in contiguous tensors your function is right, so a stride is the fault. "
+                "Here x is every other column of a wider tensor (x.stride(1) = 2), weight a transposed view "
+                "(weight.stride(1) = 1, weight.stride(2) = N), topk_ids a transposed view (topk_ids.stride(1) = M)"
+                ": take every stride from the tensors and use each one in the offsets.")
 
 
 def check_first_gemm_fn(ex_id: str, fn: Callable, problems: list[Problem], tol: float, *,
@@ -40,18 +66,58 @@ def check_first_gemm_fn(ex_id: str, fn: Callable, problems: list[Problem], tol: 
     """Exercise ``ex_id``: ``fn(x, weight, topk_ids[, topk_weights]) -> [M, topk, N]`` on every problem."""
     def body() -> str:
         for p in problems:
-            args = (p.x, p.weight, p.topk_ids) + ((p.topk_weights,) if weighted else ())
             with on(p.describe()):
-                expect_first_gemm(call_student(fn, *args, hints=hints), p, tol)
+                first_gemm_on(fn, p, max(tol, tolerance(p.x.dtype)), hints=hints, weighted=weighted)
         return summary(problems, extra)
     return run_check(ex_id, body)
 
 
+def first_gemm_on(fn: Callable, p: Problem, tol: float, *, hints=None, weighted: bool = False) -> None:
+    """Call ``fn(x, weight, topk_ids[, topk_weights])`` and compare with problem ``p``'s first GEMM.
+
+    On a non-contiguous problem a failure is retried with contiguous copies; when those pass,
+    the message says that a stride is the fault.
+    """
+    def attempt(q: Problem) -> None:
+        args = (q.x, q.weight, q.topk_ids) + ((q.topk_weights,) if weighted else ())
+        recorder = Recorder()
+        out = call_student(fn, *args, hints=hints, names=FIRST_GEMM_NAMES[:len(args)], recorder=recorder)
+        expect_first_gemm(out, q, tol, recorder)
+
+    try:
+        attempt(p)
+    except Fail as e:
+        if p.strided and _passes(attempt, dataclasses.replace(
+                p, x=p.x.contiguous(), weight=p.weight.contiguous(), topk_ids=p.topk_ids.contiguous(), strided=False)):
+            raise Fail(f"{e}\n" + STRIDES_NOTE) from None
+        raise
+
+
+def _passes(attempt: Callable[[Problem], None], q: Problem) -> bool:
+    try:
+        attempt(q)
+    except (Fail, NotAttempted):
+        return False
+    return True
+
+
 def check_layer_fn(ex_id: str, fn: Callable, problems: list[Problem]) -> bool:
     """Exercise ``ex_id``: ``fn(x, w13, w2, topk_weights, topk_ids) -> [M, K]`` on every problem."""
+    def attempt(q: Problem) -> None:
+        out = call_student(fn, q.x, q.weight, q.w2, q.topk_weights, q.topk_ids, names=LAYER_NAMES)
+        expect_layer(out, q, tolerance(q.x.dtype))
+
     def body() -> str:
         for p in problems:
             with on(p.describe()):
-                expect_layer(call_student(fn, p.x, p.weight, p.w2, p.topk_weights, p.topk_ids), p, tolerance(p.x.dtype))
+                try:
+                    attempt(p)
+                except Fail as e:
+                    if p.strided and _passes(attempt, dataclasses.replace(
+                            p, x=p.x.contiguous(), w2=p.w2.contiguous(), strided=False)):
+                        raise Fail(f"{e}\nWith the same values in contiguous tensors your function is right, so "
+                                   "it assumes a layout: x and w2 here are views with other strides. Index the "
+                                   "tensors (or .reshape them), do not .view or assume their strides.") from None
+                    raise
         return summary(problems)
     return run_check(ex_id, body)

@@ -9,8 +9,10 @@ from __future__ import annotations
 import torch
 
 from ..activation import silu_and_mul
+from ..kernels.interpreter import is_poison_nan
 from ..reference import reference_moe_matmul, rel_error
 from .feedback import Fail
+from .guard import Recorder
 from .problems import Problem
 
 
@@ -52,22 +54,44 @@ def expect_tensor(out, *, what: str, sizes: dict[str, int], dtype: torch.dtype |
     if got != shape:
         msg = f"{what} has the wrong shape: expected {layout} = {shape}, got {got}"
         named = _named(got, sizes)
+        ones = [name for name, size in sizes.items() if size == 1]
         if len(got) == len(shape) and sorted(got) == sorted(shape) and named:
             msg += f" = {named}: the axes are in the wrong order"
         elif len(got) == len(shape) + 1 and tuple(s for s in got if s != 1) == tuple(s for s in shape if s != 1):
             msg += ": an extra axis of size 1 (squeeze it)"
+        elif len(got) < len(shape) and ones and got == tuple(s for s in shape if s != 1):
+            msg += (f": the axes of size 1 are missing (here {' = '.join(ones)} = 1). A bare .squeeze() drops every "
+                    "axis of size 1; name the one you mean (.squeeze(-1)), or index it away ([..., 0])")
         elif out.numel() == torch.Size(shape).numel():
             msg += f": the right number of elements, so a reshape to {layout} is missing"
         raise Fail(msg)
     if dtype is not None and out.dtype != dtype:
-        raise Fail(f"{what}: expected dtype {dtype} (x's dtype), got {out.dtype}")
+        msg = f"{what}: expected dtype {dtype} (x's dtype), got {out.dtype}"
+        if out.dtype == torch.get_default_dtype() or out.dtype == torch.float32:
+            msg += (": a tensor created without dtype= (torch.zeros(...), torch.empty(...)) is float32 whatever x is. "
+                    "Create it with dtype=x.dtype and device=x.device, or x.new_zeros(...) / x.new_empty(...), "
+                    "or convert the result with .to(x.dtype)")
+        raise Fail(msg)
     if device is not None and out.device != device:
-        raise Fail(f"{what}: expected it on x's device {device}, got {out.device}")
+        raise Fail(f"{what}: expected it on x's device {device}, got {out.device}: a tensor created without "
+                   "device= lives on the CPU. Create it with device=x.device, or x.new_zeros(...) / x.new_empty(...)")
+
+
+def expect_integer(t, what: str) -> None:
+    """``t`` must be a tensor of an integer dtype (indices, counts), not floats or bools."""
+    if not isinstance(t, torch.Tensor):
+        raise Fail(f"{what}: expected a tensor of integers, got {type(t).__name__}")
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise Fail(f"{what}: expected an integer tensor (indices), got {t.dtype}: indices and counts stay integers "
+                   "(torch.where, nonzero, arange and bincount give int64); drop the conversion to floats")
 
 
 # --------------------------------------------------------------------------- first GEMM
-def expect_first_gemm(out, problem: Problem, tol: float) -> None:
-    """``out`` must equal ``problem.first_gemm_reference()`` ``[M, topk, N]`` within ``tol``."""
+def expect_first_gemm(out, problem: Problem, tol: float, recorder: Recorder | None = None) -> None:
+    """``out`` must equal ``problem.first_gemm_reference()`` ``[M, topk, N]`` within ``tol``.
+
+    ``recorder``: what the student's kernels did (loads without ``other=``), to explain NaN.
+    """
     exp = problem.first_gemm_reference()
     M, topk, N = exp.shape
     expect_tensor(out, what="your output", sizes={"M": M, "topk": topk, "N": N}, dtype=problem.x.dtype,
@@ -77,13 +101,32 @@ def expect_first_gemm(out, problem: Problem, tol: float) -> None:
     o = out.detach().double()
     nan = torch.isnan(o)
     if nan.any():
-        raise Fail(_unwritten(nan, problem))
+        raise Fail(masked_lane_nan(out, recorder) or _unwritten(nan, problem) + _no_other_note(recorder))
     if not torch.isfinite(o).all():
         m, j, n = (int(i) for i in torch.nonzero(~torch.isfinite(o))[0])
-        raise Fail(f"out[{m}, {j}, {n}] is {o[m, j, n].item()}: an overflow, or a load from memory that was never written")
+        raise Fail(f"out[{m}, {j}, {n}] is {o[m, j, n].item()}: an overflow, or a load from memory that was "
+                   "never written")
     err = rel_error(o, exp)
     if err > tol:
         raise Fail(_wrong_pairs(o, exp, problem, tol, err))
+
+
+def masked_lane_nan(out: torch.Tensor, recorder: Recorder | None) -> str:
+    """The message for NaN that came from masked-off lanes of a load without ``other=``, or ``""``."""
+    poisoned = is_poison_nan(out)
+    if not poisoned.any():
+        return ""
+    where = f" (your kernel loads {recorder.no_other_text()} that way)" if recorder and recorder.no_other else ""
+    return (f"{int(poisoned.sum())} of {out.numel()} output elements are NaN computed from the masked-off lanes of "
+            f"a tl.load without other={where}. On a GPU those lanes hold whatever the registers held; the checker "
+            "fills them with NaN. Give the load other=0.0, so that a lane past the end of K adds 0 to the sum.")
+
+
+def _no_other_note(recorder: Recorder | None) -> str:
+    if recorder is None or not recorder.no_other:
+        return ""
+    return (f"\nYour kernel also loads {recorder.no_other_text()} with a mask and no other=: those lanes are "
+            "undefined on a GPU (NaN here), so if they reach the result, give the load other=0.0.")
 
 
 def _unwritten(nan: torch.Tensor, problem: Problem) -> str:
@@ -143,13 +186,17 @@ def _wrong_pairs(o, exp, problem: Problem, tol: float, err: float) -> str:
     e = int(ids[m, j])
     where = f"token {m}'s slot {j}"
     for detail in (_transposed_detail, _weights_detail, _expert_detail, _token_detail, _moved_detail,
-                   _column_detail, _k_tail_detail, _factor_detail):
-        text = detail(o=o, exp=exp, problem=problem, x=x, weight=weight, scale=scale, ids=ids,
-                      bad=bad, bad_pair=bad_pair, thr=thr, m=m, j=j, e=e, where=where)
+                   _column_detail, _k_loop_detail, _k_tail_detail, _factor_detail):
+        try:
+            text = detail(o=o, exp=exp, problem=problem, x=x, weight=weight, scale=scale, ids=ids,
+                          bad=bad, bad_pair=bad_pair, thr=thr, m=m, j=j, e=e, where=where)
+        except Exception:  # noqa: BLE001  (a diagnosis that does not apply must not hide the plain message)
+            text = ""
         if text:
             return head + ".\n" + text
     n = int(bad[m, j].nonzero()[0])
-    return head + (f".\n{where} (expert {e}), column {n}: expected {exp[m, j, n].item():.5g}, got {o[m, j, n].item():.5g}. "
+    return head + (f".\n{where} (expert {e}), column {n}: expected {exp[m, j, n].item():.5g}, "
+                   f"got {o[m, j, n].item():.5g}. "
                    f"Wrong columns of this pair: {ranges(bad[m, j].nonzero().flatten())}.")
 
 
@@ -168,6 +215,10 @@ def _weights_detail(*, o, exp, problem, scale, bad_pair, thr, m, j, where, **_):
     if _close(o, plain, thr)[bad_pair].all():
         return ("your values are the products without the router weights: multiply each output row "
                 "by topk_weights[m, j] in the epilogue.")
+    renormed = plain * (scale / scale.sum(-1, keepdim=True))[..., None]
+    if _close(o, renormed, thr)[bad_pair].all():
+        return ("your router weights were divided by their sum: use topk_weights as given. A token's weights "
+                "add up to 1 only when the router renormalised them; with renormalize=False (DeepSeek-V2) they do not.")
     u = plain[m, j]
     r = float((o[m, j] * u).sum() / (u * u).sum())
     if not _close(o[m, j], r * u, thr):
@@ -181,7 +232,8 @@ def _weights_detail(*, o, exp, problem, scale, bad_pair, thr, m, j, where, **_):
         text = (f"{where} is scaled by the router weight of pair {p} (token {p // topk}, slot {p % topk}), "
                 f"not of pair {m * scale.shape[1] + j}.")
         if p == m:
-            text += " topk_weights has one weight per (token, slot) pair: index it with the pair m * topk + j, not the token."
+            text += (" topk_weights has one weight per (token, slot) pair: index it with the pair m * topk + j, "
+                     "not the token.")
         return text
     return f"{where} is scaled by {r:.4g}; its router weight is topk_weights[{m}, {j}] = {scale[m, j].item():.4g}."
 
@@ -206,8 +258,10 @@ def _expert_detail(*, o, x, weight, scale, ids, bad_pair, thr, m, j, e, where, *
         return text + " Expert 0 everywhere: are the expert ids loaded at all (a masked load's other=0)?"
     others = [int(ids[m, jj]) for jj in range(ids.shape[1]) if jj != j]
     if e2 in others:
-        return text + f" That is the expert of another slot of token {m}: check how the slot picks its column of topk_ids."
-    return text + " topk_ids is [M, topk]: the expert of token m's slot j is topk_ids[m, j] (row stride, column stride)."
+        return text + (f" That is the expert of another slot of token {m}: check how the slot picks its column "
+                       "of topk_ids.")
+    return text + (" topk_ids is [M, topk]: the expert of token m's slot j is topk_ids[m, j] (row stride, "
+                   "column stride).")
 
 
 def _token_detail(*, o, x, weight, scale, thr, m, j, e, where, **_):
@@ -246,6 +300,33 @@ def _column_detail(*, bad, exp, **_):
     return f"only {_columns(cols)} wrong, the rest right."
 
 
+def _k_loop_detail(*, o, x, weight, scale, ids, thr, problem, **_):
+    """A K loop that overwrites acc, never advances k, or applies the router weight on every pass."""
+    K = x.shape[1]
+    for bk in (8, 16, 32, 64, 128):
+        nb = -(-K // bk)
+        if nb < 2:
+            continue
+        blocks = [torch.einsum("mk,mjnk->mjn", x[:, b * bk:(b + 1) * bk], weight[ids][..., b * bk:(b + 1) * bk])
+                  for b in range(nb)]                                      # [M, topk, N] per K block
+        s = scale[..., None]
+        if _close(o, blocks[-1] * s, thr).all():
+            return (f"your sums hold only the terms k = {(nb - 1) * bk}..{K - 1}, the last K block's: every pass "
+                    "of the K loop replaces acc instead of adding to it. Accumulate: acc = tl.dot(a, b, acc) or "
+                    "acc += ..., never acc = tl.dot(a, b).")
+        if _close(o, nb * blocks[0] * s, thr).all():
+            return (f"your sums are {nb} times the first K block's terms (BLOCK_K = {bk}): every pass of the K loop "
+                    "reads the same first BLOCK_K columns. The offsets must move with the loop: "
+                    "k = k0 + tl.arange(0, BLOCK_K) (or advance the pointers by BLOCK_K * stride each pass).")
+        if problem.topk_weights is not None:
+            repeated = sum(b * s ** (nb - i) for i, b in enumerate(blocks))
+            if _close(o, repeated, thr).all():
+                return (f"the router weight is applied inside the K loop (BLOCK_K = {bk}): acc is multiplied by it "
+                        f"on every pass, so the first K block's terms end up times w**{nb}. Multiply once, "
+                        "after the loop (or scale only the new block's product).")
+    return ""
+
+
 def _k_tail_detail(*, o, x, weight, scale, ids, thr, **_):
     K = x.shape[1]
     for kt in sorted({K - K % b for b in (2, 4, 8, 16, 32, 64, 128) if 0 < K - K % b < K}, reverse=True):
@@ -268,7 +349,7 @@ _LAYER_VARIANTS = [
     ("without router weights", dict(weights="ones"),
      "your output is the layer without router weights: scale each expert's output by topk_weights[m, j] "
      "before summing over the slots."),
-    ("silu on the up half", dict(act=lambda h: silu_and_mul(torch.cat([h[..., h.shape[-1] // 2:], h[..., :h.shape[-1] // 2]], -1))),
+    ("silu on the up half", dict(act=lambda h: silu_and_mul(h.roll(h.shape[-1] // 2, dims=-1))),
      "silu is applied to the wrong half: w13 holds the gate rows first (w13[e, :I]), then the up rows; "
      "the activation is silu(gate) * up."),
     ("no silu", dict(act=lambda h: h[..., :h.shape[-1] // 2] * h[..., h.shape[-1] // 2:]),
@@ -277,6 +358,9 @@ _LAYER_VARIANTS = [
      "only slot 0 of each token is in your sum: add the outputs of all topk experts of the token."),
     ("mean", dict(weights="mean"),
      "your output is the router-weighted mean, divided by topk: the layer sums the weighted outputs."),
+    ("renormalised", dict(weights="renormalised"),
+     "your router weights were divided by their sum: use topk_weights as given. A token's weights add up to 1 "
+     "only when the router renormalised them; with renormalize=False (DeepSeek-V2) they do not."),
 ]
 
 
@@ -291,6 +375,8 @@ def _layer_variant(problem: Problem, act=silu_and_mul, weights: str = "as given"
         w = torch.cat([w[:, :1], torch.zeros_like(w[:, 1:])], 1)
     elif weights == "mean":
         w = w / topk
+    elif weights == "renormalised":
+        w = w / w.sum(-1, keepdim=True)
     return (down.view(M, topk, -1) * w[..., None]).sum(1)
 
 

@@ -1,90 +1,189 @@
-"""Grade a class: run every student's exercise notebook and tabulate the checkers' verdicts.
+"""Grade a class: run each student's exercise notebook, then run the checkers on the functions it defined.
 
     python -m moe_tutorial.exercises.grade submissions/*.ipynb
-    python -m moe_tutorial.exercises.grade --no-execute --details --csv grades.csv submissions/*.ipynb
+    python -m moe_tutorial.exercises.grade --details --csv grades.csv submissions/*.ipynb
 
-Each notebook is executed top to bottom (its own kernel, its own folder as working directory,
-errors allowed so one broken cell does not hide the rest), then every ``[n.k] PASS/FAIL/NOT
-ATTEMPTED`` line the checkers printed is collected; the last verdict of an exercise counts.
-``--no-execute`` reads the outputs stored in the files instead (faster, but a student could
-have edited them). Executing runs the students' code: do it in a throwaway environment.
+Nothing a notebook prints counts. Each notebook runs top to bottom in its own kernel (its folder
+as working directory, errors allowed so that one broken cell does not hide the rest) with its
+check cells left out. Then, in that kernel, the grader drops every ``moe_tutorial`` module the
+notebook may have imported or patched, imports the checkers afresh and runs the checker of each
+exercise of the notebook's part on the function of the exercise's name (``route`` for 1.1, ...).
+Each verdict comes back as a display output tagged with a key drawn for this run, so text the
+notebook prints, or outputs it forges, are never read. The score is out of the number of
+exercises of the part in the catalogue: a notebook that breaks at its import cell scores 0/4.
+Executing a notebook runs the student's code: do it in a throwaway environment.
 """
 from __future__ import annotations
 
 import argparse
+import ast
+import copy
 import csv
 import os
+import secrets
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .catalog import EXERCISES
-from .feedback import VERDICT_RE
+from .catalog import EXERCISES, for_part
 
 SHORT = {"PASS": "PASS", "FAIL": "FAIL", "NOT ATTEMPTED": "todo"}
+
+#: The MIME type of the grader's verdict outputs.
+VERDICT_MIME = "application/vnd.moe-tutorial.verdict+json"
+
+_CHECKERS = {ex.checker for ex in EXERCISES.values()}
+_PARTS = sorted({ex.part for ex in EXERCISES.values()})
+
+# Run in the student's kernel, once per exercise, after every cell of the notebook. It first drops
+# the package's modules, so that the checkers it imports are the files on disk, not objects the
+# notebook replaced or patched.
+_GRADE_CELL = """\
+import sys as _moe_sys
+for _moe_name in [n for n in _moe_sys.modules if n == "moe_tutorial" or n.startswith("moe_tutorial.")]:
+    del _moe_sys.modules[_moe_name]
+import moe_tutorial.exercises.grade as _moe_grade
+_moe_grade.verdict_cell({key!r}, {ex_id!r}, get_ipython().user_ns)
+"""
 
 
 @dataclass
 class Report:
-    """One notebook's verdicts: ``{exercise id: (verdict, message)}`` and cell errors."""
+    """One notebook's grades: its part, ``{exercise id: (verdict, message)}``, and cell errors."""
 
     name: str
+    part: int | None = None
     verdicts: dict[str, tuple[str, str]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
     @property
     def parts(self) -> set[int]:
-        return {int(ex_id.split(".")[0]) for ex_id in self.verdicts}
+        return {self.part} if self.part is not None else set()
 
     def score(self) -> tuple[int, int]:
-        ids = [ex for ex in EXERCISES.values() if ex.part in self.parts]
-        return sum(self.verdicts.get(ex.id, ("",))[0] == "PASS" for ex in ids), len(ids)
+        """``(passed, exercises of the part)``; the denominator comes from the catalogue."""
+        if self.part is None:
+            return 0, 0
+        ids = [ex.id for ex in for_part(self.part)]
+        return sum(self.verdicts.get(i, ("",))[0] == "PASS" for i in ids), len(ids)
 
 
-def verdicts_in(text: str) -> dict[str, tuple[str, str]]:
-    """Every ``[n.k] VERDICT ...`` block in ``text``; a later one replaces an earlier one."""
-    found = {}
-    matches = list(VERDICT_RE.finditer(text))
-    for m, nxt in zip(matches, matches[1:] + [None]):
-        block = text[m.start(): nxt.start() if nxt else len(text)]
-        body = [ln for ln in block.splitlines()[1:] if ln.startswith("  ")]   # a FAIL's indented detail
-        found[m.group(1)] = (m.group(2), "\n".join([block.splitlines()[0], *body]))
-    return found
+# ----------------------------------------------------------------------------- in the student's kernel
+def verdict_cell(key: str, ex_id: str, namespace: dict) -> None:
+    """Run exercise ``ex_id``'s checker on ``namespace[<the exercise's function>]`` and display the
+    verdict as a :data:`VERDICT_MIME` output tagged with ``key``. Runs inside the graded kernel."""
+    import contextlib
+    import importlib
+    import io
+
+    from IPython.display import display
+
+    from . import feedback
+
+    checkers = importlib.import_module(__package__)        # moe_tutorial.exercises, as fresh as this module
+
+    ex = EXERCISES[ex_id]
+    fn = namespace.get(ex.function)
+    head = f"[{ex_id}] {feedback.FAIL} {ex.function}\n  "
+    if fn is None:
+        verdict = (feedback.FAIL, head + f"the notebook defines no `{ex.function}`")
+    elif (getattr(fn, "__module__", None) or "").split(".")[0] == "moe_tutorial":
+        verdict = (feedback.FAIL, head + f"`{ex.function}` is the package's own implementation "
+                                         f"({fn.__module__}), not the student's")
+    else:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            getattr(checkers, ex.checker)(fn)
+        verdict = feedback.last_verdict(ex_id) or (feedback.FAIL, head + "the checker gave no verdict")
+    display({VERDICT_MIME: {"key": key, "id": ex_id, "verdict": verdict[0], "message": verdict[1]}}, raw=True)
 
 
-def _outputs(nb) -> tuple[str, list[str]]:
-    text, errors = [], []
-    for cell in nb.cells:
-        for out in cell.get("outputs", []):
-            if out.get("output_type") == "stream" and out.get("name") == "stdout":
-                text.append(out.get("text", ""))
-            elif out.get("output_type") == "error":
-                errors.append(f"{out.get('ename')}: {out.get('evalue')}")
-    return "".join(text), errors
+# ----------------------------------------------------------------------------- reading notebooks
+def part_of(nb) -> int | None:
+    """The part a notebook is for, from the exercises' functions and checkers it names; None if unclear."""
+    text = "\n".join(cell.source for cell in nb.cells)
+    counts = {part: sum(text.count(ex.checker) + text.count(f"def {ex.function}(") for ex in for_part(part))
+              for part in _PARTS}
+    best = max(counts.values())
+    found = [part for part, n in counts.items() if n == best]
+    return found[0] if best > 0 and len(found) == 1 else None
 
 
-def grade_notebook(path: Path, name: str, *, execute: bool = True, timeout: int = 300) -> Report:
-    """Execute (or just read) one notebook and collect its verdicts."""
+def is_check_cell(source: str) -> bool:
+    """True for a cell that only calls checkers (``check_route(route)``): the grader runs those itself."""
+    code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!")))
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return False
+    calls = [node.value for node in tree.body if isinstance(node, ast.Expr)]
+    return bool(tree.body) and len(calls) == len(tree.body) and all(
+        isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id in _CHECKERS for c in calls)
+
+
+def grade_notebook(path: Path, name: str, *, timeout: int = 300, part: int | None = None) -> Report:
+    """Execute one notebook without its check cells, then grade every exercise of its part."""
     import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import DeadKernelError
 
     nb = nbformat.read(path, as_version=4)
-    report = Report(name)
-    if execute:
-        from nbclient import NotebookClient
-        from nbclient.exceptions import CellTimeoutError, DeadKernelError
+    report = Report(name, part if part is not None else part_of(nb))
+    if report.part is None:
+        report.errors.append("cannot tell which part this notebook is for (pass --part)")
+        return report
+    graded = copy.deepcopy(nb)
+    for cell in graded.cells:
+        if cell.cell_type == "code" and is_check_cell(cell.source):
+            cell.source = ""          # nbclient skips empty cells
+            cell.outputs = []
+    first = len(graded.cells)
+    key = secrets.token_hex(16)
+    exercises = for_part(report.part)
+    for ex in exercises:
+        graded.cells.append(nbformat.v4.new_code_cell(_GRADE_CELL.format(key=key, ex_id=ex.id)))
 
-        client = NotebookClient(nb, timeout=timeout, allow_errors=True,
-                                resources={"metadata": {"path": str(path.parent)}})
-        try:
-            client.execute()
-        except (CellTimeoutError, DeadKernelError) as e:
-            report.errors.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-    text, errors = _outputs(nb)
-    report.verdicts = verdicts_in(text)
-    report.errors += errors
+    client = NotebookClient(graded, timeout=timeout, allow_errors=True, interrupt_on_timeout=True,
+                            error_on_timeout={"ename": "Timeout", "evalue": f"the cell ran longer than {timeout} s"},
+                            resources={"metadata": {"path": str(path.parent)}})
+    died = ""
+    try:
+        client.execute()
+    except DeadKernelError as e:
+        died = f"the kernel died ({str(e).splitlines()[0] if str(e) else 'no reason given'})"
+    for cell in graded.cells[:first]:
+        report.errors += _cell_errors(cell, timeout)
+    for ex, cell in zip(exercises, graded.cells[first:]):
+        why = died or (_cell_errors(cell, timeout) or ["the grading cell did not run"])[0]
+        report.verdicts[ex.id] = _verdict_from(cell, key, ex.id) or (
+            "FAIL", f"[{ex.id}] FAIL {ex.function}\n  no verdict: {why}")
+    if died:
+        report.errors.append(died)
     return report
 
 
+def _verdict_from(cell, key: str, ex_id: str) -> tuple[str, str] | None:
+    """The verdict this run's grading cell displayed, if it did; nothing else is believed."""
+    for out in cell.get("outputs", []):
+        data = out.get("data", {}) if out.get("output_type") == "display_data" else {}
+        v = data.get(VERDICT_MIME)
+        if isinstance(v, dict) and v.get("key") == key and v.get("id") == ex_id and v.get("verdict") in SHORT:
+            return v["verdict"], str(v.get("message", ""))
+    return None
+
+
+def _cell_errors(cell, timeout: int) -> list[str]:
+    """The errors a cell's outputs show; an interrupted cell ran past the time limit."""
+    errors = []
+    for out in cell.get("outputs", []):
+        if out.get("output_type") == "error":
+            if out.get("ename") == "KeyboardInterrupt":
+                errors.append(f"interrupted after {timeout} s (--timeout)")
+            else:
+                errors.append(f"{out.get('ename')}: {out.get('evalue')}")
+    return errors
+
+
+# ----------------------------------------------------------------------------- the table
 def _names(paths: list[Path]) -> list[str]:
     """Short unique names: the paths relative to their common folder, without ``.ipynb``."""
     paths = [p.resolve() for p in paths]
@@ -92,23 +191,28 @@ def _names(paths: list[Path]) -> list[str]:
     return [str(p.relative_to(root).with_suffix("")) for p in paths]
 
 
+def _columns(reports: list[Report]) -> list[str]:
+    return [ex_id for ex_id, ex in EXERCISES.items() if any(ex.part in r.parts for r in reports)]
+
+
 def table(reports: list[Report]) -> str:
-    """Rows of notebooks, a column per exercise seen, and the score."""
-    ids = [ex_id for ex_id in EXERCISES if any(ex_id in r.verdicts or int(ex_id[0]) in r.parts for r in reports)]
+    """Rows of notebooks, a column per exercise of the parts graded, and the score."""
+    ids = _columns(reports)
     width = max([len("notebook")] + [len(r.name) for r in reports])
     lines = [f"{'notebook':<{width}}  " + "  ".join(f"{i:<4}" for i in ids) + "  score"]
     for r in reports:
         cells = [SHORT.get(r.verdicts.get(i, ("-",))[0], "-") for i in ids]
         passed, total = r.score()
-        lines.append(f"{r.name:<{width}}  " + "  ".join(f"{c:<4}" for c in cells) + f"  {passed}/{total}"
-                     + ("  (cell errors)" if r.errors else ""))
+        lines.append(f"{r.name:<{width}}  " + "  ".join(f"{c:<4}" for c in cells)
+                     + f"  {passed}/{total if total else '?'}" + ("  (cell errors)" if r.errors else ""))
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m moe_tutorial.exercises.grade", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m moe_tutorial.exercises.grade",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("notebooks", nargs="+", type=Path, help="the students' exercise notebooks")
-    parser.add_argument("--no-execute", action="store_true", help="read stored outputs instead of running")
+    parser.add_argument("--part", type=int, choices=_PARTS, help="the part, when a notebook does not show it")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per cell (default 300)")
     parser.add_argument("--details", action="store_true", help="print every FAIL message and cell error")
     parser.add_argument("--csv", type=Path, help="also write the table as CSV")
@@ -117,9 +221,10 @@ def main(argv=None) -> int:
     reports = []
     for path, name in zip(args.notebooks, _names(args.notebooks)):
         print(f"grading {name} ...", file=sys.stderr)
-        reports.append(grade_notebook(path, name, execute=not args.no_execute, timeout=args.timeout))
+        reports.append(grade_notebook(path, name, timeout=args.timeout, part=args.part))
     print(table(reports))
-    print("\nPASS: right on every problem; FAIL: wrong (--details says how); todo: still the stub; -: no verdict printed")
+    print("\nPASS: right on every problem; FAIL: wrong (--details says how); todo: still the stub; "
+          "-: not an exercise of this notebook's part")
     if args.details:
         for r in reports:
             fails = [msg for verdict, msg in r.verdicts.values() if verdict == "FAIL"]
@@ -127,7 +232,7 @@ def main(argv=None) -> int:
                 print(f"\n== {r.name}")
                 print("\n".join(fails + [f"cell error: {e}" for e in r.errors]))
     if args.csv:
-        ids = [ex_id for ex_id in EXERCISES if any(int(ex_id[0]) in r.parts for r in reports)]
+        ids = _columns(reports)
         with open(args.csv, "w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(["notebook", *ids, "passed", "total"])

@@ -1,22 +1,30 @@
 """Safety nets around a student's code: poisoned allocations and, in the interpreter, bounds checks.
 
-Two things a checker wants to see that a plain run hides:
+Three things a checker wants to see that a plain run hides:
 
 - **Elements never written.** :func:`poisoned_allocations` makes every ``torch.empty``-style
-  allocation made by the student's code start as NaN (floats) or the most negative integer,
-  so an element the code forgot to write shows up instead of holding whatever the allocator
+  allocation made by the student's code start as NaN (floats) or a large negative odd integer
+  (:func:`int_poison`), so an element the code forgot to write shows up instead of holding whatever the allocator
   left there (often the right answer from a previous run).
 - **Pointers out of range.** Triton's interpreter loads and stores through raw addresses: a
   wrong offset reads garbage or kills the Python process. :func:`memory_guard` checks every
   unmasked address of every load and store against the tensors passed to that launch and
   raises :class:`OutOfBounds` (program id, lane, which tensor, how far off) before the access
   happens. It only exists in the interpreter; on a GPU it does nothing.
+- **Lanes a masked load left undefined.** A ``tl.load`` with a mask and no ``other=`` gives
+  zeros in the interpreter but whatever the registers held on a GPU. :func:`poisoned_masked_loads`
+  makes those lanes NaN (with a payload the checkers recognise) or a large negative integer,
+  so code that uses them shows here too. Interpreter only.
+
+A :class:`Recorder` collects what the guards saw during one call (the tensors of every launch,
+the loads without ``other=``), for checks made after the student's function returned.
 """
 from __future__ import annotations
 
 import contextlib
 import mmap
 import sys
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -26,18 +34,29 @@ from ..kernels import interpreter
 _EMPTY_FUNCS = ("empty", "empty_like", "empty_strided")
 
 
+def int_poison(dtype: torch.dtype) -> int:
+    """What a new integer tensor of ``dtype`` is filled with: the interpreter's
+    :data:`~moe_tutorial.kernels.interpreter.POISON_INT` for 32- and 64-bit signed integers (an index
+    built from it lands far outside every tensor, even times an even stride in int32), else the
+    most negative value (0 for unsigned dtypes)."""
+    info = torch.iinfo(dtype)
+    if info.bits >= 32 and info.min < 0:
+        return interpreter.POISON_INT
+    return info.min
+
+
 def _poison(t: torch.Tensor) -> torch.Tensor:
     if t.is_floating_point() or t.is_complex():
         t.fill_(float("nan"))
     elif t.dtype != torch.bool and t.numel():
-        t.fill_(torch.iinfo(t.dtype).min)
+        t.fill_(int_poison(t.dtype))
     return t
 
 
 @contextlib.contextmanager
 def poisoned_allocations():
     """While active, ``torch.empty``, ``empty_like``, ``empty_strided`` and ``Tensor.new_empty``
-    return tensors filled with NaN (floats) or ``iinfo.min`` (integers)."""
+    return tensors filled with NaN (floats) or :func:`int_poison` (integers)."""
     saved = {name: getattr(torch, name) for name in _EMPTY_FUNCS}
     saved_new_empty = torch.Tensor.new_empty
 
@@ -57,12 +76,45 @@ def poisoned_allocations():
         torch.Tensor.new_empty = saved_new_empty
 
 
-class OutOfBounds(Exception):
-    """A kernel in the interpreter touched memory outside every tensor of its launch."""
+@dataclass
+class Recorder:
+    """What a student's kernels did during one call.
 
-    def __init__(self, op: str, program: tuple, lane: tuple, arg: str, offset: int, length: int):
+    ``launches``: the tensor arguments of every launch, in order (:class:`~moe_tutorial.kernels.interpreter.Extent`);
+    ``no_other``: the kernel arguments read by a masked ``tl.load`` without ``other=`` whose mask
+    was off somewhere, in order of first use. Both stay empty on a GPU.
+    """
+
+    launches: list = field(default_factory=list)
+    no_other: list[str] = field(default_factory=list)
+
+    def on_launch(self, extents) -> None:
+        self.launches.append(list(extents))
+
+    def on_poison(self, ptrs, lanes) -> None:
+        name = interpreter.base_of(ptrs) or "?"
+        if name not in self.no_other:
+            self.no_other.append(name)
+
+    def launched_from(self, lo: int, hi: int) -> bool:
+        """Did any launch get a tensor whose first element lies in the bytes ``[lo, hi)``?"""
+        return any(lo <= e.lo < hi for extents in self.launches for e in extents)
+
+    def no_other_text(self) -> str:
+        """``"`x_ptr`"`` or ``"`x_ptr`, `w_ptr`"``: the arguments loaded with a mask and no other=."""
+        return ", ".join(f"`{name}`" for name in self.no_other)
+
+
+class OutOfBounds(Exception):
+    """A kernel in the interpreter touched memory outside every tensor of its launch.
+
+    ``lo``: the address of the first element of the tensor the offset is counted from.
+    """
+
+    def __init__(self, op: str, program: tuple, lane: tuple, arg: str, offset: int, length: int,
+                 lo: int | None = None):
         self.op, self.program, self.lane, self.arg = op, program, lane, arg
-        self.offset, self.length = offset, length
+        self.offset, self.length, self.lo = offset, length, lo
         super().__init__(self.explain())
 
     @property
@@ -80,18 +132,22 @@ class OutOfBounds(Exception):
                 f"(lane {self.lane} of the block, not masked off)")
         if self.wrapped:
             text += ("; an offset that far off comes from an int32 offset that wrapped around, or from an index "
-                     "loaded from memory nobody wrote (the checker fills new tensors with NaN or the most negative int)")
+                     "nobody wrote: an element of a new tensor or a masked-off lane of a tl.load without other= "
+                     "(the checker fills both with NaN or a large negative int)")
         return text
 
 
 class _Guard:
     """Refuses any access outside every tensor of the running launch."""
 
-    def __init__(self):
+    def __init__(self, recorder: Recorder | None = None):
         self.extents: list[interpreter.Extent] = []
+        self.recorder = recorder
 
     def on_launch(self, extents):
         self.extents = extents
+        if self.recorder is not None:
+            self.recorder.on_launch(extents)
 
     def check(self, op: str, ptrs, mask):
         addrs = interpreter.addresses(ptrs)
@@ -113,23 +169,33 @@ class _Guard:
         ext = named[0] if named else min(
             self.extents, key=lambda e: 0 if e.lo <= addr < e.hi else min(abs(addr - e.lo), abs(addr - e.hi)))
         offset = (addr - ext.lo) // ext.itemsize
-        raise OutOfBounds(_VERB[op], program, lane, ext.name, offset, (ext.hi - ext.lo) // ext.itemsize)
+        raise OutOfBounds(_VERB[op], program, lane, ext.name, offset, (ext.hi - ext.lo) // ext.itemsize, lo=ext.lo)
 
 
 _VERB = {"load": "load from", "store": "store to", "atomic": "update atomically"}
 
 
 @contextlib.contextmanager
-def memory_guard():
+def memory_guard(recorder: Recorder | None = None):
     """Bounds-check every load, store and atomic of interpreted kernels while active.
 
     Allowed memory is, per launch, the elements reachable from the tensors passed to that
     launch. A bad access raises :class:`OutOfBounds` inside the kernel; Triton re-raises it
     as ``InterpreterError`` with the original as ``__cause__`` (see :func:`find_out_of_bounds`).
+    Each launch's tensors are appended to ``recorder.launches`` when a :class:`Recorder` is given.
     A no-op when kernels are compiled for a GPU.
     """
-    guard = _Guard()
+    guard = _Guard(recorder)
     with interpreter.watch(guard.on_launch, guard.check):
+        yield
+
+
+@contextlib.contextmanager
+def poisoned_masked_loads(recorder: Recorder | None = None):
+    """While active, the masked-off lanes of a ``tl.load`` without ``other=`` hold poison (see
+    :func:`moe_tutorial.kernels.interpreter.poison_masked_loads`); the kernel arguments read
+    that way are noted in ``recorder.no_other``. A no-op when kernels are compiled for a GPU."""
+    with interpreter.poison_masked_loads(recorder.on_poison if recorder is not None else None):
         yield
 
 
@@ -159,6 +225,9 @@ class SparseBuffer:
     def __init__(self, mm: mmap.mmap):
         self._mm = mm
         self.tensor = torch.frombuffer(mm, dtype=torch.float32)
+        #: The buffer's bytes ``[lo, hi)``.
+        self.lo = self.tensor.data_ptr()
+        self.hi = self.lo + self.tensor.numel() * 4
 
     @classmethod
     def create(cls, numel: int) -> "SparseBuffer | None":

@@ -7,7 +7,7 @@ from .. import runtime
 from ..reference import tolerance
 from ..routing import route
 from .common import check_first_gemm_fn, check_layer_fn
-from .diagnose import expect_tensor
+from .diagnose import expect_integer, expect_tensor
 from .feedback import Fail, call_student, on, run_check
 from .problems import layer_problems, torch_first_gemm_problems, worked_first_gemm
 
@@ -20,6 +20,8 @@ def _route_cases():
         ("M=6, E=8, top_k=2, renormalize=False", torch.randn(6, 8, generator=g).to(dev), 2, False),
         ("M=5, E=60, top_k=4 (Qwen1.5-MoE)", torch.randn(5, 60, generator=g).to(dev), 4, True),
         ("M=4, E=16, top_k=3, bfloat16 logits", torch.randn(4, 16, generator=g).to(dev, torch.bfloat16), 3, True),
+        ("M=7, E=8, top_k=1", torch.randn(7, 8, generator=g).to(dev), 1, False),
+        ("M=1, E=6, top_k=1 (one token, one expert)", torch.randn(1, 6, generator=g).to(dev), 1, True),
         ("M=0, E=4, top_k=2 (an empty batch)", torch.randn(0, 4, generator=g).to(dev), 2, True),
     ]
 
@@ -31,7 +33,8 @@ def _route_variant_message(got_w, logits, k, renormalize) -> str:
         return top, top / top.sum(-1, keepdim=True)
 
     bases = [(torch.softmax(logits.float(), -1), ""),
-             (torch.softmax(logits.float(), 0), "the softmax runs over tokens (dim=0); it must be over the experts (dim=-1)."),
+             (torch.softmax(logits.float(), 0),
+              "the softmax runs over tokens (dim=0); it must be over the experts (dim=-1)."),
              (logits.float(), "these are the logits themselves: take the softmax over the experts first.")]
     for scores, text in bases:
         raw, renormed = kept(scores)
@@ -44,7 +47,8 @@ def _route_variant_message(got_w, logits, k, renormalize) -> str:
                 return ("the weights are the raw softmax probabilities: with renormalize=True divide the kept "
                         "weights by their sum, so each token's weights add up to 1.")
             if is_renormed and not renormalize:
-                return "the weights add up to 1, but renormalize=False keeps the raw softmax probabilities (DeepSeek-V2 does)."
+                return ("the weights add up to 1, but renormalize=False keeps the raw softmax probabilities "
+                        "(DeepSeek-V2 does).")
     return ""
 
 
@@ -59,6 +63,11 @@ def _expect_route(got, logits, k: int, renorm: bool) -> None:
     sizes = {"M": logits.shape[0], "top_k": k}
     expect_tensor(w, what="topk_weights", sizes=sizes)
     expect_tensor(ids, what="topk_ids", sizes=sizes)
+    if ids.is_floating_point() or ids.dtype == torch.bool:
+        raise Fail(f"topk_ids: expected dtype torch.int32, got {ids.dtype}: expert ids are indices, keep them "
+                   "integers (torch.topk's indices, then .to(torch.int32))")
+    if not w.is_floating_point():
+        raise Fail(f"topk_weights: expected dtype torch.float32, got {w.dtype}")
     if ids.dtype != torch.int32:
         raise Fail(f"topk_ids: expected dtype torch.int32, got {ids.dtype}; convert with .to(torch.int32) "
                    "(the kernels load ids as int32)")
@@ -87,15 +96,27 @@ def check_route(fn) -> bool:
         cases = _route_cases()
         for label, logits, k, renorm in cases:
             with on(label):
-                _expect_route(call_student(fn, logits, k, renormalize=renorm), logits, k, renorm)
-        return f"right on all {len(cases)} cases (renormalize on and off, E = 60, bfloat16 logits, an empty batch)."
+                got = call_student(fn, logits, k, renormalize=renorm, names=("router_logits", "top_k"))
+                _expect_route(got, logits, k, renorm)
+        return (f"right on all {len(cases)} cases (renormalize on and off, E = 60, bfloat16 logits, top_k = 1, "
+                "one token, an empty batch).")
     return run_check("1.1", body)
+
+
+def _index_list(t, what: str) -> list[int]:
+    """The entries of a 1-D integer tensor (or a list of Python ints) as a list."""
+    if isinstance(t, torch.Tensor):
+        expect_integer(t, what)
+        return [int(v) for v in t.flatten().tolist()]
+    if isinstance(t, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in t):
+        return list(t)
+    raise Fail(f"{what}: expected a 1-D integer tensor, got {type(t).__name__}")
 
 
 def _expect_pairs(got, ids: torch.Tensor, e: int) -> None:
     if not isinstance(got, (tuple, list)) or len(got) != 2:
         raise Fail(f"expected a pair (idx, slot), got {type(got).__name__}")
-    idx, slot = (torch.as_tensor(t).flatten().tolist() for t in got)
+    idx, slot = _index_list(got[0], "idx"), _index_list(got[1], "slot")
     if len(idx) != len(slot):
         raise Fail(f"idx has {len(idx)} entries but slot has {len(slot)}: one entry per pair in each")
     want = {(m, j) for m, j in torch.nonzero(ids == e).tolist()}
@@ -106,8 +127,14 @@ def _expect_pairs(got, ids: torch.Tensor, e: int) -> None:
         raise Fail("you returned (slot, idx): the token numbers come first "
                    "(torch.where(topk_ids == e) returns rows, then columns)")
     if len(have) != len(want):
-        raise Fail(f"expert {e} was chosen by {len(want)} (token, slot) pairs, you returned {len(have)}: "
-                   f"{sorted(have)}; expected {sorted(want)}")
+        text = (f"expert {e} was chosen by {len(want)} (token, slot) pairs, you returned {len(have)}: "
+                f"{sorted(have)}; expected {sorted(want)}")
+        missing = want - set(have)
+        topk = ids.shape[1]
+        if missing and topk != 2 and all(j >= 2 for _, j in missing) and all(j < 2 for _, j in have):
+            text += (f". The missing pairs are all in slots 2 and up: does your code assume topk = 2? Here "
+                     f"topk_ids has topk = {topk} columns; compare the whole [M, topk] tensor")
+        raise Fail(text)
     m, j = next(p for p in have if p not in want)
     raise Fail(f"(token {m}, slot {j}) is in your answer, but topk_ids[{m}, {j}] is not {e}; expected {sorted(want)}")
 
@@ -116,15 +143,20 @@ def check_expert_pairs(fn) -> bool:
     """Exercise 1.2: ``fn(topk_ids [M, topk], e) -> (idx, slot)``, the pairs with ``topk_ids[idx, slot] == e``."""
     def body():
         g = torch.Generator().manual_seed(32)
+        dev = runtime.DEVICE
         cases = [worked_first_gemm().topk_ids,
-                 torch.rand(6, 5, generator=g).topk(2, 1).indices.to(runtime.DEVICE, torch.int32)]
+                 torch.rand(6, 5, generator=g).topk(2, 1).indices.to(dev, torch.int32),
+                 torch.rand(5, 6, generator=g).topk(3, 1).indices.to(dev, torch.int32),      # topk = 3
+                 torch.rand(4, 3, generator=g).topk(1, 1).indices.to(dev, torch.int64),      # topk = 1, int64
+                 torch.tensor([[3, 1]], dtype=torch.int32, device=dev)]                       # one token
         checked = 0
         for ids in cases:
             for e in range(int(ids.max()) + 2):          # + 2: one expert nobody chose
                 with on(f"topk_ids = {ids.tolist()}, e = {e}"):
-                    _expect_pairs(call_student(fn, ids, e), ids, e)
+                    _expect_pairs(call_student(fn, ids, e, names=("topk_ids", "e")), ids, e)
                 checked += 1
-        return f"right on all {checked} (topk_ids, expert) cases, experts nobody chose included."
+        return (f"right on all {checked} (topk_ids, expert) cases: topk = 1, 2 and 3, one token, "
+                "experts nobody chose.")
     return run_check("1.2", body)
 
 

@@ -9,30 +9,31 @@ from __future__ import annotations
 import torch
 
 from .. import runtime
-from .common import check_first_gemm_fn, hint_by_name, kernel_tolerance, summary
-from .diagnose import expect_first_gemm, expect_tensor, ranges
+from .common import FIRST_GEMM_NAMES, check_first_gemm_fn, first_gemm_on, hint_by_name, kernel_tolerance, summary
+from .diagnose import expect_first_gemm, expect_integer, expect_tensor, ranges
 from .feedback import Fail, call_student, on, run_check
-from .guard import SparseBuffer
+from .guard import Recorder, SparseBuffer, int_poison
 from .problems import TAILS, Problem, kernel_problems, random_first_gemm
 
-#: Hints for an out-of-range access, by what the kernel's pointer argument is called.
+#: Hints for an out-of-range access, by the input it reached past (x, weight, topk_ids) or else by
+#: the kernel's pointer argument; names match by whole words (``out`` matches ``out_ptr``, not ``router``).
 _POINTER_HINTS = [
-    (("out", "o_ptr", "c_ptr", "y_ptr"),
+    (("out", "output", "o", "c", "y", "dst", "result", "res"),
      "the store reached past the output: mask it with (topk_idx < topk) & (n < N), and check the output "
      "offsets pid_m * stride_om + topk_idx * stride_ot + n * stride_on."),
-    (("id",),
+    (("topk_ids", "ids", "id", "idx", "indices"),
      "the expert-id load ran past topk_ids: use pid_m * stride_im + topk_idx * stride_ik and mask the "
      "spare columns (topk_idx < topk)."),
-    (("w", "b_ptr"),
+    (("weight", "weights", "w", "b", "w1", "w13", "wt"),
      "a weight load out of range: the offset is expert * stride_we + n * stride_wn + k * stride_wk; "
      "mask it with (k < K) & (n < N) (and topk_idx < topk for spare columns)."),
-    (("x", "a_ptr"),
+    (("x", "a", "inp", "input", "hidden", "hidden_states", "act", "tokens"),
      "an x load out of range: the row offset is the token (pid_m * stride_xm); mask the last K block (k < K)."),
 ]
 
 
 def pointer_hint(arg: str) -> str:
-    """The hint for an out-of-range access through the kernel argument called ``arg``."""
+    """The hint for an out-of-range access through the input or kernel argument called ``arg``."""
     return hint_by_name(_POINTER_HINTS, arg)
 
 
@@ -46,57 +47,124 @@ def _expected_columns(N: int, topk: int, block_n: int) -> tuple[torch.Tensor, to
     return torch.where(ok, slot, -1), torch.where(ok, col, -1)
 
 
-def _expect_columns(got, N: int, topk: int, block_n: int) -> None:
+def _lane_text(p: int, lane: int, col: int) -> str:
+    return f"program pid_n={p}, lane {lane} (column {col})"
+
+
+def _layout(N: int, topk: int, block_n: int):
+    """Every lane's ``(lane, pid, n)`` as ``[cdiv(N, block_n), topk * block_n]`` tables (n also past N)."""
+    programs = -(-N // block_n)
+    lane = torch.arange(topk * block_n).expand(programs, -1)
+    pid = torch.arange(programs)[:, None].expand_as(lane)
+    return lane, pid, pid * block_n + lane % block_n
+
+
+def _mask_causes(N: int, topk: int, block_n: int) -> list[tuple[torch.Tensor, str]]:
+    """The wrong masks students write, as ``(which lanes it keeps, what to say)``."""
+    lane, pid, n = _layout(N, topk, block_n)
+    return [
+        (n < N - 1, "the mask is n < N - 1: an off-by-one masks a real column, N - 1. It must be n < N"),
+        (n <= N, "the mask lets column N through (n <= N): one past the last column. It must be n < N"),
+        (lane < N, "the mask compares the lane number with N, but lanes count across all topk slots: compare "
+                   "the column, n < N"),
+        (lane % block_n < N, "the mask ignores pid_n: compare the column n = pid_n * BLOCK_N + lane % BLOCK_N "
+                             "with N"),
+        (pid * block_n + lane < N, "the mask uses pid_n * BLOCK_N + lane, without % BLOCK_N: compare the column "
+                                   "n = pid_n * BLOCK_N + lane % BLOCK_N with N"),
+        (torch.ones_like(n, dtype=torch.bool), "no lane is marked -1: the last block of N is partial, so lanes "
+                                               "with n >= N must be masked off (ok = n < N)"),
+    ]
+
+
+def _kept_lanes(got, shape) -> torch.Tensor | None:
+    """Which lanes the student's tables call real (both entries not -1), or None if they are not tables."""
+    if not isinstance(got, (tuple, list)) or len(got) != 2:
+        return None
+    if not all(isinstance(t, torch.Tensor) and tuple(t.shape) == shape and not t.is_floating_point() for t in got):
+        return None
+    slot, col = (t.detach().long().cpu() for t in got)
+    return (slot != -1) & (col != -1)
+
+
+def _expect_columns(got, N: int, topk: int, block_n: int, causes: set[int] | None = None) -> None:
+    """``causes``: which of :func:`_mask_causes` fit the student's masks on every case (None: all)."""
     want_slot, want_col = _expected_columns(N, topk, block_n)
     if not isinstance(got, (tuple, list)) or len(got) != 2:
         raise Fail(f"expected a pair (slot, col), got {type(got).__name__}")
     sizes = {"cdiv(N, BLOCK_N)": want_slot.shape[0], "FUSED_N": want_slot.shape[1]}
     for name, t in zip(("slot", "col"), got):
         expect_tensor(t, what=name, sizes=sizes)
+        expect_integer(t, name)
     slot, col = (t.detach().long().cpu() for t in got)
-    never = (slot == torch.iinfo(got[0].dtype).min) | (col == torch.iinfo(got[1].dtype).min)
+    never = (slot == int_poison(got[0].dtype)) | (col == int_poison(got[1].dtype))
     if never.any():
         p = int(never.any(1).nonzero()[0])
         raise Fail(f"program pid_n={p} never wrote lanes {ranges(never[p].nonzero().flatten())} "
                    "(they still hold the checker's poison): store all FUSED_N lanes")
     if torch.equal(slot, want_slot) and torch.equal(col, want_col):
         return
-    valid = want_col >= 0
-    lane = torch.arange(topk * block_n).expand_as(slot)
-    if torch.equal(slot[valid], (lane % block_n)[valid]):
-        raise Fail("slot = lane % BLOCK_N: the roles of // and % are swapped. Lane l belongs to expert "
-                   "slot l // BLOCK_N (0 0 0 .. 1 1 1 ..) and column l % BLOCK_N inside the block")
-    if torch.equal(col[valid], (lane % block_n)[valid]) and len(slot) > 1:
-        raise Fail("the columns ignore pid_n: program pid_n covers columns pid_n * BLOCK_N + lane % BLOCK_N")
-    if torch.equal(slot[valid], want_slot[valid]) and torch.equal(col[valid], want_col[valid]):
-        late = (~valid) & (col >= 0)
-        if late.any():
-            p, lane_ = (int(i) for i in late.nonzero()[0])
-            raise Fail(f"program pid_n={p}, lane {lane_} has column {int(col[p, lane_])} >= N = {N} but is not "
-                       "marked -1: the last block of N is partial, so lanes with n >= N must be masked off")
-    early = valid & ((col < 0) | (slot < 0))
-    if early.any():
-        p, lane_ = (int(i) for i in early.nonzero()[0])
-        raise Fail(f"program pid_n={p}, lane {lane_} (column {int(want_col[p, lane_])} < N = {N}) is marked -1: "
-                   "the mask is n < N (an off-by-one masks a real column)")
-    p, lane_ = (int(i) for i in ((slot != want_slot) | (col != want_col)).nonzero()[0])
-    raise Fail(f"program pid_n={p}, lane {lane_}: expected slot {int(want_slot[p, lane_])}, column "
-               f"{int(want_col[p, lane_])}; got slot {int(slot[p, lane_])}, column {int(col[p, lane_])}")
+    lane, pid, n = _layout(N, topk, block_n)
+    want_ok, ok = n < N, (slot != -1) & (col != -1)
+
+    # First the values on the lanes both call real: a wrong column must not be blamed on the mask.
+    both = want_ok & ok
+    if not (torch.equal(slot[both], want_slot[both]) and torch.equal(col[both], want_col[both])):
+        if torch.equal(slot[both], (lane % block_n)[both]) and topk > 1:
+            raise Fail("slot = lane % BLOCK_N: the roles of // and % are swapped. Lane l belongs to expert "
+                       "slot l // BLOCK_N (0 0 0 .. 1 1 1 ..) and column l % BLOCK_N inside the block")
+        if torch.equal(col[both], (lane % block_n)[both]) and (both & (pid > 0)).any():
+            raise Fail("the columns ignore pid_n: program pid_n covers columns pid_n * BLOCK_N + lane % BLOCK_N")
+        p, lane_ = (int(i) for i in (both & ((slot != want_slot) | (col != want_col))).nonzero()[0])
+        raise Fail(f"program pid_n={p}, lane {lane_}: expected slot {int(want_slot[p, lane_])}, column "
+                   f"{int(want_col[p, lane_])}; got slot {int(slot[p, lane_])}, column {int(col[p, lane_])}")
+
+    half = (slot == -1) != (col == -1)
+    if half.any():
+        p, lane_ = (int(i) for i in half.nonzero()[0])
+        raise Fail(f"program pid_n={p}, lane {lane_} has slot {int(slot[p, lane_])} and column {int(col[p, lane_])}: "
+                   "a lane whose column does not exist is -1 in both tables (tl.where(ok, ..., -1) in both stores)")
+
+    # Then the mask: name a cause only when the student's masks are exactly that mistake on every case.
+    for i, (cause, text) in enumerate(_mask_causes(N, topk, block_n)):
+        if (causes is None or i in causes) and torch.equal(ok, cause):
+            p, lane_ = (int(v) for v in (ok != want_ok).nonzero()[0])
+            state = "is marked -1" if want_ok[p, lane_] else "is not marked -1"
+            raise Fail(f"{_lane_text(p, lane_, int(n[p, lane_]))} {state} (N = {N}): {text}")
+    late = ~want_ok & ok
+    if late.any():
+        p, lane_ = (int(i) for i in late.nonzero()[0])
+        raise Fail(f"{_lane_text(p, lane_, int(n[p, lane_]))} has column >= N = {N} but is not marked -1: "
+                   "the last block of N is partial, so lanes with n >= N must be masked off")
+    p, lane_ = (int(i) for i in (want_ok & ~ok).nonzero()[0])
+    raise Fail(f"{_lane_text(p, lane_, int(n[p, lane_]))} is marked -1, but columns "
+               f"{ranges(n[want_ok & ~ok].unique())} all exist (N = {N}): the mask must be exactly n < N, "
+               "with n = pid_n * BLOCK_N + lane % BLOCK_N")
 
 
 def check_fused_columns(fn) -> bool:
     """Exercise 3.1: ``fn(N, topk, block_n) -> (slot, col)``, int ``[cdiv(N, block_n), topk * block_n]``.
 
     Lane ``l`` of program ``pid_n`` computes expert slot ``l // block_n`` and column
-    ``pid_n * block_n + l % block_n``; lanes whose column is ``>= N`` hold -1 in both.
+    ``pid_n * block_n + l % block_n``; lanes whose column is ``>= N`` hold -1 in both. Every
+    case runs before any is judged, so that a wrong mask is named by the one cause that fits all.
     """
+    def hint(_arg: str) -> str:
+        return "store only inside the [cdiv(N, BLOCK_N), FUSED_N] tables: row pid_n, lanes 0..FUSED_N-1."
+
     def body():
-        cases = [(40, 2, 16), (37, 4, 8), (16, 1, 16), (5, 2, 8)]
+        cases = [(40, 2, 16), (37, 4, 8), (16, 1, 16), (5, 2, 8), (70, 4, 32)]
+        results = []
         for N, topk, block_n in cases:
             with on(f"N={N}, topk={topk}, BLOCK_N={block_n}"):
-                _expect_columns(call_student(fn, N, topk, block_n, hints=lambda a: "store only inside the "
-                                             "[cdiv(N, BLOCK_N), FUSED_N] tables: row pid_n, lanes 0..FUSED_N-1."),
-                                N, topk, block_n)
+                results.append(call_student(fn, N, topk, block_n, hints=hint, names=("N", "topk", "block_n")))
+        causes = set(range(len(_mask_causes(*cases[0]))))
+        for (N, topk, block_n), got in zip(cases, results):
+            kept = _kept_lanes(got, tuple(_expected_columns(N, topk, block_n)[0].shape))
+            if kept is not None:
+                causes &= {i for i, (cause, _) in enumerate(_mask_causes(N, topk, block_n)) if torch.equal(kept, cause)}
+        for (N, topk, block_n), got in zip(cases, results):
+            with on(f"N={N}, topk={topk}, BLOCK_N={block_n}"):
+                _expect_columns(got, N, topk, block_n, causes)
         return f"right on all {len(cases)} layouts (topk = 1, 2, 4; N a multiple of BLOCK_N or not)."
     return run_check("3.1", body)
 
@@ -113,61 +181,108 @@ def check_fused_any_topk(fn) -> bool:
 
 
 # --------------------------------------------------------------------------- 3.4
-#: The big problem's expert stride: fits in int32, but 4 * stride does not (like DeepSeek-V3's).
-BIG_STRIDE = 2**29 + 4096
+#: The big problem's expert stride: fits in int32 (so Triton passes it as int32), but expert 2's
+#: offset passes 2**31 and experts 3 and 4's pass 2**32, as DeepSeek-V3's last experts' (about 7.5e9) do.
+BIG_STRIDE = 2**31 - 2**20
+
+#: The big problem's experts: pairs of every expert, so each offset range shows.
+_BIG_IDS = [[4, 0], [1, 4], [2, 3], [3, 2]]
 
 
 def big_stride_problem() -> tuple[Problem, SparseBuffer] | None:
-    """A weight ``[5, 24, 16]`` whose experts lie ``BIG_STRIDE`` elements apart (8.6 GB of address
-    space, a few KB of memory), so that expert 4's offset ``4 * BIG_STRIDE`` passes ``2**31 - 1``.
+    """A weight ``[5, 24, 16]`` whose experts lie ``BIG_STRIDE`` elements apart (43 GB of address
+    space, a few KB of memory), so that ``expert * BIG_STRIDE`` passes ``2**31`` for expert 2 and
+    ``2**32`` for experts 3 and 4.
 
     None where the address space cannot be reserved.
     """
-    small = random_first_gemm(3, 24, 16, 5, 2, seed=41)
+    small = random_first_gemm(len(_BIG_IDS), 24, 16, 5, 2, seed=41)
     E, N, K = small.weight.shape
     buf = SparseBuffer.create(E * BIG_STRIDE)
     if buf is None:
         return None
     weight = buf.tensor.as_strided((E, N, K), (BIG_STRIDE, K, 1))
     weight.copy_(small.weight)
-    ids = torch.tensor([[4, 0], [1, 4], [2, 3]], dtype=torch.int32)   # expert 4 in two of three tokens
-    problem = Problem(small.x, weight, ids, "experts 2**29 + 4096 elements apart", compact_weight=small.weight)
+    ids = torch.tensor(_BIG_IDS, dtype=torch.int32)
+    problem = Problem(small.x, weight, ids, "experts 2**31 - 2**20 elements apart", compact_weight=small.weight)
     return problem, buf
 
 
 def check_fused_int64(fn) -> bool:
-    """Exercise 3.4: the launcher must survive offsets past ``2**31``: ``expert * stride_we`` in int64.
+    """Exercise 3.4: the launcher must survive offsets past ``2**31`` and ``2**32``: ``expert * stride_we`` in int64.
 
-    The interpreter runs it on a weight whose expert stride is ``2**29 + 4096`` elements,
-    reserved but mostly never touched. On a GPU that part is skipped (an overflowing kernel
-    would crash the CUDA context); the ordinary problem still runs.
+    The interpreter runs it on a weight whose expert stride is ``2**31 - 2**20`` elements,
+    reserved but mostly never touched, and checks that the kernel read that weight (a launcher
+    that copies it into a compact one dodges a test the real model would not). On a GPU that
+    part is skipped (an overflowing kernel would crash the CUDA context); the ordinary problems
+    still run.
     """
     def body():
-        problems = [random_first_gemm(5, 40, 24, 6, 2, seed=1, label=TAILS)]
+        problems = [random_first_gemm(5, 40, 24, 6, 2, seed=1, label=TAILS),
+                    random_first_gemm(4, 33, 20, 8, 3, seed=15, strided=True, ids_dtype=torch.int64,
+                                      label="non-contiguous inputs, int64 ids, topk = 3")]
         for p in problems:
             with on(p.describe()):
-                expect_first_gemm(call_student(fn, p.x, p.weight, p.topk_ids, hints=pointer_hint), p, kernel_tolerance())
+                first_gemm_on(fn, p, kernel_tolerance(), hints=pointer_hint)
         if not runtime.INTERPRETED:
             return summary(problems, "the int32-overflow test runs only in the CPU interpreter and was skipped")
         made = big_stride_problem()
         if made is None:
-            return summary(problems, "the int32-overflow test was skipped: could not reserve 8.6 GB of address space")
+            return summary(problems, "the int32-overflow test was skipped: could not reserve 43 GB of address space")
         p, buf = made
         try:
             with on(p.describe()):
-                try:
-                    # No pointer hint here: the "Why" below is the hint.
-                    expect_first_gemm(call_student(fn, p.x, p.weight, p.topk_ids), p, kernel_tolerance())
-                except Fail as e:
-                    raise Fail(f"{e}\n{_OVERFLOW}") from None
+                _expect_big_stride(fn, p, buf)
         finally:
             p.weight = None
             buf.close()
-        return summary(problems, "and with experts 2**29 + 4096 elements apart, where expert * stride_we "
-                                 "passes 2**31")
+        return summary(problems, "and with experts 2**31 - 2**20 elements apart, where expert * stride_we "
+                                 "passes 2**31 and 2**32")
     return run_check("3.4", body)
 
 
-_OVERFLOW = (f"Why: expert 4's weights start at element 4 * stride_we = 4 * {BIG_STRIDE} = {4 * BIG_STRIDE}, "
-             f"past 2**31 - 1. In int32 that offset wraps around to {4 * BIG_STRIDE - 2**32}. "
-             "Cast before multiplying: expert.to(tl.int64) * stride_we.")
+def _expect_big_stride(fn, p: Problem, buf: SparseBuffer) -> None:
+    recorder = Recorder()
+    try:
+        # No pointer hint here: the "Why" below is the hint.
+        out = call_student(fn, p.x, p.weight, p.topk_ids, names=FIRST_GEMM_NAMES[:3], recorder=recorder)
+    except Fail as e:
+        raise Fail(f"{e}\n{_OVERFLOW}") from None
+    if not recorder.launches:
+        raise Fail("no Triton kernel ran: this exercise is about the kernel's offsets, so the launcher must launch it")
+    if not recorder.launched_from(buf.lo, buf.hi):
+        raise Fail("the kernel never read the weight you were given: your launcher handed it a copy (.contiguous(), "
+                   ".clone(), .to(...)?). A real DeepSeek-V3 weight is 7.5e9 elements whichever way it is stored, "
+                   "so a copy does not avoid the overflow, and it costs a copy of every weight on every call. "
+                   "Pass the weight and its strides as they are, and compute the offsets in int64.")
+    try:
+        expect_first_gemm(out, p, kernel_tolerance(), recorder)
+    except Fail as e:
+        raise Fail(f"{e}\n{_why_wrong(out, p)}") from None
+
+
+def _why_wrong(out, p: Problem) -> str:
+    """Which experts' pairs are wrong says how wide the student's offsets are."""
+    ref = p.first_gemm_reference()
+    if not isinstance(out, torch.Tensor) or out.shape != ref.shape:
+        return _OVERFLOW
+    close = ((out.detach().double() - ref).abs() <= 1e-3 * ref.abs().max()).all(-1)      # [M, topk]
+    ids = p.topk_ids.long()
+    right = {e: bool(close[ids == e].all()) for e in ids.unique().tolist()}
+    past_32 = [e for e in right if e * BIG_STRIDE >= 2**32]
+    below_32 = [e for e in right if 2**31 <= e * BIG_STRIDE < 2**32]
+    if past_32 and below_32 and all(right[e] for e in below_32) and not any(right[e] for e in past_32):
+        offsets = ", ".join(f"{e * BIG_STRIDE}" for e in past_32)
+        return (f"Why: the pairs of experts {', '.join(map(str, past_32))}, whose weights start past 2**32 "
+                f"({offsets} elements), are wrong, while expert {below_32[0]}'s, past 2**31 but below 2**32, are "
+                "right: your offsets are 32 bits without a sign (tl.uint32?), which wrap around at 2**32 = "
+                "4294967296. DeepSeek-V3's last experts start near 7.5e9: cast to int64 before multiplying, "
+                "expert.to(tl.int64) * stride_we.")
+    return _OVERFLOW
+
+
+_OVERFLOW = (f"Why: expert e's weights start at element e * stride_we, and here stride_we = 2**31 - 2**20 = "
+             f"{BIG_STRIDE} (a real model's expert stride is N * K: DeepSeek-V3's last expert starts near 7.5e9). "
+             f"Expert 2's offset, {2 * BIG_STRIDE}, is past 2**31 - 1: in int32 it wraps around to "
+             f"{2 * BIG_STRIDE - 2**32}. Experts 3 and 4 start past 2**32, where an unsigned 32-bit offset "
+             "wraps too. Cast to int64 before multiplying: expert.to(tl.int64) * stride_we.")

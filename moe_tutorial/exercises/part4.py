@@ -21,7 +21,8 @@ def _align_cases():
     crafted = torch.tensor([[2, 0], [2, 0], [2, 0], [2, 3], [2, 3], [0, 3]], dtype=torch.int32)
     return [
         ("counts per expert 4, 0, 5, 3 with block_m=4", crafted.to(dev), 4, 4),
-        ("M=9, topk=3, E=8, block_m=4, int64 ids", random_topk_ids(9, 8, 3, generator=g, dtype=torch.int64).to(dev), 4, 8),
+        ("M=9, topk=3, E=8, block_m=4, int64 ids",
+         random_topk_ids(9, 8, 3, generator=g, dtype=torch.int64).to(dev), 4, 8),
         ("M=1, topk=1, E=3, block_m=2", torch.tensor([[1]], dtype=torch.int32, device=dev), 2, 3),
         ("M=5, topk=2, E=4, block_m=1: no padding", random_topk_ids(5, 4, 2, generator=g).to(dev), 1, 4),
         ("M=7, topk=6, E=64, block_m=16 (DeepSeek-V2-Lite)", random_topk_ids(7, 64, 6, generator=g).to(dev), 16, 64),
@@ -33,15 +34,21 @@ def _as_int(value, what: str) -> int:
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
             raise Fail(f"{what}: expected one number (a [1] tensor or an int), got shape {tuple(value.shape)}")
+        if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+            raise Fail(f"{what}: expected an integer (a [1] int32 tensor or an int), got {value.dtype}: it is a "
+                       "row count, and the kernel compares it with integer row indices")
         return int(value.reshape(-1)[0])
+    if isinstance(value, float) or not hasattr(value, "__index__"):
+        raise Fail(f"{what}: expected an integer (a [1] int32 tensor or an int), got {type(value).__name__}")
     try:
         return int(value)
-    except (TypeError, ValueError):
-        raise Fail(f"{what}: expected a number, got {type(value).__name__}") from None
+    except Exception:  # noqa: BLE001  (an object that claims to be an integer and is not)
+        raise Fail(f"{what}: expected an integer (a [1] int32 tensor or an int), got {type(value).__name__}") from None
 
 
 def _as_list(value, what: str) -> list[int]:
-    if not isinstance(value, torch.Tensor) or value.dim() != 1 or value.is_floating_point():
+    if not isinstance(value, torch.Tensor) or value.dim() != 1 or value.is_floating_point() or value.is_complex() \
+            or value.dtype == torch.bool:
         got = f"shape {tuple(value.shape)} {value.dtype}" if isinstance(value, torch.Tensor) else type(value).__name__
         raise Fail(f"{what}: expected a 1-D integer tensor, got {got}")
     return value.tolist()
@@ -59,7 +66,8 @@ def _expect_alignment(got, ids: torch.Tensor, block_m: int, E: int) -> None:
     post = _as_int(got[2], "num_tokens_post_padded")
     rows, labels = _as_list(got[0], "sorted_token_ids"), _as_list(got[1], "expert_ids")
     if post % block_m:
-        raise Fail(f"num_tokens_post_padded = {post} is not a multiple of block_m = {block_m}: every run is padded to one")
+        raise Fail(f"num_tokens_post_padded = {post} is not a multiple of block_m = {block_m}: every run is "
+                   "padded to one")
     if len(rows) < post or len(labels) < post // block_m:
         raise Fail(f"num_tokens_post_padded = {post} rows, but sorted_token_ids has {len(rows)} entries and "
                    f"expert_ids {len(labels)} (one per block of {block_m} rows)")
@@ -118,7 +126,8 @@ def check_align(fn) -> bool:
         cases = _align_cases()
         for label, ids, block_m, E in cases:
             with on(f"{label}, topk_ids = {ids.tolist()}" if ids.numel() <= 12 else label):
-                _expect_alignment(call_student(fn, ids, block_m, E), ids, block_m, E)
+                got = call_student(fn, ids, block_m, E, names=("topk_ids", "block_m", "num_experts"))
+                _expect_alignment(got, ids, block_m, E)
         return (f"right on all {len(cases)} cases (an empty expert, a count that is already a multiple, "
                 "block_m = 1, E = 64, an empty batch).")
     return run_check("4.1", body)
@@ -131,7 +140,10 @@ def _expect_order(fn, num_pid_m: int, num_pid_n: int, group_m: int) -> None:
         out = call_student(fn, pid, num_pid_m, num_pid_n, group_m)
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             raise Fail(f"pid {pid}: expected a pair (pid_m, pid_n), got {out!r}")
-        pm, pn = (int(v) for v in out)
+        try:
+            pm, pn = (_as_int(v, "pid_m" if i == 0 else "pid_n") for i, v in enumerate(out))
+        except Fail as e:
+            raise Fail(f"pid {pid}: {e}") from None
         if not (0 <= pm < num_pid_m and 0 <= pn < num_pid_n):
             text = f"pid {pid} maps to (pid_m={pm}, pid_n={pn}), outside the {num_pid_m} x {num_pid_n} grid of tiles"
             first_m = pid // (group_m * num_pid_n) * group_m
@@ -169,20 +181,23 @@ def check_grouped_pid(fn) -> bool:
 
 
 # --------------------------------------------------------------------------- 4.3 and 4.4
+#: Hints for an out-of-range access, by the input it reached past or else the kernel's pointer
+#: argument, matched by whole words (``out`` matches ``out_ptr``, not ``router_ptr``).
 _SORTED_HINTS = [
-    (("out", "c_ptr", "o_ptr", "y_ptr"),
+    (("topk_weights", "router", "routing", "rw", "topk_w", "gate", "scales"),
+     "the router-weight load reached past topk_weights: it has M * topk entries, one per pair; mask padding rows "
+     "(pair < M * topk)."),
+    (("out", "output", "o", "c", "y", "dst", "result", "res"),
      "the store reached past the output: padding rows hold the sentinel M * topk, one row past the last "
      "pair; mask the store with (pair < M * topk) & (n < N)."),
-    (("x", "a_ptr"),
+    (("x", "a", "inp", "input", "hidden", "hidden_states", "act", "tokens"),
      "padding rows hold the sentinel M * topk, so pair // topk = M is one row past x: mask the A load "
      "with pair < M * topk (and k < K on the last K block). Blocks at or past num_tokens_post_padded hold "
      "no rows at all: return before loading anything for them."),
-    (("w", "b_ptr"),
+    (("weight", "weights", "w", "b", "w1", "w13", "wt"),
      "a weight load out of range: blocks past num_tokens_post_padded have expert -1, so exit early for "
      "them; the offset is expert * stride_be + n * stride_bn + k * stride_bk, masked with k < K."),
-    (("weight", "router", "topk_w"),
-     "the router-weight load reached past topk_weights: it has M * topk entries, one per pair; mask padding rows."),
-    (("sorted", "expert", "id"),
+    (("sorted", "expert", "ids", "id", "num", "post"),
      "the grid covers cdiv(len(sorted_token_ids), BLOCK_M) blocks: row and block indices must stay below that."),
 ]
 
@@ -194,7 +209,7 @@ def sorted_pointer_hint(arg: str) -> str:
 
 def _sorted_problems(weighted: bool):
     return kernel_problems(weighted=weighted) + [
-        random_first_gemm(5, 40, 24, 5, 3, seed=11, label="topk = 3", weighted=weighted)]
+        random_first_gemm(5, 40, 72, 5, 3, seed=11, label="topk = 3, K = 72", weighted=weighted)]
 
 
 def check_sorted_matmul(fn) -> bool:

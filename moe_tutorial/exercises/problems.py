@@ -2,7 +2,10 @@
 
 Sizes are chosen so that a mistake shows: N and K not multiples of any block size (tails),
 M, topk and N all different (a swapped axis changes the shape), non-contiguous tensors
-(strides must be passed, not assumed), int64 ids next to int32, topk = E, M = 0.
+(strides must be passed, not assumed), int64 ids next to int32, topk = E, M = 0, M = 1 with
+topk = 1 (a bare ``.squeeze()`` drops both), K spanning many K blocks (a K loop that overwrites
+or never advances), bfloat16 inputs where the code is plain torch (a buffer made without
+``dtype=`` is float32), and router weights that do not add up to 1 (renormalize=False routers).
 """
 from __future__ import annotations
 
@@ -29,6 +32,8 @@ class Problem:
     w2: torch.Tensor | None = None
     #: A compact copy of ``weight`` for the reference when ``weight`` is a huge sparse view.
     compact_weight: torch.Tensor | None = None
+    #: True when x, weight and topk_ids are views with unusual strides (see :func:`random_first_gemm`).
+    strided: bool = False
     extras: dict = field(default_factory=dict)
 
     @property
@@ -80,27 +85,31 @@ def _gen(seed: int) -> torch.Generator:
 
 
 def random_first_gemm(M: int, N: int, K: int, E: int, topk: int, *, seed: int, label: str = "",
-                      strided: bool = False, ids_dtype=torch.int32, weighted: bool = False) -> Problem:
-    """A random first-GEMM problem on the runtime's device, float32.
+                      strided: bool = False, ids_dtype=torch.int32, weighted: bool = False,
+                      dtype: torch.dtype = torch.float32) -> Problem:
+    """A random first-GEMM problem on the runtime's device, in ``dtype`` (float32 unless told).
 
     ``strided`` gives x every other column of a wider tensor, weight stored as ``[E, K, N]``
     and transposed (stride_wk = N, stride_wn = 1), and topk_ids as a transposed view.
+    ``weighted`` adds float32 router weights: each pair's softmax probability over all E
+    experts, not renormalised, so that a token's weights do not add up to 1 (DeepSeek-V2 keeps
+    them so) and dividing by their sum shows.
     """
     g = _gen(seed)
     dev = runtime.DEVICE
     if strided:
         # Slice on the device: .to() would make a gapped view contiguous again.
-        x = torch.randn(M, 2 * K, generator=g).to(dev)[:, ::2]
-        weight = (torch.randn(E, K, N, generator=g) * K ** -0.5).transpose(1, 2)
+        x = torch.randn(M, 2 * K, generator=g).to(dev, dtype)[:, ::2]
+        weight = (torch.randn(E, K, N, generator=g) * K ** -0.5).to(dtype).transpose(1, 2)
         ids = random_topk_ids(M, E, topk, generator=g, dtype=ids_dtype).t().contiguous().t()
     else:
-        x = torch.randn(M, K, generator=g)
-        weight = torch.randn(E, N, K, generator=g) * K ** -0.5
+        x = torch.randn(M, K, generator=g).to(dtype)
+        weight = (torch.randn(E, N, K, generator=g) * K ** -0.5).to(dtype)
         ids = random_topk_ids(M, E, topk, generator=g, dtype=ids_dtype)
-    problem = Problem(x.to(dev), weight.to(dev), ids.to(dev), label)
+    problem = Problem(x.to(dev), weight.to(dev), ids.to(dev), label, strided=strided)
     if weighted:
-        # Distinct, unsorted, positive: a weight taken from the wrong pair shows.
-        problem.topk_weights = torch.softmax(torch.randn(M, topk, generator=g), dim=-1).to(dev)
+        probs = torch.softmax(torch.randn(M, E, generator=g), dim=-1)
+        problem.topk_weights = probs.gather(1, ids.long()).to(dev)
     return problem
 
 
@@ -114,7 +123,7 @@ def worked_first_gemm(weighted: bool = False) -> Problem:
 
 
 def torch_first_gemm_problems() -> list[Problem]:
-    """Parts 1 and 2: everything, including M = 0 and a real model's E and topk."""
+    """Parts 1 and 2: everything, including M = 0, M = topk = 1, bfloat16 and a real model's E and topk."""
     return [
         worked_first_gemm(),
         random_first_gemm(5, 40, 24, 6, 2, seed=1, label=TAILS),
@@ -122,18 +131,31 @@ def torch_first_gemm_problems() -> list[Problem]:
                           label="non-contiguous inputs, int64 ids"),
         random_first_gemm(3, 16, 12, 4, 4, seed=3, label="topk = E"),
         random_first_gemm(4, 24, 32, 60, 4, seed=4, label="Qwen1.5-MoE's E = 60, topk = 4"),
+        random_first_gemm(1, 12, 8, 5, 1, seed=6, label=ONE_TOKEN),
+        random_first_gemm(4, 24, 16, 6, 3, seed=7, dtype=torch.bfloat16, label="bfloat16 x and weights, topk = 3"),
         random_first_gemm(0, 8, 8, 4, 2, seed=5, label="an empty batch"),
     ]
 
 
+#: Label of the problems with one token and one expert per token.
+ONE_TOKEN = "one token, topk = 1"
+
+#: Label of the problem whose K spans many blocks of any BLOCK_K up to 128.
+MANY_K_BLOCKS = "K = 200: many K blocks"
+
+
 def kernel_problems(*, any_topk: bool = False, weighted: bool = False) -> list[Problem]:
-    """Parts 3 and 4: a few programs each. Powers of two for topk unless ``any_topk``."""
+    """Parts 3 and 4: a few programs each, float32 (the interpreter's dtype). Powers of two for topk
+    unless ``any_topk``. Each list has a non-contiguous problem, and K is larger than every
+    BLOCK_K a student might pick in at least one problem."""
     if any_topk:
         return [
             random_first_gemm(5, 40, 24, 5, 3, seed=11, label="topk = 3", weighted=weighted),
             random_first_gemm(4, 24, 32, 64, 6, seed=12, label="DeepSeek-V2-Lite's E = 64, topk = 6",
                               weighted=weighted),
             random_first_gemm(3, 17, 16, 6, 2, seed=13, label="topk = 2 still", weighted=weighted),
+            random_first_gemm(4, 33, 20, 8, 5, seed=14, strided=True, ids_dtype=torch.int64, weighted=weighted,
+                              label="non-contiguous inputs, int64 ids, topk = 5"),
         ]
     return [
         worked_first_gemm(weighted=weighted),
@@ -141,23 +163,32 @@ def kernel_problems(*, any_topk: bool = False, weighted: bool = False) -> list[P
         random_first_gemm(7, 33, 20, 8, 4, seed=2, strided=True, ids_dtype=torch.int64, weighted=weighted,
                           label="non-contiguous inputs, int64 ids"),
         random_first_gemm(3, 16, 12, 4, 1, seed=3, label="topk = 1", weighted=weighted),
+        random_first_gemm(3, 24, 200, 6, 2, seed=8, label=MANY_K_BLOCKS, weighted=weighted),
     ]
 
 
 def layer_problems() -> list[Problem]:
-    """Whole-layer problems: the worked example, random ones, an empty batch."""
+    """Whole-layer problems: the worked example, random ones, router weights that do not add up
+    to 1, one token with topk = 1, bfloat16, an empty batch."""
     ex = worked_example(device=runtime.DEVICE)
     problems = [Problem(ex.x, ex.w13, ex.topk_ids, "the worked example", topk_weights=ex.topk_weights, w2=ex.w2)]
-    for seed, (M, K, inter, E, topk, strided) in enumerate(
-            [(5, 24, 16, 6, 2, False), (4, 16, 12, 8, 4, True), (0, 8, 4, 4, 2, False)], start=21):
+    specs = [  # M, K, I, E, topk, strided, renormalize, dtype, label
+        (5, 24, 16, 6, 2, False, True, torch.float32, "random"),
+        (4, 16, 12, 8, 4, True, True, torch.float32, "non-contiguous x and w2"),
+        (6, 16, 8, 8, 3, False, False, torch.float32, "router weights that do not add up to 1 (renormalize=False)"),
+        (1, 12, 8, 4, 1, False, False, torch.float32, ONE_TOKEN),
+        (4, 16, 8, 6, 2, False, True, torch.bfloat16, "bfloat16 x and weights"),
+        (0, 8, 4, 4, 2, False, True, torch.float32, "an empty batch"),
+    ]
+    for seed, (M, K, inter, E, topk, strided, renorm, dtype, label) in enumerate(specs, start=21):
         g = _gen(seed)
         x = torch.randn(M, 2 * K, generator=g).to(runtime.DEVICE)[:, ::2] if strided else torch.randn(M, K, generator=g)
         w13 = torch.randn(E, 2 * inter, K, generator=g) * K ** -0.5
         w2 = torch.randn(E, K, inter, generator=g) * inter ** -0.5
         if strided:     # same values, stored [E, I, K] and viewed as [E, K, I]
             w2 = w2.transpose(1, 2).contiguous().transpose(1, 2)
-        weights, ids = route(torch.randn(M, E, generator=g), topk)
-        label = "an empty batch" if M == 0 else "non-contiguous x and w2" if strided else "random"
+        weights, ids = route(torch.randn(M, E, generator=g), topk, renormalize=renorm)
         dev = runtime.DEVICE
-        problems.append(Problem(x.to(dev), w13.to(dev), ids.to(dev), label, topk_weights=weights.to(dev), w2=w2.to(dev)))
+        problems.append(Problem(x.to(dev, dtype), w13.to(dev, dtype), ids.to(dev), label, topk_weights=weights.to(dev),
+                                w2=w2.to(dev, dtype), strided=strided))
     return problems

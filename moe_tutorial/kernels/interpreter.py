@@ -11,6 +11,9 @@ Two tools build on it:
 - The exercises' memory guard (:func:`moe_tutorial.exercises.guard.memory_guard`) stops an
   access outside every tensor of the launch before it happens.
 
+:func:`poison_masked_loads` changes one thing the interpreter does: the masked-off lanes of a
+``tl.load`` without ``other=`` get poison instead of zeros, as undefined as they are on a GPU.
+
 Nothing here works on a GPU, where kernels are compiled: there :func:`watch` does nothing.
 """
 from __future__ import annotations
@@ -168,15 +171,114 @@ def watch(on_launch: Callable[[list[Extent]], None] | None = None,
     try:
         executor_cls._init_args_hst = init_args
         interp._implicit_cvt = lambda arg: tag(arg, orig_cvt(arg))
-        for name, method in patches.items():
-            setattr(builder, name, method)
-        yield
+        with _patched(builder, patches):
+            yield
     finally:
         executor_cls._init_args_hst = orig_init
         interp._implicit_cvt = orig_cvt
-        for name in patches:
-            # The originals are bound methods of the class: dropping the instance attribute restores them.
-            builder.__dict__.pop(name, None)
+
+
+@contextlib.contextmanager
+def _patched(builder, methods: dict):
+    """Set ``methods`` on the interpreter's builder, and put back exactly what was there before.
+
+    Restoring the previous instance attribute (not just dropping ours) lets patches nest: a
+    :func:`watch` inside :func:`poison_masked_loads`, or the other way round, leaves the outer one working.
+    """
+    saved = {name: builder.__dict__[name] for name in methods if name in builder.__dict__}
+    try:
+        for name, method in methods.items():
+            setattr(builder, name, method)
+        yield
+    finally:
+        for name in methods:
+            if name in saved:
+                setattr(builder, name, saved[name])
+            else:
+                # The originals are bound methods of the class: dropping the instance attribute restores them.
+                builder.__dict__.pop(name, None)
+
+
+#: What :func:`poison_masked_loads` puts in the masked-off lanes of a float load without ``other=``:
+#: a quiet NaN with its own payload, so that a NaN in a result can be traced back to such a lane.
+POISON_NAN_BITS = {np.dtype(np.float32): 0x7FC0BAD0, np.dtype(np.float64): 0x7FF80BAD00000000,
+                   np.dtype(np.float16): 0x7E5D}
+
+
+#: What :func:`poison_masked_loads` puts in the masked-off lanes of a 32- or 64-bit signed integer load
+#: without ``other=``: large, negative and odd, so that an offset built from it (``expert * stride``,
+#: even after int32 wraps around) lands far outside every tensor. The most negative int would not:
+#: ``-2**31 * stride`` wraps to 0 in int32 whenever the stride is even.
+POISON_INT = -0x5A5A5A5B
+
+
+def poison_value(dtype) -> object:
+    """The poison :func:`poison_masked_loads` writes for a numpy ``dtype``: a NaN with the payload of
+    :data:`POISON_NAN_BITS` for floats, :data:`POISON_INT` for 32- and 64-bit signed integers (the most
+    negative value for narrower ones), the largest value for unsigned ones; None for booleans (left as
+    they are)."""
+    dtype = np.dtype(dtype)
+    if dtype in POISON_NAN_BITS:
+        bits = np.array(POISON_NAN_BITS[dtype], dtype=f"u{dtype.itemsize}")
+        return bits.view(dtype)[()]
+    if dtype.kind == "f":
+        return dtype.type(np.nan)
+    if dtype.kind == "i":
+        return dtype.type(POISON_INT) if dtype.itemsize >= 4 else np.iinfo(dtype).min
+    if dtype.kind == "u":
+        return np.iinfo(dtype).max
+    return None
+
+
+def is_poison_nan(values: torch.Tensor) -> torch.Tensor:
+    """Elementwise: does a float32/float64/float16 tensor hold :func:`poison_masked_loads`' NaN?"""
+    np_dtype = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}.get(values.dtype)
+    if np_dtype is None:
+        return torch.zeros(values.shape, dtype=torch.bool)
+    int_dtype = {4: torch.int32, 8: torch.int64, 2: torch.int16}[values.element_size()]
+    bits = int(np.array(POISON_NAN_BITS[np.dtype(np_dtype)], dtype=f"u{values.element_size()}")
+               .view(f"i{values.element_size()}"))
+    return values.detach().cpu().contiguous().view(int_dtype) == bits
+
+
+@contextlib.contextmanager
+def poison_masked_loads(on_poison: Callable[[object, np.ndarray], None] | None = None):
+    """While active, a masked ``tl.load`` without ``other=`` fills its masked-off lanes with poison.
+
+    On a GPU those lanes hold whatever was in the registers; the interpreter gives 0, which
+    hides code that uses them (a ``[BLOCK_K]`` row of ``x`` loaded without ``other=0.0`` times a
+    weight tile masked with ``other=0.0`` is right in the interpreter, NaN or garbage on a GPU).
+    Here floats get a NaN whose payload :func:`is_poison_nan` recognises, signed integers
+    :data:`POISON_INT` (an address built from it is far out of range). ``on_poison(ptrs,
+    lanes)`` is called for every such load with masked-off lanes (``lanes``: boolean, the
+    block's shape), before it happens. Loads with ``other=`` and unmasked loads are unchanged.
+    A no-op when kernels are compiled for a GPU.
+    """
+    if not runtime.INTERPRETED:
+        yield
+        return
+    from triton.runtime import interpreter as interp
+
+    builder = interp.interpreter_builder
+    orig = getattr(builder, "create_masked_load")
+
+    def create_masked_load(ptrs, mask, other, *rest):
+        if other is None and mask is not None:
+            off = ~np.broadcast_to(np.asarray(mask.data, bool), np.shape(ptrs.data))
+            if off.any():
+                if on_poison is not None:
+                    on_poison(ptrs, off)
+                out = orig(ptrs, mask, other, *rest)
+                value = poison_value(out.data.dtype)
+                if value is not None:
+                    data = np.array(out.data, copy=True)
+                    data[off] = value
+                    out = type(out)(data, out.dtype)
+                return out
+        return orig(ptrs, mask, other, *rest)
+
+    with _patched(builder, {"create_masked_load": create_masked_load}):
+        yield
 
 
 def trace_program(launch: Callable[[], object], program: tuple) -> list[Access]:
