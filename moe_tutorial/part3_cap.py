@@ -68,7 +68,8 @@ NCU_METRICS: dict[str, tuple[str, ...]] = {
 BYTES_BOUND_BELOW = 0.65
 #: ... at or above this: the bytes doubled and the rate did not follow them.
 ISSUE_BOUND_ABOVE = 0.85
-#: Same-experts over uniform routing at or above this: HBM traffic is what the kernel waits for.
+#: Same-experts over uniform routing at or above this, with the weights arriving no faster than HBM
+#: can deliver them: HBM traffic is what the kernel waits for.
 HBM_BOUND_ABOVE = 1.25
 
 
@@ -170,8 +171,24 @@ def _pct(metrics: dict, key: str) -> str:
     return f"{metrics[key]:.0f}%" if key in metrics else "not recorded"
 
 
-def explain(rows: list[dict]) -> Verdict:
-    """One explanation of the cap, derived from the experiments' numbers (see the module's docstring)."""
+def hbm_read_tbps() -> float | None:
+    """The H200's read-only bandwidth measured by the series' benchmark (the committed run), if any."""
+    from .perf.results import H200_RESULTS, load_rows
+
+    if not H200_RESULTS.exists():
+        return None
+    values = [r["read_tbps"] for r in load_rows(H200_RESULTS) if r.get("read_tbps") and r.get("protocol") == "cold-l2"]
+    return max(values) if values else None
+
+
+def explain(rows: list[dict], hbm_tbps: float | None = None) -> Verdict:
+    """One explanation of the cap, derived from the experiments' numbers (see the module's docstring).
+
+    ``hbm_tbps``: the GPU's HBM read bandwidth (default: the committed benchmark's read-only
+    ceiling). Weights that reach the SMs faster than HBM can deliver them come from the caches,
+    whatever the routing experiment says.
+    """
+    hbm_tbps = hbm_read_tbps() if hbm_tbps is None else hbm_tbps
     by_dtype = ratios(rows, "dtype", "dtype", "float32", "bfloat16")
     if not by_dtype:
         return Verdict("unknown", "The file holds no bf16/fp32 pair of the dtype experiment: no verdict.")
@@ -205,17 +222,21 @@ def explain(rows: list[dict]) -> Verdict:
     else:
         ncu_sentence = " (Nsight Compute was not run, or gave no metrics.)"
 
+    faster_than_hbm = hbm_tbps is not None and loads["bfloat16"] > 1.1 * hbm_tbps
     if r <= BYTES_BOUND_BELOW:
-        if rr >= HBM_BOUND_ABOVE:
+        if rr >= HBM_BOUND_ABOVE and not faster_than_hbm:
             cause, where = "bytes: HBM", "HBM bandwidth: the weights it re-reads for every token come from HBM"
         else:
             level = max(("L1", "l1_pct"), ("L2", "l2_pct"), key=lambda kv: bf16.get(kv[1], -1.0))[0] if bf16 else None
             cause = "bytes: on chip"
             where = (f"the rate at which the caches deliver the weights to the SMs (busiest: {level})" if level
                      else "the rate at which the caches (L2, L1) deliver the weights to the SMs")
+        hbm_sentence = (f" That is more than HBM can deliver ({hbm_tbps:.2f} TB/s read-only, measured by the "
+                        "benchmark), so most of those bytes are re-reads served by the caches."
+                        if faster_than_hbm else "")
         text = (f"Part 3's cap is {where}. {dtype_sentence}: the TFLOP/s follow the bytes, which flow at about "
-                f"{loads['bfloat16']:.1f} TB/s in bf16 and {loads['float32']:.1f} TB/s in fp32. {routing_sentence}."
-                f"{tile_sentence}{ncu_sentence}")
+                f"{loads['bfloat16']:.1f} TB/s in bf16 and {loads['float32']:.1f} TB/s in fp32.{hbm_sentence} "
+                f"{routing_sentence}.{tile_sentence}{ncu_sentence}")
     elif r >= ISSUE_BOUND_ABOVE:
         cause = "instructions"
         text = (f"Part 3's cap is the SMs' instruction issue, not bytes. {dtype_sentence}: twice the bytes, the "

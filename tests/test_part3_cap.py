@@ -50,7 +50,15 @@ def test_bytes_on_chip_when_fp32_halves_the_rate_and_routing_does_not_matter():
 
 
 def test_bytes_from_hbm_when_routing_to_the_same_experts_is_much_faster():
-    assert part3_cap.explain(measured(0.52, 2.0)).cause == "bytes: HBM"
+    assert part3_cap.explain(measured(0.52, 2.0), hbm_tbps=20.0).cause == "bytes: HBM"
+
+
+def test_bytes_faster_than_hbm_come_from_the_caches_whatever_the_routing():
+    """10 TB/s of weights cannot come from a 4.5 TB/s HBM: the routing gain is a cache effect."""
+    rows = measured(0.5, 1.4, ncu=[("l1_pct", 80.0), ("l2_pct", 93.0), ("dram_pct", 3.5)])
+    verdict = part3_cap.explain(rows, hbm_tbps=4.5)
+    assert verdict.cause == "bytes: on chip" and "busiest: L2" in verdict.text
+    assert "more than HBM can deliver (4.50 TB/s read-only" in verdict.text
 
 
 def test_instructions_when_fp32_keeps_the_rate():
