@@ -380,16 +380,21 @@ def pid_explorer(topk_ids, num_experts: int, N: int, K: int, block_n: int, block
 # Why tl.sum and not tl.dot
 
 def draw_dot_padding(block_n: int = 16, block_k: int = 16, min_dim: int = 16, *,
-                     copy_tbps: float = traffic.H200_COPY_TBPS, matmul_tflops: float = traffic.H200_MATMUL_TFLOPS,
+                     read_tbps: float | None = None, matmul_tflops: float | None = None,
                      itemsize: int = 2):
     """Left: a tensor-core tile fed one token row (the rest padding). Right: the roofline of tiles.
 
     Right panel: a ``[BLOCK_M, BLOCK_K] x [BLOCK_K, BLOCK_N]`` tile does ``2 BM BN BK`` FLOPs on
     ``itemsize (BM BK + BK BN)`` bytes it loads; with the weights shared by BM rows the
     intensity grows with BM, and the attainable rate is ``min(matmul, intensity x bandwidth)``.
-    Defaults are the H200 ceilings in :mod:`moe_tutorial.perf.traffic`; notebook 03 passes the ones
-    measured with its benchmark data.
+    ``read_tbps`` and ``matmul_tflops`` default to the committed H200 run's ceilings
+    (:func:`moe_tutorial.perf.results.committed_ceilings`).
     """
+    if read_tbps is None or matmul_tflops is None:
+        from ..perf.results import committed_ceilings
+
+        read, matmul = committed_ceilings()
+        read_tbps, matmul_tflops = read_tbps or read, matmul_tflops or matmul
     fig, (ax, ax_r) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [1.2, 1]})
     for r in range(min_dim):
         for k in range(block_k):
@@ -413,7 +418,7 @@ def draw_dot_padding(block_n: int = 16, block_k: int = 16, min_dim: int = 16, *,
     for bm in bms:
         flops = 2.0 * bm * bn * bk
         nbytes = itemsize * (bm * bk + bk * bn)
-        rates.append(min(matmul_tflops, traffic.arithmetic_intensity(nbytes, flops) * copy_tbps))
+        rates.append(min(matmul_tflops, traffic.arithmetic_intensity(nbytes, flops) * read_tbps))
     ax_r.plot(bms, rates, marker="o", color=impl_color("sorted"), label="attainable (tile loads from HBM)")
     ax_r.axhline(matmul_tflops, ls="--", color="black", lw=1.0, label=f"bf16 matmul {matmul_tflops:g} TFLOP/s")
     ax_r.scatter([1], [rates[0]], s=80, color=impl_color("fused"), zorder=5,
@@ -422,7 +427,7 @@ def draw_dot_padding(block_n: int = 16, block_k: int = 16, min_dim: int = 16, *,
     ax_r.set_yscale("log")
     ax_r.set_xlabel("BLOCK_M (token rows sharing each weight tile)")
     ax_r.set_ylabel("TFLOP/s")
-    ax_r.set_title(f"tile [BLOCK_M, {bk}] x [{bk}, {bn}] on an H200 ({copy_tbps:g} TB/s)", fontsize=9)
+    ax_r.set_title(f"tile [BLOCK_M, {bk}] x [{bk}, {bn}] on an H200 ({read_tbps:.2f} TB/s)", fontsize=9)
     ax_r.legend(fontsize=8, loc="lower right")
     ax_r.grid(True, which="major", alpha=0.3)
     fig.tight_layout()

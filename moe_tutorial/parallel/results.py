@@ -9,7 +9,6 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from ..perf.traffic import H200_COPY_TBPS, H200_MATMUL_TFLOPS
 from .cost import Machine
 
 H200X2_RESULTS = Path(__file__).parent.parent / "data" / "h200x2_ep.csv"
@@ -50,8 +49,14 @@ def link_from(rows: list[dict]) -> tuple[float, float]:
     return a2a[0]["ms"] * 1e3, max(r["gbps"] for r in a2a[1:])
 
 
-def measured_machine(rows: list[dict], read_tbps: float = H200_COPY_TBPS,
-                     matmul_tflops: float = H200_MATMUL_TFLOPS) -> Machine:
-    """The cost model's :class:`Machine` with the link measured in ``rows`` and the given ceilings."""
+def measured_machine(rows: list[dict], read_tbps: float | None = None,
+                     matmul_tflops: float | None = None) -> Machine:
+    """The cost model's :class:`Machine` with the link measured in ``rows`` and the given ceilings
+    (default: the committed single-GPU run's, :func:`moe_tutorial.perf.results.committed_ceilings`)."""
+    if read_tbps is None or matmul_tflops is None:
+        from ..perf.results import committed_ceilings
+
+        read, matmul = committed_ceilings()
+        read_tbps, matmul_tflops = read_tbps or read, matmul_tflops or matmul
     latency_us, gbps = link_from(rows)
     return Machine(link_gbps=gbps, latency_us=latency_us, read_tbps=read_tbps, matmul_tflops=matmul_tflops)

@@ -60,3 +60,13 @@ def load_rows(path=H200_RESULTS) -> list[dict]:
 def select(rows: list[dict], **where) -> list[dict]:
     """Rows whose columns equal every ``where`` item, e.g. ``select(rows, impl="sorted")``."""
     return [r for r in rows if all(r.get(k) == v for k, v in where.items())]
+
+
+def committed_ceilings(protocol: str = "cold-l2") -> tuple[float, float]:
+    """``(read-only TB/s, matmul TFLOP/s)`` of the committed H200 results: the best read bandwidth
+    and matmul rate among the runs timed under ``protocol``. Figures and prose that need "the
+    H200's ceilings" take them from here, so the series quotes one measurement, not several."""
+    rows = [r for r in load_rows(H200_RESULTS) if r.get("protocol") == protocol and r.get("read_tbps")]
+    if not rows:
+        raise ValueError(f"protocol: expected one with rows in {H200_RESULTS.name}, got {protocol!r}")
+    return max(r["read_tbps"] for r in rows), max(r["matmul_tflops"] for r in rows)
