@@ -15,7 +15,7 @@ from ..kernels.align import SMALL_BATCH_PAIRS
 from ..kernels.configs import SHIPPED_DIR, KernelConfig, problem_key
 from ..shapes import MODEL_SHAPES, get_shape
 from .impls import FIRST_STEPS, LAYER_STEPS
-from .registry import FIRST_IMPLS, LAYER_IMPLS
+from .registry import FIRST_IMPLS, LABELS, LAYER_IMPLS
 from .traffic import geomean
 
 
@@ -216,6 +216,65 @@ def skipped_reasons(rows: list[dict]) -> str:
             key = f"{r['impl']} ({r['gemm']}): {status[len('skipped: '):]}"
             reasons[key] = reasons.get(key, 0) + 1
     return "\n".join(f"  {n:3d} x {k}" for k, n in reasons.items())
+
+
+def skipped_table(rows: list[dict], *, labels: dict | None = None) -> str:
+    """One line per implementation, gemm and model with skipped cases: which M, and why (the
+    reason's first clause; :func:`skipped_reasons` gives every reason in full)."""
+    labels, groups = labels or {}, {}
+    for r in rows:
+        status = str(r.get("status") or "")
+        if status.startswith("skipped"):
+            reason = status[len("skipped: "):]
+            reason = reason.split(" needs ")[0] + (" does not fit in memory" if " needs " in reason else "")
+            groups.setdefault((r["impl"], r["gemm"], r["model"], reason.split(" (")[0]), []).append(r["M"])
+    order, models = impl_order(rows), model_order(rows)
+    body = [[labels.get(impl, impl), gemm_title(gemm), model, ", ".join(map(str, sorted(Ms))), reason]
+            for (impl, gemm, model, reason), Ms in sorted(groups.items(), key=lambda kv: (
+                order.index(kv[0][0]), kv[0][1], models.index(kv[0][2])))]
+    return format_table(["implementation", "", "model", "skipped M", "why"], body)
+
+
+def ceilings_table(rows: list[dict]) -> str:
+    """One line per bench run (rows sharing a date and protocol): the ceilings measured in it and
+    what it timed."""
+    runs: dict[tuple, list[dict]] = {}
+    for r in rows:
+        runs.setdefault((r.get("date") or "", r.get("protocol") or ""), []).append(r)
+    body = []
+    for (date, protocol), run in sorted(runs.items()):
+        r = run[0]
+        body.append([date, protocol, f"{r['read_tbps']:.2f}" if r.get("read_tbps") else "-",
+                     f"{r['copy_tbps']:.2f}" if r.get("copy_tbps") else "-", f"{r['matmul_tflops']:.0f}",
+                     f"{r['launch_us']:.1f}" if r.get("launch_us") is not None else "-", _parts(run)])
+    return format_table(["run", "protocol", "read TB/s", "copy TB/s", "matmul TFLOP/s", "one launch (us)",
+                         "timed"], body)
+
+
+def run_summary(rows: list[dict], *, labels: dict | None = None, width: int = 110) -> str:
+    """Per bench run (rows sharing a date and protocol): its cases, models and what it timed, by ``labels``."""
+    import textwrap
+
+    labels, runs = labels or {}, {}
+    for r in rows:
+        runs.setdefault((r.get("date") or "", r.get("protocol") or ""), []).append(r)
+    out = []
+    for (date, protocol), run in sorted(runs.items()):
+        out.append(f"run of {date} ({protocol}): {len(run)} cases on {', '.join(model_order(run))}")
+        timed = "; ".join(labels.get(i, i) for i in impl_order(run))
+        out.append(textwrap.fill(timed, width, initial_indent="  timed: ", subsequent_indent="         "))
+    return "\n".join(out)
+
+
+def _parts(rows: list[dict]) -> str:
+    """Which parts of the series ``rows`` time, in few words: "Part 1, Part 2", "Part 4, torch._grouped_mm"."""
+    parts = []
+    for impl in impl_order(rows):
+        label = LABELS.get(impl, impl)
+        part = "Part 4" if label.startswith(("Part 4", "layer step")) else label.split(",")[0]
+        if part not in parts:
+            parts.append(part)
+    return ", ".join(parts)
 
 
 def ceiling_text(row: dict) -> str:
