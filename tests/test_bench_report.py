@@ -225,12 +225,14 @@ def test_performance_figures_draw_every_implementation(tmp_path):
         perf.plot_roofline(rows, "custom", "layer")
     ai = perf.intensity(ModelShape("m", 8, 2, 4096, 14336), [1, 16384])
     assert ai[0] < 2 < 150 < ai[1]                        # decode: ~1 FLOP/byte; prefill: far above the ridge
-    fig = perf.plot_intensity([SMALL], copy_tbps=4.0, matmul_tflops=600.0)
+    fig = perf.plot_intensity([SMALL], read_tbps=4.0, matmul_tflops=600.0)
     curve = next(line for line in fig.axes[0].get_lines() if line.get_label().startswith("custom (E=6, topk=2)"))
     assert curve.get_xdata()[0] == 1 and curve.get_xdata()[-1] == 16384
     assert np.allclose(curve.get_ydata(), perf.intensity(SMALL, curve.get_xdata()))
     assert [150.0, 150.0] in [list(line.get_ydata()) for line in fig.axes[0].get_lines()]     # the ridge
     assert any(t.get_text().startswith("ridge: 150 FLOP/byte") for t in fig.axes[0].texts)
+    with pytest.raises(TypeError, match="read_tbps"):
+        perf.plot_intensity([SMALL], matmul_tflops=600.0)        # no default ceiling: the data's run gives it
     assert [p.name for p in perf.save_bench_figures(rows, tmp_path)] == ["custom.png"]
 
 
@@ -259,3 +261,146 @@ def test_tables_keep_one_protocol(part4_rows):
     assert bench_report.geomean_table(rotated) != bench_report.geomean_table(cold)
     with pytest.raises(ValueError, match=r"^protocol: the results hold several protocols \['a', 'b'\]"):
         bench_report.subset([dict(r, protocol="a") for r in part4_rows] + [dict(r, protocol="b") for r in part4_rows])
+
+
+def test_roofline_draws_the_given_impls_under_the_given_ceilings():
+    rows = bench_rows({"sorted": 0.9, "fused": 0.2, "loop": 0.1}, ("custom",), (1, 8, 64))
+    for r in rows:
+        r["read_tbps"] = 4.0
+    fig = perf.plot_roofline(rows, "custom", impls=("sorted", "loop"),
+                             ceilings={"read_tbps": 5.0, "matmul_tflops": 700})
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    assert labels == ["roof: 5.00 TB/s, 700 TFLOP/s", "Part 1, loop", "Part 4, tuned"]
+    roof = fig.axes[0].get_lines()[0]
+    assert max(roof.get_ydata()) == 700 and np.allclose(roof.get_ydata()[:3], 5.0 * roof.get_xdata()[:3])
+    assert perf.plot_roofline(rows, "custom").axes[0].get_legend_handles_labels()[1][0].startswith("roof: 4.00 TB/s")
+    bare = [{k: v for k, v in r.items() if k not in ("read_tbps", "copy_tbps")} for r in rows]
+    with pytest.raises(ValueError, match="^rows: expected rows that carry the ceilings"):
+        perf.plot_roofline(bare, "custom")
+
+
+# --------------------------------------------------------------------------------------
+# Part 4's steps (notebook 04) and the one table (notebook 05)
+# --------------------------------------------------------------------------------------
+
+def ladder_rows(gemm="first", models=("Mixtral-8x7B",), Ms=(1, 64, 1024)):
+    """Every step of ``gemm``'s ladder, each 10% faster than the one before at M >= 1024 and
+    equal below: the gains are known exactly."""
+    steps = bench_report.LADDERS[gemm]
+    fractions = {step: {M: 0.5 * (1.1 ** i if M >= 1024 else 1.0) for M in Ms} for i, step in enumerate(steps)}
+    return bench_rows(fractions, models, Ms, gemm=gemm)
+
+
+def test_step_gains_and_their_table():
+    rows = ladder_rows(models=("Mixtral-8x7B", "DeepSeek-V3"))
+    gains = bench_report.step_gains(rows, "first", "minimal", "+grouped")
+    assert gains == pytest.approx({(m, M): 1.1 if M >= 1024 else 1.0 for m in ("Mixtral-8x7B", "DeepSeek-V3")
+                                   for M in (1, 64, 1024)})
+    assert bench_report.gain_range(rows, "first", "minimal", "sorted", Ms=(1024,)) == pytest.approx((1.1 ** 4,) * 2)
+    assert bench_report.gain_range(rows, "first", "minimal", "+tma") == pytest.approx((1.0, 1.1 ** 3))
+    gain, model, M = bench_report.largest_gain(rows, "first", "minimal", "+tuned", Ms=(1, 64))
+    assert gain == pytest.approx(1.0) and M in (1, 64)
+    table = bench_report.step_gain_table(rows, "first", "+tuned", "+tma").splitlines()
+    assert table[0].split()[-3:] == ["M=1", "M=64", "M=1024"]
+    assert table[2].split() == ["Mixtral-8x7B", "1.00x", "1.00x", "1.10x"]      # the series' model order
+    assert table[3].startswith("DeepSeek-V3")
+    with pytest.raises(ValueError, match="no M where both 'minimal' and 'loop' were timed"):
+        bench_report.gain_range(rows, "first", "minimal", "loop")
+    skipped = bench_rows({"minimal": 0.5, "+grouped": 0.5}, ("Mixtral-8x7B",), (1, 8),
+                         skipped={("+grouped", "Mixtral-8x7B", 8)})
+    assert list(bench_report.step_gains(skipped, "first", "minimal", "+grouped")) == [("Mixtral-8x7B", 1)]
+
+
+def test_tuned_config_reads_the_shipped_table():
+    import json
+
+    from moe_tutorial.kernels.configs import SHIPPED_DIR, KernelConfig
+
+    table = json.loads((SHIPPED_DIR / "tuned_configs_h200.json").read_text())["NVIDIA H200"]
+    key = "E=8,N=28672,K=4096,topk=2,dtype=bfloat16,variant=plain"
+    for M, config in table[key].items():
+        assert bench_report.tuned_config("Mixtral-8x7B", int(M)) == KernelConfig(**config)
+    gated = table["E=8,N=14336,K=4096,topk=2,dtype=bfloat16,variant=gated"]["1024"]
+    assert bench_report.tuned_config("Mixtral-8x7B", 1024, "gated") == KernelConfig(**gated)
+    with pytest.raises(ValueError, match="^M: expected a batch size the shipped table holds"):
+        bench_report.tuned_config("Mixtral-8x7B", 3)
+
+
+def test_same_kernel_pairs_follow_the_tuned_table():
+    """Mixtral's tuned plain GEMM at M = 1: BLOCK_M 16, no TMA; at 1024: BLOCK_M 128 with TMA."""
+    first = bench_rows({"+tuned": 0.5, "+tma": 0.51, "sorted": 0.5}, ("Mixtral-8x7B",), (1, 1024))
+    layer = bench_rows({"+silu-epilogue": 0.5, "sorted": 0.55}, ("Mixtral-8x7B",), (8, 64), gemm="layer")
+    pairs = bench_report.same_kernel_pairs(first + layer)
+    assert [(p["gemm"], p["M"], p["impls"]) for p in pairs] == [
+        ("first", 1, ("+tuned", "+tma")), ("first", 1, ("+tma", "sorted")),
+        ("layer", 64, ("+silu-epilogue", "sorted"))]      # M = 8: 16 pairs, the one-launch alignment differs
+    assert pairs[0]["ratio"] == pytest.approx(0.51 / 0.5) and pairs[2]["ratio"] == pytest.approx(0.55 / 0.5)
+    assert bench_report.spread_percent(pairs, "first") == pytest.approx(2.0)
+    assert bench_report.spread_percent(pairs, "layer") == pytest.approx(10.0)
+    assert bench_report.spread_percent(pairs) == pytest.approx(10.0)
+    with pytest.raises(ValueError, match="^pairs: none for gemm='layer'"):
+        bench_report.spread_percent(pairs[:2], "layer")
+    table = bench_report.same_kernel_table(pairs).splitlines()
+    assert "step 2 = step 3" in table[2] and "step 3 = step 4" in table[3] and "step 2 = step 3" in table[4]
+    assert table[2].split()[-1] == "1.020"
+
+
+def test_headline_ceilings_come_from_one_run(part4_rows):
+    rows = [dict(r, read_tbps=4.5, launch_us=3.0, protocol="cold-l2", date="d1") for r in part4_rows]
+    ceilings = bench_report.headline_ceilings(rows)
+    assert ceilings == {"protocol": "cold-l2", "date": "d1", "read_tbps": 4.5, "copy_tbps": 4.0,
+                        "matmul_tflops": 600.0, "launch_us": 3.0}
+    assert bench_report.headline_ceilings(rows, "grouped_mm")["read_tbps"] == 4.5
+    two_runs = rows + [dict(rows[0], date="d2", read_tbps=4.6, M=2)]
+    with pytest.raises(ValueError, match="^rows: expected the rows of 'sorted' to come from one run"):
+        bench_report.headline_ceilings(two_runs)
+    with pytest.raises(ValueError, match="got 0 runs"):
+        bench_report.headline_ceilings(rows, "loop")
+
+
+def test_summary_table_pairs_the_gemm_with_the_layer(tmp_path):
+    first = bench_rows({"sorted": 0.8, "grouped_mm": 0.5}, ("Mixtral-8x7B",), (1, 64),
+                       skipped={("grouped_mm", "Mixtral-8x7B", 64)})
+    layer = bench_rows({"sorted": 0.6}, ("Mixtral-8x7B",), (1, 64), gemm="layer")
+    table = bench_report.summary_table(via_csv(tmp_path, first + layer), ("sorted", "grouped_mm", "loop"),
+                                       labels=LABELS).splitlines()
+    assert table[0].split() == ["gate/up", "GEMM", "/", "whole", "layer", "Mixtral-8x7B"]
+    assert table[2].endswith("0.80 / 0.60") and table[2].startswith("Part 4, tuned")
+    assert table[3].endswith("0.50 (1/2 M) / -")
+    assert table[4].endswith("- / -")
+
+
+def test_protocol_table_and_speedups(part4_rows):
+    cold = [dict(r, protocol="cold-l2") for r in part4_rows]
+    rotated = [dict(r, protocol="rotated", fraction_of_floor=r["fraction_of_floor"] and r["fraction_of_floor"] / 2)
+               for r in part4_rows if r["impl"] == "sorted"]
+    lines = bench_report.protocol_table(cold + rotated, ("sorted", "grouped_mm"), labels=LABELS).splitlines()
+    assert [line.split()[-3] for line in lines[2:]] == ["cold-l2", "rotated", "cold-l2"]
+    g = (0.8 * 0.4 * 1.0) ** (1 / 3)
+    assert lines[2].split()[-2:] == [f"{g:.2f}"] * 2 and lines[3].split()[-2:] == [f"{g / 2:.2f}"] * 2
+    speed = bench_report.speedup_geomeans(part4_rows, "first", "sorted", "grouped_mm")
+    # grouped_mm's time over sorted's: 0.8/0.5 and 0.4/0.25 at M = 1 and 64, 1.0 at 4096 (Mixtral skipped it)
+    assert speed["DeepSeek-V3"] == pytest.approx((1.6 * 1.6 * 1.0) ** (1 / 3))
+    assert speed["Mixtral-8x7B"] == pytest.approx(1.6)
+    assert bench_report.fraction_range(part4_rows, "first", "sorted", Ms=(1, 64)) == pytest.approx((0.4, 0.8))
+    with pytest.raises(ValueError, match="no timed 'loop' rows"):
+        bench_report.fraction_range(part4_rows, "first", "loop")
+
+
+def test_run_tables_and_skips(part3_rows):
+    rows = [dict(r, date="2026-01-02", protocol="cold-l2", read_tbps=4.5, launch_us=3.0) for r in part3_rows]
+    rows += [dict(r, date="2026-01-03", protocol="rotated", read_tbps=4.6, launch_us=0.5)
+             for r in part3_rows if r["impl"] == "sorted"]
+    ceilings = bench_report.ceilings_table(rows).splitlines()
+    assert ceilings[2].split() == ["2026-01-02", "cold-l2", "4.50", "4.00", "600", "3.0", "Part", "1,", "Part", "3,",
+                                   "Part", "4"]
+    assert ceilings[3].split()[:6] == ["2026-01-03", "rotated", "4.60", "4.00", "600", "0.5"]
+    summary = bench_report.run_summary(rows, labels=LABELS).splitlines()
+    assert summary[0].startswith("run of 2026-01-02 (cold-l2): ") and "Mixtral-8x7B, DeepSeek-V3" in summary[0]
+    assert summary[1] == "  timed: Part 1, loop; Part 3, as published; Part 3, fixed; Part 4, tuned"
+    skipped = bench_report.skipped_table(part3_rows, labels=LABELS).splitlines()
+    assert [line.split()[:4] for line in skipped[2:]] == [["Part", "1,", "loop", "gate/up"]] * 2
+    assert "Mixtral-8x7B" in skipped[2] and "DeepSeek-V3" in skipped[3] and skipped[2].rstrip().endswith("made up")
+    big = [dict(part3_rows[0], status="skipped: its [M, topk, N, K] intermediate needs 52.0 GB, more than 33%")]
+    assert bench_report.skipped_table(big).splitlines()[2].endswith(
+        "its [M, topk, N, K] intermediate does not fit in memory")

@@ -1,6 +1,6 @@
-"""Part 4's figure helpers: the pid-to-tile mapping, the sorted layout.
+"""Part 4's figure helpers: the pid-to-tile mapping, the sorted layout, the ladder of production steps.
 
-The GPU results Part 4 shows are drawn by ``figures.perf``: tests/test_bench_report.py.
+The comparison of all implementations (notebook 05) is drawn by ``figures.perf``: tests/test_bench_report.py.
 """
 from __future__ import annotations
 
@@ -85,4 +85,60 @@ def test_pid_figure_labels_every_tile_with_its_program():
         assert drawn == {(n, m): int(pids[m, n]) for m in range(4) for n in range(5)}
         a_loads, b_loads = part4.wave_loads(pids, experts, 4)
         assert ax.get_title().startswith(f"GROUP_M = {g}")
+        assert ("row-major" in ax.get_title()) == (g == 1)
+        assert ("the minimal kernel's 2-D grid" in ax.get_title()) == (g >= 4)
         assert ax.get_title().endswith(f"{a_loads} x blocks + {b_loads} weight tiles = {a_loads + b_loads} loads")
+
+
+def test_whole_columns_are_the_order_of_a_2d_grid():
+    """A 2-D grid (pid_m, pid_n) runs axis 0 fastest: program id pid_m + pid_n * num_pid_m."""
+    pids = part4.tile_pids(4, 3, 4)
+    assert pids.tolist() == [[m + n * 4 for n in range(3)] for m in range(4)]
+    assert np.array_equal(part4.tile_pids(4, 3, 9), pids)
+
+
+def _ladder_rows(gemm: str) -> list[dict]:
+    """Each step of ``gemm``'s ladder 10% faster than the one before, on two models and three M."""
+    from moe_tutorial.perf import report
+
+    rows = []
+    for i, step in enumerate(report.LADDERS[gemm]):
+        for model in ("Mixtral-8x7B", "DeepSeek-V3"):
+            for M in (1, 64, 1024):
+                rows.append(dict(model=model, gemm=gemm, impl=step, M=M, ms=1.0 / 1.1 ** i, status="ok",
+                                 dtype="bfloat16", protocol="cold-l2"))
+    return rows
+
+
+@pytest.mark.parametrize("gemm", ["first", "layer"])
+def test_ladder_draws_each_step_as_its_gain_over_step_0(gemm):
+    from moe_tutorial.perf import report
+
+    steps = report.LADDERS[gemm]
+    fig = part4.plot_ladder(_ladder_rows(gemm), gemm, band=2.0)
+    assert [ax.get_title() for ax in fig.axes] == ["Mixtral-8x7B", "DeepSeek-V3"]
+    lines = [line for line in fig.axes[0].get_lines() if line.get_label() in
+             [part4.ladder_label(gemm, s) for s in steps]]
+    assert [line.get_label() for line in lines] == [part4.ladder_label(gemm, s) for s in steps]
+    for i, line in enumerate(lines):
+        assert list(line.get_xdata()) == [1, 64, 1024]
+        assert np.allclose(line.get_ydata(), 1.1 ** i)
+    assert lines[-1].get_label().endswith("(= Part 4, tuned)") and lines[-1].get_linewidth() > lines[0].get_linewidth()
+    band = fig.axes[0].patches[0]             # axhspan: a rectangle in data y, axes x
+    ys = band.get_patch_transform().transform(band.get_path().vertices)[:, 1]
+    assert min(ys) == pytest.approx(1 / 1.02) and max(ys) == pytest.approx(1.02)
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend[0] == "two timings of the same kernels differ by up to 2.0%"
+
+
+def test_ladder_stops_where_asked_and_refuses_bad_input():
+    fig = part4.plot_ladder(_ladder_rows("first"), "first", upto="+grouped")
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["Part 4 step 0: minimal kernel",
+                                                                  "Part 4 step 1: + grouped order"]
+    assert not fig.axes[0].patches                                 # no band unless asked
+    with pytest.raises(ValueError, match="^gemm: expected one of first, layer, got 'down'"):
+        part4.plot_ladder(_ladder_rows("first"), "down")
+    with pytest.raises(ValueError, match="^upto: expected one of minimal, "):
+        part4.plot_ladder(_ladder_rows("first"), "first", upto="+silu-epilogue")
+    with pytest.raises(ValueError, match="^rows: no timings of 'unfused'"):
+        part4.plot_ladder(_ladder_rows("first"), "layer")

@@ -1,7 +1,9 @@
-"""Figures for Part 4: sorting pairs by expert, and which tile each program takes.
+"""Figures for Part 4: sorting pairs by expert, which tile each program takes, and what each
+production step bought on the H200.
 
-The drawing functions take plain tensors and return the matplotlib Figure; the notebook calls
-``plt.show()``. The GPU results are drawn by :mod:`moe_tutorial.figures.perf`.
+The drawing functions take plain tensors (or benchmark rows) and return the matplotlib Figure;
+the notebook calls ``plt.show()``. The comparison of all implementations against the floor is
+notebook 05's, drawn by :mod:`moe_tutorial.figures.perf`.
 """
 from __future__ import annotations
 
@@ -9,8 +11,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
+from ..perf import report
 from .cells import cell
-from .style import PADDING_COLOR, expert_color
+from .style import PADDING_COLOR, expert_color, impl_style, m_axis
 
 # --------------------------------------------------------------------------------------
 # Sorting and padding
@@ -131,8 +134,11 @@ def wave_loads(pids: np.ndarray, expert_ids, wave: int) -> tuple[int, int]:
 def plot_pid_order(expert_ids, num_pid_n: int, group_ms=(1, 4), wave: int = 8):
     """One panel per ``GROUP_M``: each output tile labelled with the program that computes it.
 
-    Rows are blocks of BLOCK_M sorted pairs (coloured by their expert, grey past
-    ``num_tokens_post_padded``), columns are BLOCK_N slices of the output. The first
+    ``GROUP_M = 1`` is row-major order; a ``GROUP_M`` of at least the number of row blocks walks
+    down whole columns, the order in which a 2-D grid ``(row blocks, column blocks)`` runs its
+    programs (axis 0 fastest), as the minimal kernel's does. Rows are blocks of BLOCK_M sorted
+    pairs (coloured by their expert, grey past ``num_tokens_post_padded``), columns are BLOCK_N
+    slices of the output. The first
     ``wave`` programs, those that run together, are outlined; the title counts the loads of
     the toy cache model of :func:`wave_loads`.
     """
@@ -159,10 +165,74 @@ def plot_pid_order(expert_ids, num_pid_n: int, group_ms=(1, 4), wave: int = 8):
                       fontsize=7)
         ax.set_xlabel("pid_n (BLOCK_N slice of the output)")
         ax.tick_params(length=0)
-        ax.set_title(f"GROUP_M = {g}{' (row-major)' if g == 1 else ''}\n"
+        order = (" (row-major)" if g == 1 else
+                 " (whole columns:\nthe minimal kernel's 2-D grid)" if g >= num_pid_m else "")
+        ax.set_title(f"GROUP_M = {g}{order}\n"
                      f"programs run {wave} at a time:\n"
                      f"{a_loads} x blocks + {b_loads} weight tiles = {a_loads + b_loads} loads",
                      fontsize=9)
     axes[0][0].set_ylabel("pid_m: expert of the block")
     fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------------------
+# What each production step bought
+# --------------------------------------------------------------------------------------
+
+#: How the ladder names its last rung, "sorted": the step it adds, and that it is Part 4 as shipped.
+LADDER_TOP = {"first": "Part 4 step 4: + short tails (= Part 4, tuned)",
+              "layer": "layer step 3: + one-launch decode alignment (= Part 4, tuned)"}
+
+
+def ladder_label(gemm: str, step: str) -> str:
+    """The name a step has on the ladder of ``gemm``: its registry label, the last rung named by its step."""
+    return LADDER_TOP[gemm] if step == "sorted" else impl_style(step)["label"]
+
+
+def plot_ladder(rows: list[dict], gemm: str = "first", *, upto: str | None = None, band: float | None = None,
+                protocol: str | None = None):
+    """Each production step's speed-up over step 0 against M: one panel per model.
+
+    Args:
+        rows: benchmark rows (``results.load_rows``) holding the steps of
+            :data:`moe_tutorial.perf.report.LADDERS` for ``gemm``.
+        gemm: "first" (steps 0-4 of the gate/up GEMM) or "layer" (steps 0-3 of the whole layer).
+        upto: the last step to draw (default: all of them).
+        band: a percentage, shaded around 1.0: how far apart two timings of the same kernels
+            fall (:func:`moe_tutorial.perf.report.spread_percent`); a gain inside it is no evidence.
+        protocol: as :func:`moe_tutorial.perf.report.subset`.
+
+    The speed-up of step k at M is the time of step 0 over the time of step k, both measured.
+    """
+    if gemm not in report.LADDERS:
+        raise ValueError(f"gemm: expected one of {', '.join(report.LADDERS)}, got {gemm!r}")
+    steps = report.LADDERS[gemm]
+    if upto is not None:
+        if upto not in steps:
+            raise ValueError(f"upto: expected one of {', '.join(steps)}, got {upto!r}")
+        steps = steps[:steps.index(upto) + 1]
+    gains = {step: report.step_gains(rows, gemm, steps[0], step, protocol=protocol) for step in steps}
+    models = [m for m in report.model_order(report.subset(rows, gemm, protocol=protocol))
+              if any(model == m for model, _ in gains[steps[0]])]
+    if not models:
+        raise ValueError(f"rows: no timings of {steps[0]!r} for gemm={gemm!r}")
+    fig, axes = plt.subplots(1, len(models), figsize=(4.6 * len(models), 3.9), sharey=True, squeeze=False)
+    for ax, model in zip(axes[0], models):
+        if band:
+            ax.axhspan(1 / (1 + band / 100), 1 + band / 100, color="#dddddd", alpha=0.6, lw=0,
+                       label=f"two timings of the same kernels differ by up to {band:.1f}%")
+        for step in steps:
+            pts = sorted((M, g) for (m, M), g in gains[step].items() if m == model)
+            style = dict(impl_style(step), label=ladder_label(gemm, step))
+            ax.plot(*zip(*pts), marker="o", ms=3.5, lw=2.4 if step == "sorted" else 1.4, **style)
+        ax.axhline(1.0, color="black", lw=0.8)
+        m_axis(ax, sorted({M for (m, M) in gains[steps[0]] if m == model}))
+        ax.set_title(model)
+        ax.grid(True, which="major", alpha=0.3)
+    axes[0][0].set_ylabel("speed-up over step 0")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8, frameon=False)
+    fig.suptitle(f"{report.gemm_title(gemm)}: what each production step bought (time of step 0 / time of the step)")
+    fig.tight_layout(rect=(0, 0.2 * -(-len(labels) // 2) / fig.get_figheight() + 0.02, 1, 1))
     return fig

@@ -19,7 +19,6 @@ from ..perf.report import (
     model_order,
     subset,
 )
-from ..perf.traffic import H200_COPY_TBPS, H200_MATMUL_TFLOPS
 from ..shapes import BATCH_SIZES, ModelShape
 from .style import WRONG_COLOR, impl_style, m_axis
 
@@ -38,15 +37,16 @@ def intensity(shape: ModelShape, M, gemm: str = "first", itemsize: int = 2) -> n
     return flops / nbytes
 
 
-def plot_intensity(shapes: list[ModelShape], *, gemm: str = "first", copy_tbps: float = H200_COPY_TBPS,
-                   matmul_tflops: float = H200_MATMUL_TFLOPS, max_m: int = 16384):
+def plot_intensity(shapes: list[ModelShape], *, read_tbps: float, matmul_tflops: float, gemm: str = "first",
+                   max_m: int = 16384):
     """Arithmetic intensity against M for each model, with the ridge point of the roofline.
 
-    Below the ridge (``matmul_tflops / copy_tbps`` FLOP/byte) a GEMM is memory-bound: its
+    Below the ridge (``matmul_tflops / read_tbps`` FLOP/byte: pass the ceilings of a measured
+    run, e.g. :func:`moe_tutorial.perf.report.headline_ceilings`) a GEMM is memory-bound: its
     floor is the time to read the touched experts' weights. Above it, compute-bound.
     """
     Ms = np.unique(np.round(np.logspace(0, np.log2(max_m), 200, base=2)))
-    ridge = matmul_tflops / copy_tbps
+    ridge = matmul_tflops / read_tbps
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     for i, shape in enumerate(shapes):
         ai = intensity(shape, Ms, gemm)
@@ -55,7 +55,8 @@ def plot_intensity(shapes: list[ModelShape], *, gemm: str = "first", copy_tbps: 
         if above.size:
             ax.plot(Ms[above[0]], ai[above[0]], "o", color=f"C{i}", ms=5)
     ax.axhline(ridge, color="black", ls="--", lw=1)
-    ax.text(Ms[0], ridge * 1.12, f"ridge: {ridge:.0f} FLOP/byte ({matmul_tflops:.0f} TFLOP/s / {copy_tbps:.2f} TB/s)",
+    ax.text(Ms[0], ridge * 1.12,
+            f"ridge: {ridge:.0f} FLOP/byte ({matmul_tflops:.0f} TFLOP/s / {read_tbps:.2f} TB/s read)",
             fontsize=8, va="bottom")
     ax.fill_between(Ms, 0.1, ridge, color="#f28e2b", alpha=0.07, lw=0)
     ax.text(Ms[-1], ridge / 3, "memory-bound", ha="right", fontsize=8, color="#b5651d")
@@ -74,22 +75,26 @@ def _ceilings(rows):
     (the copy bandwidth for runs that predate it)."""
     r = next((r for r in rows if (r.get("read_tbps") or r.get("copy_tbps")) and r.get("matmul_tflops")), None)
     if r is None:
-        return H200_COPY_TBPS, H200_MATMUL_TFLOPS
+        raise ValueError("rows: expected rows that carry the ceilings of their run (read_tbps, matmul_tflops)")
     return r.get("read_tbps") or r["copy_tbps"], r["matmul_tflops"]
 
 
-def plot_roofline(rows: list[dict], model: str, gemm: str = "first", *, ax=None, protocol: str | None = None):
+def plot_roofline(rows: list[dict], model: str, gemm: str = "first", *, ax=None, impls=None,
+                  ceilings: dict | None = None, protocol: str | None = None):
     """Each implementation's measured points on the roofline of the GPU that measured them.
 
     A point sits at its problem's arithmetic intensity (``1000 * tflops / gbps``) and its
-    achieved TFLOP/s; the roof is ``min(read bandwidth * intensity, matmul rate)``. Points are
+    achieved TFLOP/s; the roof is ``min(read bandwidth * intensity, matmul rate)``, from
+    ``ceilings`` (a dict with ``read_tbps`` and ``matmul_tflops``, e.g.
+    :func:`moe_tutorial.perf.report.headline_ceilings`) or else the first row's run. Points are
     joined in order of M, so each implementation is a line climbing from decode to prefill.
-    ``protocol`` picks rows as :func:`moe_tutorial.perf.report.subset` does.
+    ``impls`` and ``protocol`` pick rows as :func:`moe_tutorial.perf.report.subset` does.
     """
-    mine = [r for r in subset(rows, gemm, protocol=protocol) if r["model"] == model and is_ok(r) and r.get("gbps")]
+    mine = [r for r in subset(rows, gemm, impls=impls, protocol=protocol)
+            if r["model"] == model and is_ok(r) and r.get("gbps")]
     if not mine:
         raise ValueError(f"rows: no timed results for model={model!r}, gemm={gemm!r}")
-    bw, peak = _ceilings(mine)
+    bw, peak = _ceilings([ceilings] if ceilings else mine)
     fig = None
     if ax is None:
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
@@ -135,7 +140,7 @@ def _plot_metric(ax, rows, model: str, metric: str, *, title: str, highlight: st
         ax.set(yscale="log", ylabel="time (ms)")
     else:
         ax.axhline(1.0, color="black", ls="--", lw=1)
-        # Above 1 happens: a read-only stream outruns the copy that sets the bandwidth ceiling.
+        # Above 1 happens where a GEMM reads faster than the run's read-only kernel did.
         top = max([1.0] + [r["fraction_of_floor"] for r in mine if is_ok(r) and r.get("fraction_of_floor")])
         ax.set(ylim=(0, max(1.1, top + 0.05)), ylabel="fraction of the floor")
     m_axis(ax, batch_sizes(mine))

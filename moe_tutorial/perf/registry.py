@@ -78,31 +78,31 @@ IMPLEMENTATIONS: tuple[Implementation, ...] = (
         first=impls.first_grouped_mm),
     # Part 4 built up one production step at a time (notebook 04); each keeps the steps before it.
     Implementation(
-        "minimal", "Part 4 step 0: minimal kernel", "#9fc5e8",
+        "minimal", "Part 4 step 0: minimal kernel", "#7f7f7f",
         "Part 4's minimal kernel: row-major 2-D grid, pointer loads, the heuristic's tiles",
-        first=impls.first_step("minimal"), linestyle="-.", in_default_sweep=False),
+        first=impls.first_step("minimal"), linestyle=":", in_default_sweep=False),
     Implementation(
-        "+grouped", "Part 4 step 1: + grouped order", "#6fa8dc",
+        "+grouped", "Part 4 step 1: + grouped order", "#edc948",
         "the production kernel with grouped program order, the heuristic's tiles, no TMA, no short tails",
-        first=impls.first_step("+grouped"), linestyle="-.", in_default_sweep=False),
+        first=impls.first_step("+grouped"), linestyle="--", in_default_sweep=False),
     Implementation(
-        "+tuned", "Part 4 step 2: + tuned tiles", "#3d85c6",
+        "+tuned", "Part 4 step 2: + tuned tiles", "#ff9da7",
         "step 1 with the tuned table's tiles", first=impls.first_step("+tuned"), linestyle="-.",
         in_default_sweep=False),
     Implementation(
-        "+tma", "Part 4 step 3: + TMA weight loads", "#0b5394",
+        "+tma", "Part 4 step 3: + TMA weight loads", "#17becf",
         "step 2 with weights through the Tensor Memory Accelerator where tuned so (short tails, step 4, "
         "gives 'sorted')", first=impls.first_step("+tma"), linestyle="-.", in_default_sweep=False),
     Implementation(
-        "unfused", "layer step 0: no fused epilogue", "#f6b26b",
+        "unfused", "layer step 0: SiLU*up and router weights as separate ops", "#7f7f7f",
         "the whole layer with separate SiLU*up, router-weight and sum ops, three-launch alignment",
-        layer=impls.layer_step("unfused"), linestyle="-.", in_default_sweep=False),
+        layer=impls.layer_step("unfused"), linestyle=":", in_default_sweep=False),
     Implementation(
-        "+router-epilogue", "layer step 1: + router weights in the epilogue (vLLM-style)", "#e69138",
+        "+router-epilogue", "layer step 1: + router weights in the epilogue (vLLM-style)", "#edc948",
         "step 0 with the router weights in the down GEMM's epilogue, as vLLM's Triton path does",
-        layer=impls.layer_step("+router-epilogue"), linestyle="-.", in_default_sweep=False),
+        layer=impls.layer_step("+router-epilogue"), linestyle="--", in_default_sweep=False),
     Implementation(
-        "+silu-epilogue", "layer step 2: + SiLU*up in the epilogue", "#b45f06",
+        "+silu-epilogue", "layer step 2: + SiLU*up in the epilogue", "#ff9da7",
         "step 1 with silu(gate) * up in the gate/up GEMM's epilogue (the one-launch decode alignment, "
         "step 3, gives 'sorted')", layer=impls.layer_step("+silu-epilogue"), linestyle="-.",
         in_default_sweep=False),

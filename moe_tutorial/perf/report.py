@@ -1,4 +1,5 @@
-"""Text tables from benchmark rows: fraction of the floor per M, geometric means, speed-ups.
+"""Text tables from benchmark rows: fraction of the floor per M, geometric means, speed-ups,
+Part 4's production steps and the ceilings a run was judged by.
 
 The bench prints them at the end of a run and notebooks 03 to 05 print them from the shipped H200
 results. Rows are dicts with :data:`moe_tutorial.perf.results.FIELDS` keys (as ``load_rows`` gives).
@@ -8,8 +9,13 @@ Tables name implementations as the CSV does; pass ``labels`` (e.g.
 """
 from __future__ import annotations
 
-from ..shapes import MODEL_SHAPES
-from .registry import FIRST_IMPLS, LAYER_IMPLS
+import json
+
+from ..kernels.align import SMALL_BATCH_PAIRS
+from ..kernels.configs import SHIPPED_DIR, KernelConfig, problem_key
+from ..shapes import MODEL_SHAPES, get_shape
+from .impls import FIRST_STEPS, LAYER_STEPS
+from .registry import FIRST_IMPLS, LABELS, LAYER_IMPLS
 from .traffic import geomean
 
 
@@ -184,21 +190,21 @@ def best_tflops(rows: list[dict], impl: str = "fused", gemm: str = "first", *,
 
 
 def speedup_table(rows: list[dict], model: str, gemm: str = "first", baseline: str = "sorted", *,
-                  protocol: str | None = None) -> str:
+                  protocol: str | None = None, labels: dict | None = None) -> str:
     """How many times faster ``baseline`` is than each other implementation, per M."""
     rows = [r for r in subset(rows, gemm, protocol=protocol) if r["model"] == model]
-    index, sizes = _index(rows), batch_sizes(rows)
+    index, sizes, labels = _index(rows), batch_sizes(rows), labels or {}
     body = []
     for impl in impl_order(rows):
         if impl == baseline:
             continue
-        line = [impl]
+        line = [labels.get(impl, impl)]
         for M in sizes:
             base, other = index.get((model, gemm, baseline, M)), index.get((model, gemm, impl, M))
             ok = base is not None and is_ok(base)
             line.append(_cell(other, lambda r: f"{r['ms'] / base['ms']:.2f}x") if ok else "")
         body.append(line)
-    return format_table([f"{baseline} vs"] + [f"M={M}" for M in sizes], body)
+    return format_table([f"{labels.get(baseline, baseline)} vs"] + [f"M={M}" for M in sizes], body)
 
 
 def skipped_reasons(rows: list[dict]) -> str:
@@ -210,6 +216,65 @@ def skipped_reasons(rows: list[dict]) -> str:
             key = f"{r['impl']} ({r['gemm']}): {status[len('skipped: '):]}"
             reasons[key] = reasons.get(key, 0) + 1
     return "\n".join(f"  {n:3d} x {k}" for k, n in reasons.items())
+
+
+def skipped_table(rows: list[dict], *, labels: dict | None = None) -> str:
+    """One line per implementation, gemm and model with skipped cases: which M, and why (the
+    reason's first clause; :func:`skipped_reasons` gives every reason in full)."""
+    labels, groups = labels or {}, {}
+    for r in rows:
+        status = str(r.get("status") or "")
+        if status.startswith("skipped"):
+            reason = status[len("skipped: "):]
+            reason = reason.split(" needs ")[0] + (" does not fit in memory" if " needs " in reason else "")
+            groups.setdefault((r["impl"], r["gemm"], r["model"], reason.split(" (")[0]), []).append(r["M"])
+    order, models = impl_order(rows), model_order(rows)
+    body = [[labels.get(impl, impl), gemm_title(gemm), model, ", ".join(map(str, sorted(Ms))), reason]
+            for (impl, gemm, model, reason), Ms in sorted(groups.items(), key=lambda kv: (
+                order.index(kv[0][0]), kv[0][1], models.index(kv[0][2])))]
+    return format_table(["implementation", "", "model", "skipped M", "why"], body)
+
+
+def ceilings_table(rows: list[dict]) -> str:
+    """One line per bench run (rows sharing a date and protocol): the ceilings measured in it and
+    what it timed."""
+    runs: dict[tuple, list[dict]] = {}
+    for r in rows:
+        runs.setdefault((r.get("date") or "", r.get("protocol") or ""), []).append(r)
+    body = []
+    for (date, protocol), run in sorted(runs.items()):
+        r = run[0]
+        body.append([date, protocol, f"{r['read_tbps']:.2f}" if r.get("read_tbps") else "-",
+                     f"{r['copy_tbps']:.2f}" if r.get("copy_tbps") else "-", f"{r['matmul_tflops']:.0f}",
+                     f"{r['launch_us']:.1f}" if r.get("launch_us") is not None else "-", _parts(run)])
+    return format_table(["run", "protocol", "read TB/s", "copy TB/s", "matmul TFLOP/s", "one launch (us)",
+                         "timed"], body)
+
+
+def run_summary(rows: list[dict], *, labels: dict | None = None, width: int = 110) -> str:
+    """Per bench run (rows sharing a date and protocol): its cases, models and what it timed, by ``labels``."""
+    import textwrap
+
+    labels, runs = labels or {}, {}
+    for r in rows:
+        runs.setdefault((r.get("date") or "", r.get("protocol") or ""), []).append(r)
+    out = []
+    for (date, protocol), run in sorted(runs.items()):
+        out.append(f"run of {date} ({protocol}): {len(run)} cases on {', '.join(model_order(run))}")
+        timed = "; ".join(labels.get(i, i) for i in impl_order(run))
+        out.append(textwrap.fill(timed, width, initial_indent="  timed: ", subsequent_indent="         "))
+    return "\n".join(out)
+
+
+def _parts(rows: list[dict]) -> str:
+    """Which parts of the series ``rows`` time, in few words: "Part 1, Part 2", "Part 4, torch._grouped_mm"."""
+    parts = []
+    for impl in impl_order(rows):
+        label = LABELS.get(impl, impl)
+        part = "Part 4" if label.startswith(("Part 4", "layer step")) else label.split(",")[0]
+        if part not in parts:
+            parts.append(part)
+    return ", ".join(parts)
 
 
 def ceiling_text(row: dict) -> str:
@@ -238,3 +303,192 @@ def run_lines(rows: list[dict]) -> str:
         lines.append(f"  {model}, run of {date or 'unknown date'} ({r.get('protocol') or 'protocol not recorded'}): "
                      f"{ceiling_text(r)}; {', '.join(impl_order(run))}")
     return "\n".join(lines)
+
+
+def headline_ceilings(rows: list[dict], impl: str = "sorted", *, protocol: str | None = None) -> dict:
+    """The ceilings of the run that timed ``impl`` (Part 4 by default) under ``protocol``.
+
+    Returns the row's ``protocol``, ``date``, ``read_tbps``, ``copy_tbps``, ``matmul_tflops`` and
+    ``launch_us``: the one source for the ceilings a notebook quotes. ValueError if no row of
+    ``impl`` carries them, or if its rows come from runs with different ceilings.
+    """
+    keys = ("protocol", "date", "read_tbps", "copy_tbps", "matmul_tflops", "launch_us")
+    mine = [r for r in subset(rows, impls=(impl,), protocol=protocol) if r.get("read_tbps")]
+    runs = {tuple(r.get(k) for k in keys) for r in mine}
+    if len(runs) != 1:
+        raise ValueError(f"rows: expected the rows of {impl!r} to come from one run with its ceilings, "
+                         f"got {len(runs)} runs")
+    return dict(zip(keys, runs.pop()))
+
+
+# --------------------------------------------------------------------------------------
+# Part 4, one production step at a time (notebook 04)
+# --------------------------------------------------------------------------------------
+
+#: Part 4's steps in the order notebook 04 adds them, each keeping the ones before it; the last
+#: one, "sorted", is Part 4 as shipped (the first GEMM's last step is short tails; the layer's,
+#: the one-launch alignment of decode batches).
+LADDERS = {"first": FIRST_STEPS + ("sorted",), "layer": LAYER_STEPS + ("sorted",)}
+
+
+def times(rows: list[dict], gemm: str, impl: str, *, protocol: str | None = None) -> dict:
+    """``{(model, M): ms}`` of ``impl``'s timed, correct rows."""
+    return {(r["model"], r["M"]): r["ms"] for r in subset(rows, gemm, impls=(impl,), protocol=protocol)
+            if is_ok(r) and r.get("ms")}
+
+
+def step_gains(rows: list[dict], gemm: str, before: str, after: str, *, protocol: str | None = None) -> dict:
+    """``{(model, M): time of before / time of after}``: above 1 where ``after`` is faster."""
+    old, new = times(rows, gemm, before, protocol=protocol), times(rows, gemm, after, protocol=protocol)
+    return {key: old[key] / new[key] for key in old if key in new}
+
+
+def gain_range(rows: list[dict], gemm: str, before: str, after: str, *, Ms=None, models=None,
+               protocol: str | None = None) -> tuple[float, float]:
+    """``(lowest, highest)`` of :func:`step_gains` over the given ``Ms`` and ``models`` (None: all)."""
+    gains = [g for (model, M), g in step_gains(rows, gemm, before, after, protocol=protocol).items()
+             if (Ms is None or M in Ms) and (models is None or model in models)]
+    if not gains:
+        raise ValueError(f"rows: no M where both {before!r} and {after!r} were timed ({gemm})")
+    return min(gains), max(gains)
+
+
+def largest_gain(rows: list[dict], gemm: str, before: str, after: str, *, Ms=None,
+                 protocol: str | None = None) -> tuple[float, str, int]:
+    """``(gain, model, M)`` of the largest :func:`step_gains` over ``Ms`` (None: all)."""
+    gains = [(g, model, M) for (model, M), g in step_gains(rows, gemm, before, after, protocol=protocol).items()
+             if Ms is None or M in Ms]
+    if not gains:
+        raise ValueError(f"rows: no M where both {before!r} and {after!r} were timed ({gemm})")
+    return max(gains)
+
+
+def step_gain_table(rows: list[dict], gemm: str, before: str, after: str, *, protocol: str | None = None) -> str:
+    """One line per model: how many times faster ``after`` runs than ``before`` at each M."""
+    gains = step_gains(rows, gemm, before, after, protocol=protocol)
+    models = [m for m in model_order(subset(rows, gemm, protocol=protocol)) if any(k[0] == m for k in gains)]
+    sizes = sorted({M for _, M in gains})
+    body = [[model] + [f"{gains[model, M]:.2f}x" if (model, M) in gains else "-" for M in sizes] for model in models]
+    return format_table(["speed-up (time before / after)"] + [f"M={M}" for M in sizes], body)
+
+
+def tuned_config(model: str, M: int, variant: str = "plain", dtype: str = "bfloat16",
+                 gpu: str = "NVIDIA H200") -> KernelConfig:
+    """The configuration the shipped tuned table holds for ``model``'s ``variant`` GEMM at exactly ``M``.
+
+    What the committed bench ran as "+tuned" and "sorted" (the bench's M are the tuned M), read
+    on any machine: ``get_config`` answers for the machine it runs on. ``variant`` is "plain"
+    (the gate/up GEMM alone), "gated" or "down".
+    """
+    s = get_shape(model)
+    N, K = {"plain": s.first_gemm, "gated": (s.intermediate, s.hidden), "down": s.second_gemm}[variant]
+    key = problem_key(s.num_experts, N, K, s.topk, dtype, variant)
+    for path in sorted(SHIPPED_DIR.glob("tuned_configs*.json")):
+        by_m = json.loads(path.read_text()).get(gpu, {}).get(key, {})
+        if str(M) in by_m:
+            return KernelConfig(**by_m[str(M)])
+    raise ValueError(f"M: expected a batch size the shipped table holds for {key} on {gpu}, got {M}")
+
+
+def same_kernel_pairs(rows: list[dict], *, protocol: str | None = None, gpu: str = "NVIDIA H200") -> list[dict]:
+    """Pairs of neighbouring steps that launched the very same kernels: their two timings show
+    how far apart two measurements of one thing fall.
+
+    - "+tuned" and "+tma" where the tuned configuration does not use TMA;
+    - "+tma" and "sorted" where the tuned BLOCK_M is below 32 (short tails need 32 rows);
+    - the layer's "+silu-epilogue" and "sorted" above SMALL_BATCH_PAIRS pairs (both take the
+      three-launch alignment there).
+
+    Each pair is ``{"model", "gemm", "M", "impls": (a, b), "ratio": ms of a / ms of b, "why"}``.
+    """
+    out = []
+    for gemm in ("first", "layer"):
+        for (model, M), ratio_tma in step_gains(rows, gemm, "+tuned", "+tma", protocol=protocol).items():
+            if not tuned_config(model, M, gpu=gpu).use_tma:
+                out.append(dict(model=model, gemm=gemm, M=M, impls=("+tuned", "+tma"), ratio=ratio_tma,
+                                why="the tuned tile does not use TMA"))
+        for (model, M), ratio in step_gains(rows, gemm, "+tma", "sorted", protocol=protocol).items():
+            if tuned_config(model, M, gpu=gpu).block_m < 32:
+                out.append(dict(model=model, gemm=gemm, M=M, impls=("+tma", "sorted"), ratio=ratio,
+                                why="BLOCK_M < 32: no short tails"))
+        for (model, M), ratio in step_gains(rows, gemm, "+silu-epilogue", "sorted", protocol=protocol).items():
+            if M * get_shape(model).topk > SMALL_BATCH_PAIRS:
+                out.append(dict(model=model, gemm=gemm, M=M, impls=("+silu-epilogue", "sorted"), ratio=ratio,
+                                why=f"over {SMALL_BATCH_PAIRS} pairs: the same alignment"))
+    order = model_order(rows)
+    return sorted(out, key=lambda p: (p["gemm"] != "first", LADDERS[p["gemm"]].index(p["impls"][0]),
+                                      order.index(p["model"]), p["M"]))
+
+
+def spread_percent(pairs: list[dict], gemm: str | None = None) -> float:
+    """How far apart, in percent, the two timings of the most distant same-kernel pair fall."""
+    ratios = [p["ratio"] for p in pairs if gemm is None or p["gemm"] == gemm]
+    if not ratios:
+        raise ValueError(f"pairs: none for gemm={gemm!r}")
+    return 100 * (max(max(r, 1 / r) for r in ratios) - 1)
+
+
+def same_kernel_table(pairs: list[dict]) -> str:
+    """The pairs of :func:`same_kernel_pairs`, one line each, named by their place on the ladder
+    (:data:`LADDERS`: "step 3 = step 4"), with the ratio of their two times."""
+    body = [[gemm_title(p["gemm"]), p["model"], str(p["M"]),
+             " = ".join(f"step {LADDERS[p['gemm']].index(i)}" for i in p["impls"]), p["why"], f"{p['ratio']:.3f}"]
+            for p in pairs]
+    return format_table(["", "model", "M", "same kernels", "why", "time ratio"], body)
+
+
+# --------------------------------------------------------------------------------------
+# Notebook 05: one table, two protocols
+# --------------------------------------------------------------------------------------
+
+def summary_table(rows: list[dict], impls, *, labels: dict | None = None, protocol: str | None = None) -> str:
+    """One line per implementation, one column per model: the geometric-mean fraction of the
+    floor of the gate/up GEMM, then of the whole layer ("GEMM / layer"; "-" where the
+    implementation has no such variant). A mean over only some M says how many, e.g. "(3/7 M)"."""
+    labels = labels or {}
+    rows = subset(rows, protocol=protocol)
+    models = model_order(rows)
+    values = {g: floor_geomeans(rows, g) for g in ("first", "layer")}
+
+    def cell(g, impl, model):
+        mine = [r for r in rows if r["gemm"] == g and r["impl"] == impl and r["model"] == model]
+        if not mine:
+            return "-"
+        value = values[g].get((model, impl))
+        timed = sum(1 for r in mine if is_ok(r) and r.get("fraction_of_floor"))
+        partial = isinstance(value, float) and timed < len(mine)
+        return _geomean_cell(value) + (f" ({timed}/{len(mine)} M)" if partial else "")
+
+    body = [[labels.get(impl, impl)] + [f"{cell('first', impl, m)} / {cell('layer', impl, m)}" for m in models]
+            for impl in impls]
+    return format_table(["gate/up GEMM / whole layer"] + models, body)
+
+
+def speedup_geomeans(rows: list[dict], gemm: str, faster: str, slower: str, *, protocol: str | None = None) -> dict:
+    """``{model: geometric mean over M of time(slower) / time(faster)}`` where both were timed."""
+    gains = step_gains(rows, gemm, slower, faster, protocol=protocol)
+    return {m: geomean([g for (model, _), g in gains.items() if model == m])
+            for m in model_order(subset(rows, gemm, protocol=protocol)) if any(k[0] == m for k in gains)}
+
+
+def protocol_table(rows: list[dict], impls, gemm: str = "first", *, labels: dict | None = None) -> str:
+    """The geometric-mean fraction of the floor of ``impls`` under each timing protocol, per model."""
+    labels = labels or {}
+    protocols = sorted({r.get("protocol") for r in rows if r.get("protocol")}, key=lambda p: p != HEADLINE_PROTOCOL)
+    per = {p: floor_geomeans(rows, gemm, protocol=p) for p in protocols}
+    models = model_order(subset(rows, gemm))
+    body = []
+    for impl in impls:
+        for p in protocols:
+            if any((m, impl) in per[p] for m in models):
+                body.append([labels.get(impl, impl), p] + [_geomean_cell(per[p].get((m, impl))) for m in models])
+    return format_table([gemm_title(gemm), "protocol"] + models, body)
+
+
+def fraction_range(rows: list[dict], gemm: str, impl: str, *, Ms=None, protocol: str | None = None) -> tuple:
+    """``(lowest, highest)`` fraction of the floor ``impl`` reached over ``Ms`` (None: all) and every model."""
+    fracs = [r["fraction_of_floor"] for r in subset(rows, gemm, impls=(impl,), protocol=protocol)
+             if is_ok(r) and r.get("fraction_of_floor") and (Ms is None or r["M"] in Ms)]
+    if not fracs:
+        raise ValueError(f"rows: no timed {impl!r} rows for gemm={gemm!r}")
+    return min(fracs), max(fracs)

@@ -1,0 +1,360 @@
+"""Every number the prose of notebooks 04 and 05 states, rendered from the committed H200 data or the
+code it comes from: when the data (``moe_tutorial/data/h200_bench.csv``), a shape or a constant
+changes, the stale sentence fails here, and the failure shows what the notebook says instead.
+
+Qualitative claims that hang on the data ("above 1", "the earliest crossing is past a few hundred
+tokens", "rotated reads higher at M = 1") are asserted too, with a message saying which paragraph to
+rewrite when a new run contradicts them.
+"""
+import moe_tutorial  # noqa: F401,I001  (first: picks the runtime before triton is imported)
+
+import inspect
+import json
+
+import numpy as np
+import pytest
+from prose import NOTEBOOKS, assert_says, fmt2, markdown
+
+from moe_tutorial.examples import WORKED_FIRST_GEMM, WORKED_LAYER
+from moe_tutorial.figures import part4, perf
+from moe_tutorial.kernels.align import SMALL_BATCH_PAIRS
+from moe_tutorial.perf import bench, report, results, timing, traffic
+from moe_tutorial.shapes import BATCH_SIZES, HEADLINE_MODELS, get_shape
+
+P4, P5 = "04_sorted_production_kernel", "05_performance"
+SMALL, LARGE, DECODE = (1, 8, 64, 256), (1024, 4096, 16384), (1, 8, 64)
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return results.load_rows(results.H200_RESULTS)
+
+
+@pytest.fixture(scope="module")
+def ceil(rows):
+    """The ceilings both notebooks quote: those of the cold-l2 run that timed Part 4."""
+    return report.headline_ceilings(rows)
+
+
+def code(notebook: str) -> str:
+    """All code cells of a notebook, joined."""
+    cells = json.loads((NOTEBOOKS / f"{notebook}.ipynb").read_text())["cells"]
+    return "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+
+
+def x(gain: float) -> str:
+    return f"{gain:.2f}x"
+
+
+def gains(rows, before, after, Ms=None, gemm="first") -> str:
+    """A step's gain range as the prose states it: '1.01x to 1.15x'."""
+    lo, hi = report.gain_range(rows, gemm, before, after, Ms=Ms)
+    return f"{x(lo)} to {x(hi)}"
+
+
+def largest(rows, before, after, Ms=None, gemm="first") -> str:
+    gain, model, M = report.largest_gain(rows, gemm, before, after, Ms=Ms)
+    return f"{model} at M = {M} ({x(gain)})"
+
+
+def trio(values: dict, impl: str) -> str:
+    """Three models' values, 'a / b / c', in the series' order."""
+    return " / ".join(fmt2(values[m, impl]) for m in HEADLINE_MODELS)
+
+
+# --------------------------------------------------------------------------------------
+# Both notebooks
+
+
+@pytest.mark.parametrize("notebook", [P4, P5])
+def test_no_design_brief_no_hard_coded_ceilings(notebook):
+    for text in (markdown(notebook), code(notebook)):
+        assert "DESIGN.md" not in text
+        assert "H200_COPY_TBPS" not in text and "H200_MATMUL_TFLOPS" not in text
+        assert "copy engine" not in text        # TMA is the Tensor Memory Accelerator
+
+
+def test_titles():
+    assert markdown(P5).startswith("# The performance chapter: measured against what the hardware allows ")
+    assert markdown(P4).startswith("# Part 4: ")
+
+
+# --------------------------------------------------------------------------------------
+# 04: the idea, then one production step at a time
+
+
+def test_04_part3_against_tensor_cores(rows, ceil):
+    peak = max(report.best_tflops(rows, "fused").values())
+    assert_says(P4, "On the H200, Part 3's kernel peaked at {:.1f} TFLOP/s (notebook 03 measures why), against {:.0f} "
+                    "TFLOP/s for a bf16 matmul on tensor cores in the run that timed Part 4.",
+                peak, ceil["matmul_tflops"])
+
+
+def test_04_accurate_about_vllm_and_tma():
+    text = markdown(P4)
+    assert "what vLLM and SGLang actually run" not in text
+    assert_says(P4, "The result is vLLM-style")
+    assert_says(P4, "plus SiLU(gate) * up in the gate/up GEMM's epilogue and short tails, which vLLM's Triton path "
+                    "does not have (it runs SiLU * up as a separate op)")
+    assert_says(P4, "The **Tensor Memory Accelerator** (TMA)")
+    assert_says(P4, "Part 4's layer is vLLM-style, plus SiLU(gate) * up in the epilogue and short tails.")
+    assert_says(P4, "[`exercises/part4_exercises.ipynb`](exercises/part4_exercises.ipynb)")
+    assert (NOTEBOOKS / "exercises" / "part4_exercises.ipynb").exists()
+
+
+def test_04_examples_match_their_cells():
+    src = code(P4)
+    assert "random_topk_ids(64, 8, 2," in src
+    assert_says(P4, "for a Mixtral-like routing (8 experts, top-2)")
+    assert "M, topk, E, block_m = 6, 2, 4, 4" in src
+    assert_says(P4, "Here is a small case: 6 tokens, top-2 of 4 experts, `block_m = 4`.")
+    assert "torch.randn(M, 8, generator=g), torch.randn(E, 4, 8, generator=g)" in src
+    assert_says(P4, "(`x [6, 8]`, weights `[4 experts, 4 outputs, 8]`)")
+    assert_says(P4, "they write each of the {} rows exactly once", 6 * 2)
+    first = str([[[int(v) for v in pair] for pair in token] for token in WORKED_FIRST_GEMM])
+    assert_says(P4, "`{}`", first)
+    assert_says(P4, "(`y = [[{}]*3, [{}]*3]`)", *(row[0] for row in WORKED_LAYER))
+
+
+def test_04_padding_at_decode():
+    mixtral, block = get_shape("Mixtral-8x7B"), 16
+    rows_used = mixtral.topk * block               # one block per chosen expert, one real row each
+    assert_says(P4, "At M = 1 almost every row is padding ({} of {} on Mixtral)", rows_used - mixtral.topk, rows_used)
+
+
+def test_04_minimal_against_finished(rows):
+    assert_says(P4, "the finished kernel of this notebook is {} as fast as this one", gains(rows, "minimal", "sorted",
+                                                                                            DECODE))
+    assert_says(P4, "At M ≥ 1024, where the GEMM is bound by arithmetic, it is {} as fast.",
+                gains(rows, "minimal", "sorted", LARGE))
+    top = x(report.gain_range(rows, "first", "minimal", "sorted", Ms=DECODE)[1])
+    assert_says(P4, "At M ≤ 64 the steps add little, at most {} together", top)
+    assert_says(P4, "At M ≤ 64 the finished kernel is at most {} faster.", top)
+
+
+def test_04_noise_from_same_kernel_pairs(rows):
+    pairs = report.same_kernel_pairs(rows)
+    first, layer = report.spread_percent(pairs, "first"), report.spread_percent(pairs, "layer")
+    assert_says(P4, "Two timings of the same gate/up GEMM differ by up to {:.1f}%, of the same whole layer by up to "
+                    "{:.1f}%.", first, layer)
+    assert_says(P4, "Two timings of the same kernel differ by up to {:.1f}% (GEMM) and {:.1f}% (layer)", first, layer)
+    assert_says(P4, "and the layer's last step nothing above {} pairs", SMALL_BATCH_PAIRS)
+
+
+def test_04_grouped_order(rows):
+    assert_says(P4, "5 row blocks, 3 column blocks, `GROUP_M = 2`")
+    assert "num_pid_m, num_pid_n, GROUP_M = 5, 3, 2" in code(P4)
+    assert 5 % 2 == 1                               # "The last group has only one row block."
+    assert part4.tile_pids(5, 3, 2)[4, 1] == 13     # the answer the reader predicts
+    assert_says(P4, "40 tokens with top-2 of 4 experts, `BLOCK_M = 8`, 12 column blocks, in three orders.")
+    assert "random_topk_ids(40, 4, 2," in code(P4) and "num_pid_n=12" in code(P4)
+    # "Whole columns load the fewest weight tiles and the most x blocks; row-major the reverse; grouped order sits
+    # between and loads the least in all", on the figure's example.
+    from moe_tutorial import align_block_size
+    from moe_tutorial.shapes import random_topk_ids
+
+    import torch
+
+    experts = align_block_size(random_topk_ids(40, 4, 2, generator=torch.Generator().manual_seed(0)), 8, 4)[1].tolist()
+    loads = {g: part4.wave_loads(part4.tile_pids(len(experts), 12, g), experts, 12) for g in (len(experts), 1, 4)}
+    columns, row_major, grouped = loads[len(experts)], loads[1], loads[4]
+    assert columns[1] < grouped[1] < row_major[1] and columns[0] > grouped[0] > row_major[0]
+    assert sum(grouped) < min(sum(columns), sum(row_major))
+    mixtral = get_shape("Mixtral-8x7B")
+    gathered = 16384 * mixtral.topk * mixtral.hidden * 2
+    assert_says(P4, "M = 16384 Mixtral's gate/up GEMM gathers {} rows of {} bf16 values ({:.0f} MB",
+                16384 * mixtral.topk, mixtral.hidden, gathered / 1e6)
+    assert_says(P4, "At M ≤ 256 the step moves the time by {}", gains(rows, "minimal", "+grouped", SMALL))
+    assert_says(P4, "At M ≥ 1024 it gains {}, most on {}:", gains(rows, "minimal", "+grouped", LARGE),
+                largest(rows, "minimal", "+grouped"))
+
+
+def test_04_tuned_tiles(rows):
+    assert_says(P4, "Tuning pays where the tuner found a different shape: at most {}.",
+                largest(rows, "+grouped", "+tuned"))
+    worst = min((g, m, M) for (m, M), g in report.step_gains(rows, "first", "+grouped", "+tuned").items())
+    assert_says(P4, "the tuned tile can even come out slower: {} on {} at M = {}.", x(worst[0]), worst[1], worst[2])
+
+
+def test_04_tma(rows):
+    # "At M ≥ 4096, where every model uses TMA"
+    assert all(report.tuned_config(m, M).use_tma for m in HEADLINE_MODELS for M in (4096, 16384)), \
+        "the tuned table no longer uses TMA at M >= 4096 everywhere: rewrite notebook 04's step 3 paragraph"
+    assert_says(P4, "At M ≥ 4096, where every model uses TMA and the GEMM is bound by arithmetic, TMA gains {}:",
+                gains(rows, "+tuned", "+tma", (4096, 16384)))
+    assert_says(P4, "At small M it gains most on {}.", largest(rows, "+tuned", "+tma", DECODE))
+
+
+def test_04_short_tails(rows, ceil):
+    ridge = ceil["matmul_tflops"] / ceil["read_tbps"]
+    ai = {m: float(perf.intensity(get_shape(m), 1024)) for m in HEADLINE_MODELS}
+    assert ai["Mixtral-8x7B"] > ridge > 2 * max(ai["Qwen3-30B-A3B"], ai["DeepSeek-V3"]), \
+        "at M = 1024 Mixtral should be past the ridge and the other two far below it (notebook 04, step 4)"
+    assert_says(P4, "Short tails gain {} at M = 4096, and {} on Mixtral-8x7B at M = 1024",
+                gains(rows, "+tma", "sorted", (4096,)), x(report.step_gains(rows, "first", "+tma", "sorted")[
+                    "Mixtral-8x7B", 1024]))
+    assert_says(P4, "those GEMMs do only {:.0f} and {:.0f} FLOPs per byte, far below the {:.0f} at which the H200 "
+                    "stops waiting on memory", ai["Qwen3-30B-A3B"], ai["DeepSeek-V3"], ridge)
+    assert_says(P4, "Short tails are on only for `BLOCK_M >= 32`.")
+    assert "config.block_m >= 32" in inspect.getsource(__import__(
+        "moe_tutorial.kernels.sorted_kernel", fromlist=["_launch"])._launch)
+
+
+def test_04_layer_steps(rows, ceil):
+    qwen = get_shape("Qwen3-30B-A3B")
+    assert_says(P4, "at M = 16384 on Qwen3-30B-A3B (top-{}, K = {}, bf16)", qwen.topk, qwen.hidden)
+    unfused, router = report.times(rows, "layer", "unfused"), report.times(rows, "layer", "+router-epilogue")
+    for m in HEADLINE_MODELS:
+        s = get_shape(m)
+        predicted_ms = 2 * (16384 * s.topk * s.hidden * 2) / (ceil["read_tbps"] * 1e12) * 1e3
+        assert unfused[m, 16384] - router[m, 16384] > predicted_ms, \
+            f"{m}: the router step no longer saves more than its bytes explain (notebook 04, layer step 1)"
+    assert_says(P4, "output is large next to the weights: {}.",
+                largest(rows, "unfused", "+router-epilogue", gemm="layer"))
+    assert_says(P4, "It gains most on {}.", largest(rows, "+router-epilogue", "+silu-epilogue", gemm="layer"))
+
+
+def test_04_one_launch_alignment(rows):
+    assert_says(P4, "For up to {} pairs, `align_block_size` takes one launch", SMALL_BATCH_PAIRS)
+    small = {m: [M for M in BATCH_SIZES if M * get_shape(m).topk <= SMALL_BATCH_PAIRS] for m in HEADLINE_MODELS}
+    assert all(Ms == [1, 8] for Ms in small.values())
+    assert_says(P4, "The step can only matter where the batch has at most {} pairs: M = 1 and 8 on all three models.",
+                SMALL_BATCH_PAIRS)
+    assert_says(P4, "At M = 1 and 8 it gains {}, most on {}, whose layer takes the least time",
+                gains(rows, "+silu-epilogue", "sorted", (1, 8), gemm="layer"),
+                largest(rows, "+silu-epilogue", "sorted", (1, 8), gemm="layer"))
+    fastest = min(HEADLINE_MODELS, key=lambda m: report.times(rows, "layer", "sorted")[m, 1])
+    assert report.largest_gain(rows, "layer", "+silu-epilogue", "sorted", Ms=(1, 8))[1:] == (fastest, 1)
+    assert_says(P4, "Above {} pairs the two steps run the same kernels", SMALL_BATCH_PAIRS)
+
+
+# --------------------------------------------------------------------------------------
+# 05: the performance chapter
+
+
+def test_05_floor_by_hand():
+    s = get_shape("Mixtral-8x7B")
+    assert_says(P5, "one token of Mixtral-8x7B (top-{} of {} experts, N = {}, K = {})", s.topk, s.num_experts,
+                *s.first_gemm)
+
+
+def test_05_the_yardstick(rows, ceil):
+    parts13 = report.headline_ceilings(rows, "fused")
+    assert_says(P5, "In the run that timed Part 4 the read-only kernel read {:.2f} TB/s and the copy moved {:.2f} "
+                    "TB/s; in the run that timed Parts 1 to 3, {:.2f} and {:.2f} TB/s.", ceil["read_tbps"],
+                ceil["copy_tbps"], parts13["read_tbps"], parts13["copy_tbps"])
+    top = max(r["fraction_of_floor"] for r in report.subset(rows) if r.get("fraction_of_floor"))
+    assert top > 1, "no fraction exceeds 1 any more: rewrite notebook 05's paragraph on the yardstick's own error"
+    assert_says(P5, "some Part 4 points below reach up to {} of the floor", fmt2(top))
+    q = get_shape("Qwen3-30B-A3B")
+    nbytes = traffic.first_gemm_bytes(1, *q.first_gemm, q.num_experts, q.topk)
+    read_us = nbytes / (ceil["read_tbps"] * 1e12) * 1e6
+    assert_says(P5, "One launch costs {:.1f} us under this timer.", ceil["launch_us"])
+    assert_says(P5, "M = 1 moves {:.0f} MB, {:.0f} us at the read bandwidth, so the launch is {:.0%} of its floor.",
+                nbytes / 1e6, read_us, ceil["launch_us"] / (read_us + ceil["launch_us"]))
+    assert_says(P5, "Before each replay {} MB", timing.FLUSH_BYTES >> 20)
+    assert_says(P5, "the result is the median of {} replays.", timing.COLD_REPLAYS)
+    assert "reversed(times)" in inspect.getsource(bench.run_group)    # "in order and in reverse order"
+
+
+def test_05_intensity(ceil):
+    ridge = ceil["matmul_tflops"] / ceil["read_tbps"]
+    assert_says(P5, "(matmul rate over read bandwidth, {:.0f} FLOP/byte on this H200)", ridge)
+    assert_says(P5, "where each expert gets about {:.0f} rows, at `M = ridge x E / topk`", ridge)
+    Ms = np.arange(1, 65537)
+    cross = {(m, g): int(Ms[np.argmax(perf.intensity(get_shape(m), Ms, g) >= ridge)])
+             for m in HEADLINE_MODELS for g in ("first", "layer")}
+    assert max(v for (m, _), v in cross.items() if m == "Mixtral-8x7B") < 1000 <= min(
+        v for (m, _), v in cross.items() if m != "Mixtral-8x7B"), "rewrite '05: a few hundred tokens ... thousands'"
+    assert min(cross.values()) > 256
+    assert_says(P5, "(the earliest crossing is at M = {})", min(cross.values()))
+
+
+def test_05_part2_bound_and_table(rows):
+    at_1 = [r["fraction_of_floor"] for r in report.subset(rows, "first", impls=("indexing",)) if r["M"] == 1]
+    assert all(0.25 < f < 1 / 3 for f in at_1), "Part 2 at M = 1 is no longer just under 1/3 (notebook 05, section 6)"
+    text = f"{fmt2(min(at_1))} on all three models" if fmt2(min(at_1)) == fmt2(max(at_1)) else \
+        f"{fmt2(min(at_1))} to {fmt2(max(at_1))}"
+    assert_says(P5, "**Part 2, indexing** lands at {} at M = 1, just under the 1/3 its copy allows", text)
+    skip = {m: min(r["M"] for r in report.subset(rows, "first", impls=("indexing",))
+                   if r["model"] == m and str(r["status"]).startswith("skipped")) for m in HEADLINE_MODELS}
+    assert_says(P5, "from M = {} on Mixtral-8x7B, {} on DeepSeek-V3 and {} on Qwen3-30B-A3B its copy no longer fits in "
+                    "memory.", skip["Mixtral-8x7B"], skip["DeepSeek-V3"], skip["Qwen3-30B-A3B"])
+    assert "0.10 (3/7 M)" in report.summary_table(rows, ("indexing",))
+    assert_says(P5, '"0.10 (3/7 M)" counts 3 of the 7 batch sizes')
+
+
+def test_05_reading_the_table(rows, ceil):
+    g1, gl = report.floor_geomeans(rows, "first"), report.floor_geomeans(rows, "layer")
+    assert_says(P5, "With Mixtral-8x7B's 8 large experts that overhead is amortised ({} of the floor); with "
+                    "Qwen3-30B-A3B's 128 small ones it dominates ({}); DeepSeek-V3's 256 large ones land between ({}).",
+                fmt2(g1["Mixtral-8x7B", "loop"]), fmt2(g1["Qwen3-30B-A3B", "loop"]), fmt2(g1["DeepSeek-V3", "loop"]))
+    assert_says(P5, "Its TFLOP/s never pass {:.1f}; notebook 03 measures why.",
+                max(report.best_tflops(rows, "fused").values()))
+    lo, hi = report.fraction_range(rows, "first", "sorted", Ms=SMALL)
+    assert_says(P5, "**Part 4** reaches {} of the floor, and {} to {} from M = 1 to 256.", trio(g1, "sorted"),
+                fmt2(lo), fmt2(hi))
+    weak = min((r["fraction_of_floor"], r["model"], r["M"], r["floor_ms"])
+               for r in report.subset(rows, "first", impls=("sorted",)))
+    assert_says(P5, "Its weakest point is {} at M = {} ({}), whose floor is only {:.0f} us, {:.1f} us of it one "
+                    "launch.", weak[1], weak[2], fmt2(weak[0]), weak[3] * 1e3, ceil["launch_us"])
+    peak = report.best_tflops(rows, "sorted")
+    assert_says(P5, "At prefill it reaches {:.0f} to {:.0f} TFLOP/s against the {:.0f} of a plain matmul.",
+                min(peak.values()), max(peak.values()), ceil["matmul_tflops"])
+    assert_says(P5, "The heuristic alone ({}) is close behind the tuned table; with the alignment inside the "
+                    "timing, {}.", trio(g1, "sorted-heuristic"), trio(g1, "sorted+align"))
+    speed = report.speedup_geomeans(rows, "first", "sorted", "grouped_mm")
+    assert all(v > 1 for v in speed.values())     # the recap: "beats torch._grouped_mm on all three models"
+    assert_says(P5, "reaches {}: Part 4 is {} faster, geometric mean over M.", trio(g1, "grouped_mm"),
+                " / ".join(x(speed[m]) for m in HEADLINE_MODELS))
+    assert_says(P5, "**The whole layer** with Part 4: {}.", trio(gl, "sorted"))
+    assert_says(P5, "We did not run vLLM, so this chapter has no vLLM numbers.")
+    assert_says(P5, "SiLU * up as a separate op): {} of the floor.", trio(gl, "+router-epilogue"))
+
+
+def test_05_runs_and_protocols(rows, ceil):
+    runs = {(r["date"], r["protocol"]) for r in rows}
+    assert len(runs) == 3 and sorted(p for _, p in runs) == ["cold-l2", "cold-l2", "rotated"]
+    assert_says(P5, "One GPU, three runs of `bench`")
+    rotated = report.headline_ceilings(rows, "sorted", protocol="rotated")
+    assert_says(P5, "one launch costs {:.1f} us there, against {:.1f} us cold.", rotated["launch_us"],
+                ceil["launch_us"])
+    geo = {p: report.floor_geomeans(rows, "first", protocol=p) for p in ("cold-l2", "rotated")}
+    mean_diff = max(abs(geo["cold-l2"][k] - v) for k, v in geo["rotated"].items())
+    point = {p: {(r["model"], r["M"]): r["fraction_of_floor"]
+                 for r in report.subset(rows, "first", impls=("sorted",), protocol=p)} for p in ("cold-l2", "rotated")}
+    worst = max((abs(point["cold-l2"][k] - v), *k) for k, v in point["rotated"].items())
+    assert_says(P5, "On the geometric means the two protocols agree within {}. Point by point they differ more, by up "
+                    "to {} ({}, M = {})", fmt2(mean_diff), fmt2(worst[0]), worst[1], worst[2])
+    assert all(point["rotated"][m, 1] > point["cold-l2"][m, 1] for m in HEADLINE_MODELS), \
+        "rotated no longer reads higher at M = 1 on every model (notebook 05, appendix C)"
+    assert any(point["rotated"][m, M] < point["cold-l2"][m, M] for m in HEADLINE_MODELS for M in LARGE)
+
+
+def test_04_small_facts(rows):
+    from moe_tutorial.kernels.minimal_sorted_kernel import minimal_sorted_kernel
+    from moe_tutorial.source import source_of
+
+    assert 30 <= len(source_of(minimal_sorted_kernel).splitlines()) <= 50       # "a kernel of about forty lines"
+    assert_says(P4, "shows it first as a kernel of about forty lines")
+    v3 = get_shape("DeepSeek-V3")
+    assert v3.num_experts * v3.first_gemm[0] * v3.first_gemm[1] > 2 ** 31
+    assert_says(P4, "DeepSeek-V3's gate/up weights have more than `2^31` elements")
+    steps = report.subset(rows, "first", impls=report.LADDERS["first"])
+    assert sorted({r["M"] for r in steps}) == list(BATCH_SIZES) == [1, 8, 64, 256, 1024, 4096, 16384]
+    assert {r["model"] for r in steps} == set(HEADLINE_MODELS)
+    assert_says(P4, "for M from 1 to 16384 on three models")
+
+
+def test_05_small_facts(rows):
+    from moe_tutorial.perf import impls
+
+    v3 = get_shape("DeepSeek-V3")
+    assert traffic.experts_touched(64, v3.num_experts, v3.topk) > 0.8 * v3.num_experts
+    assert_says(P5, "DeepSeek-V3 touches {} experts per token, and by M = 64 nearly all {} of them", v3.topk,
+                v3.num_experts)
+    assert inspect.signature(impls.check_indexing_fits).parameters["fraction"].default == pytest.approx(1 / 3)
+    assert any("slower than 1 s per call" in str(r["status"]) for r in rows)
+    assert_says(P5, "A case is skipped when Part 2's copy would not fit in a third of the GPU's free memory, or when "
+                    "one call takes more than a second.")
+    assert_says(P5, "Each line is one implementation, climbing from M = 1 (left) to M = 16384 (right).")
