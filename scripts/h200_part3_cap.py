@@ -44,7 +44,8 @@ if str(REPO) not in sys.path:            # run from anywhere without installing 
     sys.path.insert(0, str(REPO))
 
 import moe_tutorial  # noqa: E402,F401,I001  (first: picks the runtime before triton is imported)
-from moe_tutorial import part3_cap, runtime  # noqa: E402
+from moe_tutorial import runtime  # noqa: E402
+from moe_tutorial.perf import part3_cap  # noqa: E402
 from moe_tutorial.kernels.fused_kernel import default_blocks, fused_moe_kernel  # noqa: E402
 from moe_tutorial.perf.timing import machine_info, measure_ms  # noqa: E402
 from moe_tutorial.reference import reference_moe_matmul, rel_error  # noqa: E402

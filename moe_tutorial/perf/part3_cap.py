@@ -28,8 +28,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from .perf.results import DATA_DIR
-from .perf.traffic import geomean
+from .results import DATA_DIR
+from .traffic import geomean
 
 #: Where the H200 result is committed (the script writes it under its --out directory).
 CAP_RESULTS = DATA_DIR / "h200_part3_cap.csv"
@@ -130,7 +130,7 @@ def ratios(rows: list[dict], experiment: str, column: str, new, old) -> dict[str
 
 def table(rows: list[dict]) -> str:
     """The timing rows as a text table: what changed, the time, TFLOP/s and the TB/s the programs loaded."""
-    from .perf.report import format_table
+    from .report import format_table
 
     body = []
     for r in timed(rows):
@@ -173,7 +173,7 @@ def _pct(metrics: dict, key: str) -> str:
 
 def hbm_read_tbps() -> float | None:
     """The H200's read-only bandwidth measured by the series' benchmark (the committed run), if any."""
-    from .perf.results import H200_RESULTS, load_rows
+    from .results import H200_RESULTS, load_rows
 
     if not H200_RESULTS.exists():
         return None
