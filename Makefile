@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup lab test test-fast test-browser bench clean
+.PHONY: setup lab test test-fast test-browser lint bench clean
 
 setup: $(STAMP)
 
@@ -23,10 +23,15 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks/ $(ROOT_FLAG)
 
-# Everything: package tests, exercise checkers, notebooks through nbval, then the browser test.
+# Everything: lint, package tests, exercise checkers, notebooks through nbval, then the browser test.
 test: $(STAMP)
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -m "not browser" --nbval --nbval-current-env -p no:cacheprovider
 	$(MAKE) test-browser
+
+# Lint alone: pyflakes, line length 120, import order (moe_tutorial before triton).
+lint: $(STAMP)
+	$(BIN)/ruff check .
 
 # The package and checker tests only, no notebooks (a quick loop while editing).
 test-fast: $(STAMP)

@@ -1,4 +1,4 @@
-"""The series' worked example, small enough to check by hand (DESIGN.md)."""
+"""The series' worked example, small enough to check by hand (notebook 01 computes it)."""
 from __future__ import annotations
 
 from types import SimpleNamespace

@@ -337,7 +337,7 @@ def test_no_host_sync_on_gpu(M, topk, E, block_m):
 @pytest.mark.parametrize("M", [1, 8, 64, 1024, 16384])
 @pytest.mark.parametrize("E,topk", [(8, 2), (60, 4), (64, 6), (128, 8), (256, 8)])
 def test_model_shapes_on_gpu(M, E, topk):
-    """Every routing shape of DESIGN.md, with the block sizes the tuner picks from."""
+    """Every routing shape of MODEL_SHAPES, with the block sizes the tuner picks from."""
     ids = random_topk_ids(M, E, topk, generator=torch.Generator().manual_seed(M + E), device=DEVICE)
     for block_m in (16, 32, 64, 128):
         check_alignment(ids, block_m, E, align_block_size(ids, block_m, E))

@@ -1,7 +1,7 @@
 """Part 4's sorted kernel: first GEMM and whole layer against the float64 reference.
 
 In the interpreter the shapes stay small (every program costs about a millisecond); the
-``gpu`` tests at the end run bf16 on every model shape of DESIGN.md.
+``gpu`` tests at the end run bf16 on every model shape of moe_tutorial.shapes.MODEL_SHAPES.
 """
 from __future__ import annotations
 
@@ -437,7 +437,7 @@ def test_bad_layer_shapes():
 
 
 # --------------------------------------------------------------------------------------
-# On a GPU: bf16 on every model shape of DESIGN.md
+# On a GPU: bf16 on every model shape of moe_tutorial.shapes.MODEL_SHAPES
 # --------------------------------------------------------------------------------------
 
 def _gpu_weights(E, N, K, dtype, seed):

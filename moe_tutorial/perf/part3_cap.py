@@ -173,12 +173,9 @@ def _pct(metrics: dict, key: str) -> str:
 
 def hbm_read_tbps() -> float | None:
     """The H200's read-only bandwidth measured by the series' benchmark (the committed run), if any."""
-    from .results import H200_RESULTS, load_rows
+    from .results import H200_RESULTS, committed_ceilings
 
-    if not H200_RESULTS.exists():
-        return None
-    values = [r["read_tbps"] for r in load_rows(H200_RESULTS) if r.get("read_tbps") and r.get("protocol") == "cold-l2"]
-    return max(values) if values else None
+    return committed_ceilings()[0] if H200_RESULTS.exists() else None
 
 
 def explain(rows: list[dict], hbm_tbps: float | None = None) -> Verdict:

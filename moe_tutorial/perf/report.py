@@ -441,10 +441,12 @@ def same_kernel_table(pairs: list[dict]) -> str:
 # Notebook 05: one table, two protocols
 # --------------------------------------------------------------------------------------
 
-def summary_table(rows: list[dict], impls, *, labels: dict | None = None, protocol: str | None = None) -> str:
+def summary_table(rows: list[dict], impls, *, labels: dict | None = None, protocol: str | None = None,
+                  markdown: bool = False) -> str:
     """One line per implementation, one column per model: the geometric-mean fraction of the
     floor of the gate/up GEMM, then of the whole layer ("GEMM / layer"; "-" where the
-    implementation has no such variant). A mean over only some M says how many, e.g. "(3/7 M)"."""
+    implementation has no such variant). A mean over only some M says how many, e.g. "(3/7 M)".
+    ``markdown=True`` gives the same table in Markdown (the README's)."""
     labels = labels or {}
     rows = subset(rows, protocol=protocol)
     models = model_order(rows)
@@ -461,7 +463,10 @@ def summary_table(rows: list[dict], impls, *, labels: dict | None = None, protoc
 
     body = [[labels.get(impl, impl)] + [f"{cell('first', impl, m)} / {cell('layer', impl, m)}" for m in models]
             for impl in impls]
-    return format_table(["gate/up GEMM / whole layer"] + models, body)
+    header = ["gate/up GEMM / whole layer"] + models
+    if markdown:
+        return "\n".join("| " + " | ".join(line) + " |" for line in [header, ["---"] * len(header)] + body)
+    return format_table(header, body)
 
 
 def speedup_geomeans(rows: list[dict], gemm: str, faster: str, slower: str, *, protocol: str | None = None) -> dict:

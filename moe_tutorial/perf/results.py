@@ -63,10 +63,10 @@ def select(rows: list[dict], **where) -> list[dict]:
 
 
 def committed_ceilings(protocol: str = "cold-l2") -> tuple[float, float]:
-    """``(read-only TB/s, matmul TFLOP/s)`` of the committed H200 results: the best read bandwidth
-    and matmul rate among the runs timed under ``protocol``. Figures and prose that need "the
-    H200's ceilings" take them from here, so the series quotes one measurement, not several."""
-    rows = [r for r in load_rows(H200_RESULTS) if r.get("protocol") == protocol and r.get("read_tbps")]
-    if not rows:
-        raise ValueError(f"protocol: expected one with rows in {H200_RESULTS.name}, got {protocol!r}")
-    return max(r["read_tbps"] for r in rows), max(r["matmul_tflops"] for r in rows)
+    """``(read-only TB/s, matmul TFLOP/s)`` of the committed H200 run that timed Part 4 under
+    ``protocol`` (:func:`moe_tutorial.perf.report.headline_ceilings`): what figures and prose quote
+    as "the H200's ceilings", one measurement rather than several."""
+    from .report import headline_ceilings
+
+    ceilings = headline_ceilings(load_rows(H200_RESULTS), protocol=protocol)
+    return ceilings["read_tbps"], ceilings["matmul_tflops"]

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import math
 
-#: The H200 ceilings DESIGN.md quotes (copy bandwidth, bf16 matmul rate), where no measured ones are at hand.
-H200_COPY_TBPS, H200_MATMUL_TFLOPS = 4.27, 672.0
-
 
 def experts_touched(M: int, num_experts: int, topk: int) -> float:
     """Expected number of distinct experts M tokens route to (uniform routing)."""
