@@ -6,9 +6,9 @@ notebook 06 says so.
 """
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
+from ..perf.results import read_csv
 from .cost import Machine
 
 H200X2_RESULTS = Path(__file__).parent.parent / "data" / "h200x2_ep.csv"
@@ -16,23 +16,9 @@ _INT = {"world", "E", "K", "I", "topk", "M", "bytes"}
 _FLOAT = {"ms", "gbps", "rel_error"}
 
 
-def _parse(key: str, value: str):
-    if value == "":
-        return None
-    if key in _INT:
-        return int(float(value))
-    if key in _FLOAT:
-        return float(value)
-    return value
-
-
 def load(path=H200X2_RESULTS) -> list[dict] | None:
     """The rows of the results CSV (numbers parsed, empty cells None), or None if there is no file."""
-    path = Path(path)
-    if not path.exists():
-        return None
-    with open(path, newline="") as f:
-        return [{k: _parse(k, v) for k, v in row.items()} for row in csv.DictReader(f)]
+    return read_csv(path, _INT, _FLOAT) if Path(path).exists() else None
 
 
 def ok_rows(rows: list[dict], **where) -> list[dict]:

@@ -23,12 +23,11 @@ key of :data:`NCU_METRICS`), ``value`` and, in ``note``, Nsight Compute's own me
 """
 from __future__ import annotations
 
-import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from .results import DATA_DIR
+from .results import DATA_DIR, read_csv, write_csv
 from .traffic import geomean
 
 #: Where the H200 result is committed (the script writes it under its --out directory).
@@ -73,35 +72,14 @@ ISSUE_BOUND_ABOVE = 0.85
 HBM_BOUND_ABOVE = 1.25
 
 
-def _parse(key: str, value: str):
-    if value == "":
-        return None
-    if key in _INT:
-        return int(value)
-    if key in _FLOAT:
-        return float(value)
-    return value
-
-
 def write(path, rows: list[dict]) -> Path:
     """Write ``rows`` (dicts with :data:`FIELDS` keys; missing ones left empty) as CSV."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: "" if row.get(k) is None else row[k] for k in FIELDS})
-    return path
+    return write_csv(path, rows, FIELDS)
 
 
 def load(path=CAP_RESULTS) -> list[dict] | None:
     """The rows of a results file, numbers parsed; None when the file does not exist (not measured yet)."""
-    path = Path(path)
-    if not path.exists():
-        return None
-    with open(path, newline="") as f:
-        return [{k: _parse(k, v) for k, v in row.items()} for row in csv.DictReader(f)]
+    return read_csv(path, _INT, _FLOAT) if Path(path).exists() else None
 
 
 def timed(rows: list[dict], **where) -> list[dict]:

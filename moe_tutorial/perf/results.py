@@ -29,32 +29,40 @@ _FLOAT = {"read_tbps", "copy_tbps", "matmul_tflops", "launch_us", "ms", "tflops"
           "fraction_of_floor", "rel_error"}
 
 
-def write_rows(path, rows: list[dict]) -> Path:
-    """Write ``rows`` (dicts with :data:`FIELDS` keys; missing ones left empty) to ``path``."""
+def write_csv(path, rows: list[dict], fields: list[str]) -> Path:
+    """Write ``rows`` as CSV with columns ``fields`` (missing keys and None left empty)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         for row in rows:
-            writer.writerow({k: row.get(k, "") for k in FIELDS})
+            writer.writerow({k: "" if row.get(k) is None else row[k] for k in fields})
     return path
 
 
-def _parse(key: str, value: str):
-    if value == "":
-        return None
-    if key in _INT:
-        return int(value)
-    if key in _FLOAT:
-        return float(value)
-    return value
+def read_csv(path, ints=frozenset(), floats=frozenset()) -> list[dict]:
+    """Read a CSV written by :func:`write_csv`: columns in ``ints`` as int, in ``floats`` as float,
+    empty cells as None, the rest as text."""
+    def parse(key: str, value: str):
+        if value == "":
+            return None
+        if key in ints:
+            return int(float(value))
+        return float(value) if key in floats else value
+
+    with open(path, newline="") as f:
+        return [{k: parse(k, v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def write_rows(path, rows: list[dict]) -> Path:
+    """Write benchmark ``rows`` (dicts with :data:`FIELDS` keys) to ``path``."""
+    return write_csv(path, rows, FIELDS)
 
 
 def load_rows(path=H200_RESULTS) -> list[dict]:
-    """Read a results CSV back, numbers as int/float and empty cells as None."""
-    with open(path, newline="") as f:
-        return [{k: _parse(k, v) for k, v in row.items()} for row in csv.DictReader(f)]
+    """Read a benchmark results CSV back, numbers as int/float and empty cells as None."""
+    return read_csv(path, _INT, _FLOAT)
 
 
 def select(rows: list[dict], **where) -> list[dict]:
