@@ -197,3 +197,23 @@ def test_tune_command_wiring_on_a_pretend_gpu(monkeypatch, tmp_path, capsys):
                         dtype=torch.float16, out=out, max_minutes=3.0)
     printed = capsys.readouterr().out
     assert "2.00x" in printed and str(out) in printed
+
+
+def test_tune_takes_any_shape_a_user_names(monkeypatch, tmp_path, capsys):
+    """A shape no table knows (topk = 1 included) is tuned like a named model; one shape, no more."""
+    from moe_tutorial.perf import tuning
+
+    seen = {}
+    monkeypatch.setattr(runtime, "ON_GPU", True)
+    monkeypatch.setattr(tuning, "tune", lambda shape, *a, **k: seen.update(shape=shape) or [])
+    assert cli.main(["tune", "--E", "40", "--N", "1024", "--K", "512", "--topk", "1", "--out",
+                     str(tmp_path / "t.json")]) == 0
+    s = seen["shape"]
+    assert (s.name, s.num_experts, s.topk, s.hidden, s.intermediate) == ("custom", 40, 1, 512, 512)
+    for argv, message in ((["tune"], "name one shape to tune"),
+                          (["tune", "--model", "Mixtral-8x7B", "--E", "8", "--N", "64", "--K", "64", "--topk", "2"],
+                           "name one shape to tune"),
+                          (["tune", "--E", "8", "--N", "64"], "missing --K, --topk")):
+        with pytest.raises(SystemExit):
+            cli.main(argv)
+        assert message in capsys.readouterr().err

@@ -280,9 +280,8 @@ def align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int, *,
     num_post = torch.empty(1, dtype=torch.int32, device=device)    # a kernel writes it: no memset launch
     num_blocks = expert_ids.numel()
     if numel <= min(small_batch_pairs, SMALL_BATCH_PAIRS):
-        # Sized to the batch: SMALL x SMALL tensors, about 16 elements per thread. On an H200:
-        # 1.7 us for 8 pairs, 3.3 us for 64; 128 pairs took 9.7 us (the three-launch path
-        # takes 7 us for 512), hence the limit of 64.
+        # Sized to the batch: SMALL x SMALL tensors, about 16 elements per thread. Past 64 pairs
+        # the three launches are faster (timings in notes/gpu-notes.md, "decode alignment").
         small = max(16, triton.next_power_of_2(numel))
         _align_small_kernel[(1,)](
             ids, numel, sorted_ids, expert_ids, num_post, num_blocks,

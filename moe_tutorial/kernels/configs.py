@@ -119,7 +119,7 @@ def heuristic_config(M: int, topk: int, E: int, variant: str = "plain", itemsize
     elif rows_per_expert < 128:
         cfg = KernelConfig(block_m=64, block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=3, use_tma=False)
     elif variant == "gated":
-        # Two accumulators: a 128x256 pair spills registers (6x slower on the H200).
+        # Two accumulators: a 128x256 pair spills registers (notes/gpu-notes.md, tuning).
         cfg = KernelConfig(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=4, use_tma=False)
     else:
         cfg = KernelConfig(block_m=128, block_n=256, block_k=64, group_m=8, num_warps=8, num_stages=3, use_tma=True)

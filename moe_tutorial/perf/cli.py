@@ -211,8 +211,14 @@ def build_parser() -> argparse.ArgumentParser:
 
         Refused on the CPU: the interpreter has no speed to tune.
         """))
-    tune.add_argument("--model", type=_model, required=True, metavar="NAME",
-                      help=f"the model whose shapes to tune: {', '.join(MODEL_SHAPES)}")
+    tune.add_argument("--model", type=_model, default=None, metavar="NAME",
+                      help=f"the model whose shapes to tune: {', '.join(MODEL_SHAPES)}; or name any other shape "
+                           "with --E, --N, --K and --topk")
+    tune.add_argument("--E", type=_positive_int, default=None, help="custom shape: number of experts")
+    tune.add_argument("--N", type=_positive_int, default=None,
+                      help="custom shape: the first GEMM's N = 2 * intermediate (even)")
+    tune.add_argument("--K", type=_positive_int, default=None, help="custom shape: hidden size K")
+    tune.add_argument("--topk", type=_positive_int, default=None, help="custom shape: experts per token")
     tune.add_argument("--batch-sizes", "-M", type=_int_list, default=BATCH_SIZES, metavar="M,M,...",
                       help="token counts to tune for; the package takes the nearest tuned M on a log scale "
                            "(default: 1,8,64,256,1024,4096,16384)")
@@ -341,19 +347,26 @@ def run_tune_command(parser, args) -> int:
     from ..kernels.configs import user_table_path
     from .tuning import REFUSAL, results_table, tune
 
+    custom = _custom_shape(parser, args)
+    if (args.model is None) == (custom is None):
+        parser.error("name one shape to tune: --model NAME, or a custom shape with --E, --N, --K and --topk")
+    shape = args.model or custom
     if not runtime.ON_GPU:
         print(f"moe-tutorial tune: {REFUSAL}", file=sys.stderr)
         return 1
     dtype = getattr(torch, args.dtype)
     out = args.out or user_table_path()
-    print(f"tune: {args.model.name}, variants {','.join(args.variants)}, M = {','.join(map(str, args.batch_sizes))}, "
-          f"{args.dtype}, at most {args.max_minutes:g} min; table: {out}")
-    results = tune(args.model, args.batch_sizes, args.variants, dtype, out=out, max_minutes=args.max_minutes,
+    print(f"tune: {shape.name} (E={shape.num_experts}, topk={shape.topk}, hidden={shape.hidden}, "
+          f"intermediate={shape.intermediate}), variants {','.join(args.variants)}, "
+          f"M = {','.join(map(str, args.batch_sizes))}, {args.dtype}, at most {args.max_minutes:g} min; table: {out}")
+    results = tune(shape, args.batch_sizes, args.variants, dtype, out=out, max_minutes=args.max_minutes,
                    seed=args.seed)
     if results:
+        same = (f"--models {shape.name}" if args.model else
+                f"--E {shape.num_experts} --N {2 * shape.intermediate} --K {shape.hidden} --topk {shape.topk}")
         print("\n" + results_table(results))
-        print(f"\nwrote {out}: `moe-tutorial bench --models {args.model.name}` now uses these configurations "
-              "(and times 'sorted-heuristic' beside them)")
+        print(f"\nwrote {out}: `moe-tutorial bench {same}` now uses these configurations "
+              "(and times 'sorted-heuristic' beside them); so does every launch of that shape")
     return 0
 
 
