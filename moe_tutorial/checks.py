@@ -165,6 +165,16 @@ def check_out(out, shape: tuple, dtype: torch.dtype, *, device: torch.device | N
     return out
 
 
+def first_gemm_out(out, x: torch.Tensor, weight: torch.Tensor, topk_ids: torch.Tensor, *,
+                   zeros: bool = False) -> torch.Tensor:
+    """The ``[M, topk, N]`` buffer a first-GEMM launcher writes: a new one (uninitialised, or
+    zeros with ``zeros=True``), or the caller's ``out`` checked by :func:`check_out`."""
+    shape = (x.shape[0], topk_ids.shape[1], weight.shape[1])
+    if out is None:
+        return x.new_zeros(shape) if zeros else x.new_empty(shape)
+    return check_out(out, shape, x.dtype, device=x.device, inputs={"x": x, "weight": weight, "topk_ids": topk_ids})
+
+
 def overlaps_itself(t: torch.Tensor) -> bool:
     """True if two elements of ``t`` may share an address (a stride-0, expanded dim, or strides
     too small for the dims below them). Conservative: an interleaved layout that happens not to

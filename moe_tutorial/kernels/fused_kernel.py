@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from .. import runtime
-from ..checks import check_matmul_inputs, check_out
+from ..checks import check_matmul_inputs, first_gemm_out
 
 
 @triton.jit
@@ -115,10 +115,7 @@ def fused_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: torch.Tens
         ``[M, topk, N]`` in x's dtype, accumulated in fp32.
     """
     M, K, N, E, topk = check_matmul_inputs(x, weight, topk_ids, kernel=True)
-    if out is None:
-        out = x.new_empty(M, topk, N)
-    else:
-        check_out(out, (M, topk, N), x.dtype, device=x.device, inputs={"x": x, "weight": weight, "topk_ids": topk_ids})
+    out = first_gemm_out(out, x, weight, topk_ids)
     block_n, block_k = resolve_blocks(topk, N, K, block_n, block_k)
     if M == 0 or N == 0:
         return out

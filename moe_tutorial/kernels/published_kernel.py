@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from .. import runtime  # noqa: F401  (the runtime must be chosen before @triton.jit runs)
-from ..checks import check_matmul_inputs, check_out
+from ..checks import check_matmul_inputs, first_gemm_out
 from .fused_kernel import resolve_blocks
 
 
@@ -113,10 +113,7 @@ def published_fused_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: 
     # The published launcher checks nothing; we keep the input checks so that misuse still
     # gets a clear error, and leave the kernel's own faults alone.
     M, K, N, E, topk = check_matmul_inputs(x, weight, topk_ids, kernel=True)
-    if out is None:
-        out = torch.zeros(M, topk, N, dtype=x.dtype, device=x.device)
-    else:
-        check_out(out, (M, topk, N), x.dtype, device=x.device, inputs={"x": x, "weight": weight, "topk_ids": topk_ids})
+    out = first_gemm_out(out, x, weight, topk_ids, zeros=True)    # zeros, as published
     block_n, block_k = resolve_blocks(topk, N, K, block_n, block_k)
     if M == 0 or N == 0:
         return out

@@ -151,13 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     shape.add_argument("--models", type=_model_list, default=None, metavar="NAMES",
                        help="comma-separated model names from the list above, or 'all' "
                             "(default: the three headline models on a GPU, none on the CPU)")
-    shape.add_argument("--E", type=_positive_int, default=None, help="custom shape: number of experts")
-    shape.add_argument("--N", type=_positive_int, default=None,
-                       help="custom shape: the first GEMM's N = 2 * intermediate (even)")
-    shape.add_argument("--K", type=_positive_int, default=None, help="custom shape: hidden size K")
-    shape.add_argument("--topk", type=_positive_int, default=None,
-                       help="custom shape: experts per token (1 <= topk <= E). The four custom options "
-                            "go together and add a shape named 'custom'")
+    _add_custom_shape(shape)
     shape.add_argument("--batch-sizes", "-M", type=_int_list, default=None, metavar="M,M,...",
                        help="token counts M to sweep (default: see above; --quick uses fewer)")
     shape.add_argument("--impls", type=_choice_list(tuple(BY_NAME), "implementation"), default=None,
@@ -198,7 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="find Part 4's best launch configurations for this GPU (GPU only)",
         description=_text("""\
         Search block sizes, GROUP_M, warps, stages (and the TMA path on Hopper) for Part 4's
-        sorted kernel on one model's GEMMs, timing each candidate with CUDA graphs and keeping
+        sorted kernel on one model's GEMMs (or any shape named with --E --N --K --topk), timing each
+        candidate under the cold-l2 protocol (one call per CUDA graph, L2 flushed) and keeping
         only candidates whose output matches the untuned heuristic's (relative error < 1e-2).
         The best configuration per (problem, M) is merged into a JSON table
         {gpu: {problem: {M: config}}} that the package reads before its own tables, so
@@ -214,11 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--model", type=_model, default=None, metavar="NAME",
                       help=f"the model whose shapes to tune: {', '.join(MODEL_SHAPES)}; or name any other shape "
                            "with --E, --N, --K and --topk")
-    tune.add_argument("--E", type=_positive_int, default=None, help="custom shape: number of experts")
-    tune.add_argument("--N", type=_positive_int, default=None,
-                      help="custom shape: the first GEMM's N = 2 * intermediate (even)")
-    tune.add_argument("--K", type=_positive_int, default=None, help="custom shape: hidden size K")
-    tune.add_argument("--topk", type=_positive_int, default=None, help="custom shape: experts per token")
+    _add_custom_shape(tune)
     tune.add_argument("--batch-sizes", "-M", type=_int_list, default=BATCH_SIZES, metavar="M,M,...",
                       help="token counts to tune for; the package takes the nearest tuned M on a log scale "
                            "(default: 1,8,64,256,1024,4096,16384)")
@@ -234,6 +225,17 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
     tune.set_defaults(subparser=tune)
     return parser
+
+
+def _add_custom_shape(group) -> None:
+    """The options that name a shape no table knows: --E, --N, --K and --topk, all four together."""
+    group.add_argument("--E", type=_positive_int, default=None, help="custom shape: number of experts")
+    group.add_argument("--N", type=_positive_int, default=None,
+                       help="custom shape: the first GEMM's N = 2 * intermediate (even)")
+    group.add_argument("--K", type=_positive_int, default=None, help="custom shape: hidden size K")
+    group.add_argument("--topk", type=_positive_int, default=None,
+                       help="custom shape: experts per token (1 <= topk <= E). The four custom options "
+                            "go together and name a shape called 'custom'")
 
 
 def _custom_shape(parser, args):
