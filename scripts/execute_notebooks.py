@@ -13,11 +13,18 @@ from nbclient import NotebookClient
 sys.path.insert(0, str(Path(__file__).parent))
 from strip_notebook_metadata import strip  # noqa: E402
 
-for arg in sys.argv[1:]:
-    path = Path(arg)
-    nb = nbformat.read(path, as_version=4)
-    t0 = time.perf_counter()
-    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
-    nbformat.write(nb, path)
-    strip(path)
-    print(f"{path}: {time.perf_counter() - t0:.1f} s")
+
+def main(paths: list[str]) -> None:
+    for arg in paths:
+        path = Path(arg)
+        nb = nbformat.read(path, as_version=4)
+        t0 = time.perf_counter()
+        resources = {"metadata": {"path": str(path.parent)}}
+        NotebookClient(nb, timeout=600, kernel_name="python3", resources=resources).execute()
+        nbformat.write(nb, path)
+        strip(path)
+        print(f"{path}: {time.perf_counter() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -8,8 +8,8 @@ the SM clock, cold and after heating.
 import subprocess
 import time
 
-from moe_tutorial.perf import bench, timing
-from moe_tutorial.perf.impls import prepare
+from moe_tutorial.perf import bench, ceilings, timing
+from moe_tutorial.perf.registry import prepare
 from moe_tutorial.shapes import MODEL_SHAPES
 
 import torch
@@ -23,8 +23,8 @@ def sm_clock() -> str:
 def main() -> None:
     shape, M = MODEL_SHAPES["Mixtral-8x7B"], 4096
     w13, w2 = bench.make_weights(shape, torch.bfloat16, with_w2=False)
-    inp = bench.make_inputs(shape, M, torch.bfloat16, w13, w2, num_rotations=bench.rotations(M))
-    sorted_call = timing.cycle(prepare("first", "sorted", inp).calls)
+    inp = bench.make_inputs(shape, M, torch.bfloat16, w13, w2, num_rotations=1)
+    sorted_call = prepare("first", "sorted", inp).calls[0]
     sorted_call()
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     c = torch.empty_like(a)
@@ -37,8 +37,8 @@ def main() -> None:
                     torch.matmul(a, a, out=c)
                 torch.cuda.synchronize()
         clock = sm_clock()
-        ceil = timing.measure_ceilings(torch.bfloat16, copy_bytes=1 << 30)
-        ms = timing._cudagraph_ms(sorted_call)
+        ceil = ceilings.measure_ceilings(torch.bfloat16, "cold-l2", read_bytes=1 << 30)
+        ms = timing.measure_ms(sorted_call, protocol="cold-l2")[0]
         flops = 2 * M * shape.topk * 2 * shape.intermediate * shape.hidden
         share = flops / ms / 1e9 / ceil.matmul_tflops
         print(f"{state:9s} {ceil.matmul_tflops:8.0f} {ms:10.3f} {share:12.2f}   {clock}")

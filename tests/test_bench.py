@@ -241,10 +241,11 @@ def test_ceilings_on_a_gpu_are_plausible():
 
 
 @pytest.mark.skipif(not runtime.INTERPRETED, reason="runs the read-only kernel in the interpreter")
-def test_read_only_kernel_reads_every_word_once():
+@pytest.mark.parametrize("programs,block,evict_first", [(3, 512, False), (4, 256, True)])
+def test_read_only_kernel_reads_every_word_once(programs, block, evict_first):
     words = torch.arange(10_000, dtype=torch.int32)
-    sums = torch.empty(3, dtype=torch.int32)
-    ceilings.read_only_kernel[(3,)](words, sums, words.numel(), BLOCK=512)
+    sums = torch.empty(programs, dtype=torch.int32)
+    ceilings.read_only_kernel[(programs,)](words, sums, words.numel(), BLOCK=block, EVICT_FIRST=evict_first)
     assert int(sums.sum()) == int(words.sum())
 
 
@@ -282,11 +283,3 @@ def test_default_sweep_leaves_the_steps_out():
     plan = bench.BenchPlan([SHAPE], (1,), torch.float32)
     names = {impl for _, _, _, impl in bench.cases(plan)}
     assert "sorted" in names and not names & set(bench_impls.FIRST_STEPS + bench_impls.LAYER_STEPS)
-
-
-@pytest.mark.skipif(not runtime.INTERPRETED, reason="runs the read-only kernel in the interpreter")
-def test_read_only_kernel_with_evict_first_reads_the_same():
-    words = torch.arange(5_000, dtype=torch.int32)
-    sums = torch.empty(4, dtype=torch.int32)
-    ceilings.read_only_kernel[(4,)](words, sums, words.numel(), BLOCK=256, EVICT_FIRST=True)
-    assert int(sums.sum()) == int(words.sum())

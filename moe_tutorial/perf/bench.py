@@ -96,7 +96,7 @@ def cases(plan: BenchPlan) -> list[tuple[ModelShape, int, str, str]]:
             for g in plan.gemms for i in impls_for(plan, s, g)]
 
 
-def rotations(M: int, protocol: str = "rotated") -> int:
+def rotations(M: int, protocol: str) -> int:
     """How many routings a timed case cycles through under the rotated protocol (so L2 holds none
     of the last call's weights); the cold-l2 protocol flushes L2 instead and needs one."""
     if not runtime.ON_GPU or protocol != "rotated":

@@ -133,15 +133,18 @@ def first_fused(inp: Inputs) -> Prepared:
                     buffers=[out])
 
 
-def first_sorted(inp: Inputs, *, align_inside: bool = False, heuristic: bool = False) -> Prepared:
+def first_sorted(inp: Inputs, *, align_inside: bool = False, heuristic: bool = False, config=None) -> Prepared:
+    """Part 4's first GEMM with the tuned configuration, the heuristic's (``heuristic``), or
+    ``config``; alignment outside the timed calls unless ``align_inside``."""
     from ..kernels.align import align_block_size
     from ..kernels.configs import get_config, heuristic_config
     from ..kernels.sorted_kernel import launch_sorted_gemm
 
     E, N, K = inp.w13.shape
     M, topk = inp.M, inp.shape.topk
-    config = (heuristic_config(M, topk, E, "plain") if heuristic
-              else get_config(M, E, N, K, topk, inp.dtype, "plain"))
+    if config is None:
+        config = (heuristic_config(M, topk, E, "plain") if heuristic
+                  else get_config(M, E, N, K, topk, inp.dtype, "plain"))
     out = inp.xs[0].new_empty(M * topk, N)
     if align_inside:
         def run(x, ids, _):
@@ -181,24 +184,21 @@ def first_step(step: str):
         from ..kernels.align import align_block_size
         from ..kernels.configs import get_config, heuristic_config
         from ..kernels.minimal_sorted_kernel import minimal_sorted_moe_matmul
-        from ..kernels.sorted_kernel import launch_sorted_gemm
 
         E, N, K = inp.w13.shape
         M, topk = inp.M, inp.shape.topk
         config = heuristic_config(M, topk, E, "plain") if step in ("minimal", "+grouped") else \
             get_config(M, E, N, K, topk, inp.dtype, "plain")
         config = replace(config, short_tails=False, use_tma=config.use_tma and step == "+tma")
+        if step != "minimal":
+            return first_sorted(inp, config=config)
         alignments = [align_block_size(ids, config.block_m, E) for ids in inp.ids]
-        out = inp.xs[0].new_empty(M * topk, N)
-        if step == "minimal":
-            calls = [lambda r=r: minimal_sorted_moe_matmul(
-                inp.xs[r], inp.w13, inp.ids[r], block_m=config.block_m, block_n=config.block_n,
-                block_k=config.block_k, alignment=alignments[r], out=out.view(M, topk, N),
-                num_warps=config.num_warps, num_stages=config.num_stages) for r in range(len(inp.xs))]
-        else:
-            calls = [lambda r=r: launch_sorted_gemm(inp.xs[r], inp.w13, out, None, alignments[r], M * topk, topk,
-                                                    config) for r in range(len(inp.xs))]
-        return Prepared(calls, output=lambda _: out.view(M, topk, N), buffers=[out])
+        out = inp.xs[0].new_empty(M, topk, N)
+        calls = [lambda r=r: minimal_sorted_moe_matmul(
+            inp.xs[r], inp.w13, inp.ids[r], block_m=config.block_m, block_n=config.block_n,
+            block_k=config.block_k, alignment=alignments[r], out=out,
+            num_warps=config.num_warps, num_stages=config.num_stages) for r in range(len(inp.xs))]
+        return Prepared(calls, output=lambda _: out, buffers=[out])
     return prepare
 
 

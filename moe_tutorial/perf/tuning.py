@@ -168,7 +168,7 @@ class _Problem:
 
         self.shape, self.variant, self.M = shape, variant, M
         self.N, self.K = problem_dims(shape, variant)
-        inp = make_inputs(shape, M, dtype, w13, w2, num_rotations=rotations(M), seed=seed)
+        inp = make_inputs(shape, M, dtype, w13, w2, num_rotations=rotations(M, "cold-l2"), seed=seed)
         self.ids = inp.ids
         pairs = M * shape.topk
         self.pairs = pairs
