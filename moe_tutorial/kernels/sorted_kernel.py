@@ -85,19 +85,23 @@ def router_weight_epilogue(acc, router_w_ptr, pair, row_ok):
 
 @triton.jit
 def sorted_tile(
-    a_ptr, b_ptr, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr, pid_m, pid_n, expert,
-    N, K, num_pairs, a_row_div, stride_b_up, b_rows_per_expert,
+    a_ptr, a_desc, b_ptr, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr, pid_m, pid_n, expert,
+    N, K, num_pairs, a_row_div, c_row_div, stride_b_up, b_rows_per_expert,
     stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
     ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GATED: tl.constexpr, ROUTER_WEIGHTS: tl.constexpr, EVEN_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
+    A_SORTED: tl.constexpr, A_TMA: tl.constexpr, C_MODE: tl.constexpr, WARP_SPEC: tl.constexpr,
 ):
     """The first ROWS rows of row block ``pid_m`` times one expert's ``[BLOCK_N, K]`` slice."""
     # [gather the rows]
     offs_m = pid_m * BLOCK_M + tl.arange(0, ROWS)
     pair = tl.load(sorted_ids_ptr + offs_m)
     row_ok = pair < num_pairs                       # padding rows hold num_pairs
-    a_row = (pair // a_row_div).to(tl.int64)
+    if A_SORTED:
+        a_row = offs_m.to(tl.int64)
+    else:
+        a_row = (pair // a_row_div).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + a_row[:, None] * stride_am + offs_k[None, :] * stride_ak
 
@@ -110,9 +114,11 @@ def sorted_tile(
     # [the K loop]
     acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
+    for k in tl.range(0, tl.cdiv(K, BLOCK_K), warp_specialize=WARP_SPEC):
         k_ok = offs_k < K - k * BLOCK_K
-        if EVEN_K:
+        if A_TMA:
+            a = a_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
+        elif EVEN_K:
             a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
         else:
             a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
@@ -133,21 +139,31 @@ def sorted_tile(
 
     # [scatter the rows]
     offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    c_ptrs = c_ptr + pair.to(tl.int64)[:, None] * stride_cm + offs_cn[None, :] * stride_cn
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_cn[None, :] < N))
+    c_ok = row_ok[:, None] & (offs_cn[None, :] < N)
+    if C_MODE == 1:
+        c_row = offs_m.to(tl.int64)
+    else:
+        c_row = (pair // c_row_div).to(tl.int64)
+    c_ptrs = c_ptr + c_row[:, None] * stride_cm + offs_cn[None, :] * stride_cn
+    if C_MODE == 2:
+        tl.atomic_add(c_ptrs, acc, mask=c_ok, sem="relaxed")
+    else:
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_ok)
 
 
 @triton.jit
 def sorted_moe_kernel(
-    a_ptr, b_ptr, b_desc, c_ptr, router_w_ptr,
+    a_ptr, a_desc, a_desc_half, b_ptr, b_desc, c_ptr, router_w_ptr,
     sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
-    N, K, num_pairs, max_padded, a_row_div, stride_b_up, b_rows_per_expert,
+    N, K, num_pairs, max_padded, a_row_div, c_row_div, stride_b_up, b_rows_per_expert,
     stride_am, stride_ak,
     stride_be, stride_bn, stride_bk,
     stride_cm, stride_cn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     GATED: tl.constexpr, ROUTER_WEIGHTS: tl.constexpr, EVEN_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, SHORT_TAILS: tl.constexpr,
+    A_SORTED: tl.constexpr = False, A_TMA: tl.constexpr = False, C_MODE: tl.constexpr = 0,
+    WARP_SPEC: tl.constexpr = False,
 ):
     """C[pair, n] = A[pair // a_row_div] . B[expert(pair), n] for one [BLOCK_M, BLOCK_N] tile.
 
@@ -171,15 +187,17 @@ def sorted_moe_kernel(
     if SHORT_TAILS:
         half_full = second_half_is_padding(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
     if half_full:
-        sorted_tile(a_ptr, b_ptr, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr, pid_m, pid_n, expert,
-                    N, K, num_pairs, a_row_div, stride_b_up, b_rows_per_expert,
+        sorted_tile(a_ptr, a_desc_half, b_ptr, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr, pid_m, pid_n, expert,
+                    N, K, num_pairs, a_row_div, c_row_div, stride_b_up, b_rows_per_expert,
                     stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
-                    BLOCK_M // 2, BLOCK_M, BLOCK_N, BLOCK_K, GATED, ROUTER_WEIGHTS, EVEN_K, DOT_PRECISION, USE_TMA)
+                    BLOCK_M // 2, BLOCK_M, BLOCK_N, BLOCK_K, GATED, ROUTER_WEIGHTS, EVEN_K, DOT_PRECISION, USE_TMA,
+                    A_SORTED, A_TMA, C_MODE, WARP_SPEC)
     else:
-        sorted_tile(a_ptr, b_ptr, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr, pid_m, pid_n, expert,
-                    N, K, num_pairs, a_row_div, stride_b_up, b_rows_per_expert,
+        sorted_tile(a_ptr, a_desc, b_ptr, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr, pid_m, pid_n, expert,
+                    N, K, num_pairs, a_row_div, c_row_div, stride_b_up, b_rows_per_expert,
                     stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
-                    BLOCK_M, BLOCK_M, BLOCK_N, BLOCK_K, GATED, ROUTER_WEIGHTS, EVEN_K, DOT_PRECISION, USE_TMA)
+                    BLOCK_M, BLOCK_M, BLOCK_N, BLOCK_K, GATED, ROUTER_WEIGHTS, EVEN_K, DOT_PRECISION, USE_TMA,
+                    A_SORTED, A_TMA, C_MODE, WARP_SPEC)
 
 
 def _weight_descriptor(b: torch.Tensor, config: KernelConfig):
@@ -204,7 +222,7 @@ _FITTED: dict = {}
 
 
 def launch_sorted_gemm(a, b, c, router_weights, alignment, num_pairs: int, a_row_div: int,
-                       config: KernelConfig, *, gated: bool = False) -> None:
+                       config: KernelConfig, *, gated: bool = False, **modes) -> None:
     """Launch :func:`sorted_moe_kernel`, shrinking ``config`` if this GPU lacks the shared
     memory it needs (a table tuned on an H200 may ask for more than a smaller GPU has).
 
@@ -214,7 +232,7 @@ def launch_sorted_gemm(a, b, c, router_weights, alignment, num_pairs: int, a_row
     config = _FITTED.get(key, config)
     while True:
         try:
-            return _launch(a, b, c, router_weights, alignment, num_pairs, a_row_div, config, gated=gated)
+            return _launch(a, b, c, router_weights, alignment, num_pairs, a_row_div, config, gated=gated, **modes)
         except OutOfResources:
             smaller = shrink(config)
             if smaller is None:
@@ -222,8 +240,16 @@ def launch_sorted_gemm(a, b, c, router_weights, alignment, num_pairs: int, a_row
             config = _FITTED[key] = smaller
 
 
+def _activation_descriptors(a: torch.Tensor, config: KernelConfig):
+    """TMA descriptors over A rows in sorted order, whole and half row blocks (experiment)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    return (TensorDescriptor.from_tensor(a, [config.block_m, config.block_k]),
+            TensorDescriptor.from_tensor(a, [max(config.block_m // 2, 8), config.block_k]))
+
+
 def _launch(a, b, c, router_weights, alignment, num_pairs: int, a_row_div: int,
-            config: KernelConfig, *, gated: bool = False) -> None:
+            config: KernelConfig, *, gated: bool = False, a_sorted: bool = False, a_tma: bool = False,
+            c_mode: int = 0, c_row_div: int = 1, warp_spec: bool = False) -> None:
     """Launch :func:`sorted_moe_kernel` once. Shapes as flat pairs: ``c`` is ``[num_pairs, N]``.
 
     ``a`` ``[rows, K]``, ``b`` ``[E, N or 2N, K]``, ``router_weights`` ``[num_pairs]`` fp32 or
@@ -238,10 +264,13 @@ def _launch(a, b, c, router_weights, alignment, num_pairs: int, a_row_div: int,
     max_padded = sorted_ids.numel()
     grid = (triton.cdiv(max_padded, config.block_m) * triton.cdiv(N, config.block_n),)
     b_desc = _weight_descriptor(b, config) if config.use_tma else None
+    a_desc = a_desc_half = None
+    if a_tma:
+        a_desc, a_desc_half = _activation_descriptors(a, config)
     sorted_moe_kernel[grid](
-        a, b, b_desc, c, router_weights if router_weights is not None else c,
+        a, a_desc, a_desc_half, b, b_desc, c, router_weights if router_weights is not None else c,
         sorted_ids, expert_ids, num_post,
-        N, K, num_pairs, max_padded, a_row_div, N * b.stride(1), b.shape[1],
+        N, K, num_pairs, max_padded, a_row_div, c_row_div, N * b.stride(1), b.shape[1],
         a.stride(0), a.stride(1),
         b.stride(0), b.stride(1), b.stride(2),
         c.stride(0), c.stride(1),
@@ -249,6 +278,7 @@ def _launch(a, b, c, router_weights, alignment, num_pairs: int, a_row_div: int,
         GATED=gated, ROUTER_WEIGHTS=router_weights is not None, EVEN_K=K % config.block_k == 0,
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
         USE_TMA=b_desc is not None, SHORT_TAILS=config.short_tails and config.block_m >= 32,
+        A_SORTED=a_sorted, A_TMA=a_tma, C_MODE=c_mode, WARP_SPEC=warp_spec,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
 

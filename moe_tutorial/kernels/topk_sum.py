@@ -1,0 +1,43 @@
+"""The layer's last step: add up each token's topk expert rows, in one Triton launch.
+
+The down GEMM leaves one row per (token, slot) pair, ``[M, topk, H]``; the layer's output is
+their sum over the topk slots. Each program loads one token's topk rows for a slice of H at
+once (all of them in flight together), adds them in fp32 and rounds once.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+#: Columns of H per program: with topk = 8, 8192 elements in flight.
+BLOCK_H = 1024
+
+
+@triton.jit
+def topk_sum_kernel(rows_ptr, out_ptr, H, topk, stride_rm, stride_rj, stride_rh, stride_om, stride_oh,
+                    TOPK_PAD: tl.constexpr, BLOCK_H: tl.constexpr):
+    """out[m, h] = sum_j rows[m, j, h] for one token m and one BLOCK_H slice of h."""
+    m = tl.program_id(0).to(tl.int64)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    slot = tl.arange(0, TOPK_PAD)
+    ok = (slot < topk)[:, None] & (offs_h < H)[None, :]
+    rows = tl.load(rows_ptr + m * stride_rm + slot[:, None] * stride_rj + offs_h[None, :] * stride_rh,
+                   mask=ok, other=0.0)
+    total = tl.sum(rows.to(tl.float32), axis=0)
+    tl.store(out_ptr + m * stride_om + offs_h * stride_oh, total.to(out_ptr.dtype.element_ty), mask=offs_h < H)
+
+
+def topk_sum(rows: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``rows.sum(dim=1)`` accumulated in fp32: ``rows`` ``[M, topk, H]`` -> ``[M, H]``, same dtype."""
+    M, topk, H = rows.shape
+    out = rows.new_empty(M, H) if out is None else out
+    if M == 0 or H == 0:
+        return out
+    block_h = min(BLOCK_H, triton.next_power_of_2(H))
+    topk_pad = triton.next_power_of_2(topk)
+    topk_sum_kernel[(M, triton.cdiv(H, block_h))](
+        rows, out, H, topk, rows.stride(0), rows.stride(1), rows.stride(2), out.stride(0), out.stride(1),
+        TOPK_PAD=topk_pad, BLOCK_H=block_h, num_warps=4 if topk_pad * block_h <= 8192 else 8,
+    )
+    return out
