@@ -1,18 +1,26 @@
 """Issue 16's levers, each measured against Part 4 as it stands (cold-l2 protocol, one H200).
 
-For each headline model and batch size, times the tuned first GEMM and layer, then variants:
+Round 1, for each headline model and batch size: the tuned first GEMM and layer, then variants:
 
-  first GEMM   ws        the K loop with Triton's warp specialisation (``tl.range(warp_specialize=True)``)
-               xsorted   x gathered into sorted order first, then A through TMA (GEMM alone; + gather)
-               bn/2      half the tuned BLOCK_N at decode (twice the programs)
-  layer        decode    pair_alignment (no sort launch) + gate/up GEMM + decode_down (down GEMM and sum)
-               sortedact gate/up writes rows in sorted order; the down GEMM reads them (pointers, TMA)
-               atomic    the down GEMM adds each row into an fp32 [M, H] with atomics, then one cast
-  ceiling      read      the read-only kernel over as many bytes as the call's weights (same protocol)
+  first GEMM   bn/2, bn/4  narrower BLOCK_N at decode (more programs in flight)
+               xsorted     x gathered into sorted order first, the GEMM reading it as it lies
+                           (A through TMA where the configuration takes the weights so); + gather
+  layer        sortedact   the gate/up GEMM leaves its rows in sorted order, the down GEMM reads them
+               sum-alone   torch's topk sum by itself
+  ceiling      read        the read-only kernel over 25 MiB ... 1.9 GB (cold-l2 and rotated)
 
-Usage: python scripts/h200_limit_experiments.py --out "$OUT" [--models ...] [--batches ...]
-Writes ``$OUT/limit_experiments.csv`` and prints one line per timing. ``--dry-run`` runs a toy
-shape in the interpreter so the script can be tested anywhere.
+Round 2 (``--round 2``): the read-only kernel after a flush that leaves L2 clean; two reads of the
+bytes of a decode layer's weights (w13, then w2); torch's sum against
+:func:`moe_tutorial.kernels.topk_sum.topk_sum`; the down GEMM on sorted activations with other tiles.
+
+Dropped after measuring (the code as run is commit 6d62726, the numbers in notes/gpu-notes.md):
+Triton's warp specialisation of the K loop, a decode path (one block per pair, no sort, and a down
+GEMM that adds up each token's experts itself) and a down GEMM that adds its rows into the output
+with fp32 atomics.
+
+Usage: python scripts/h200_limit_experiments.py --out "$OUT" [--round 2] [--models ...] [--batches ...]
+Writes ``$OUT/limit_experiments.csv`` and prints one line per timing. ``--dry-run`` runs round 1
+on a toy shape in the interpreter so the script can be tested anywhere.
 """
 from __future__ import annotations
 
@@ -30,7 +38,6 @@ import moe_tutorial  # noqa: E402,F401,I001
 from moe_tutorial import runtime  # noqa: E402
 from moe_tutorial.kernels.align import align_block_size  # noqa: E402
 from moe_tutorial.kernels.configs import get_config  # noqa: E402
-from moe_tutorial.kernels.decode_kernel import decode_down, pair_alignment  # noqa: E402
 from moe_tutorial.kernels.sorted_kernel import launch_sorted_gemm  # noqa: E402
 from moe_tutorial.perf import bench  # noqa: E402
 from moe_tutorial.perf.ceilings import measure_ceilings, read_only_kernel  # noqa: E402
@@ -81,9 +88,6 @@ def first_variants(shape: ModelShape, M: int, inp, dtype):
                 c2 = replace(cfg, block_n=bn)
                 o2 = x.new_empty(P, N)
                 yield f"bn{bn}", (lambda c2=c2, o2=o2: launch_sorted_gemm(x, inp.w13, o2, None, al, P, topk, c2)), o2
-    if cfg.use_tma:
-        o3 = x.new_empty(P, N)
-        yield "ws", (lambda: launch_sorted_gemm(x, inp.w13, o3, None, al, P, topk, cfg, warp_spec=True)), o3
     if M >= 256 and runtime.ON_GPU:
         rows = al[0]
         xs = x.new_zeros(rows.numel(), K)
@@ -92,7 +96,7 @@ def first_variants(shape: ModelShape, M: int, inp, dtype):
             torch.index_select(x, 0, rows.clamp(0, P - 1) // topk, out=xs)
         gather()
         o4 = x.new_empty(P, N)
-        gemm = lambda: launch_sorted_gemm(xs, inp.w13, o4, None, al, P, 1, cfg, a_sorted=True, a_tma=True)  # noqa: E731
+        gemm = lambda: launch_sorted_gemm(xs, inp.w13, o4, None, al, P, 1, cfg, a_sorted=True)  # noqa: E731
         yield "xsorted-gemm", gemm, o4
         yield "xsorted+gather", (lambda: (gather(), gemm())), o4
         yield "gather", gather, None
@@ -116,65 +120,59 @@ def layer_variants(shape: ModelShape, M: int, inp, dtype):
         return down.view(M, topk, H).sum(dim=1)
     yield "base", base
 
-    if M <= 64:
-        out = x.new_empty(M, H)
-        act_d = x.new_empty(P, inter)
-        for bn, bk, warps, stages in ((16, 256, 4, 4), (32, 256, 4, 4), (64, 128, 4, 4), (32, 128, 4, 6),
-                                      (16, 128, 4, 6)):
-            cdd = replace(cd, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages,
-                          use_tma=runtime.ON_GPU)
-
-            def dec(cdd=cdd):
-                pa = pair_alignment(ids, cu.block_m, E)
-                launch_sorted_gemm(x, inp.w13, act_d, None, pa, P, topk, cu, gated=True)
-                return decode_down(act_d, inp.w2, ids, router, out, cdd)
-            yield f"decode-{bn}x{bk}w{warps}s{stages}", dec
-
-        def pair_only():
-            pa = pair_alignment(ids, cu.block_m, E)
-            launch_sorted_gemm(x, inp.w13, act_d, None, pa, P, topk, cu, gated=True)
-            ad = align_block_size(ids, cd.block_m, E)
-            launch_sorted_gemm(act_d, inp.w2, down, router, ad, P, 1, cd)
-            return down.view(M, topk, H).sum(dim=1)
-        yield "pair-align-only", pair_only
-
     if cu.block_m == cd.block_m:
-        for a_tma in ((False, True) if runtime.ON_GPU else (False,)):
-            act_s = None
+        act_s = None
 
-            def sortedact(a_tma=a_tma):
-                nonlocal act_s
-                au = align_block_size(ids, cu.block_m, E)
-                if act_s is None or act_s.shape[0] != au[0].numel():
-                    act_s = x.new_zeros(au[0].numel(), inter)
-                launch_sorted_gemm(x, inp.w13, act_s, None, au, P, topk, cu, gated=True, c_mode=1)
-                launch_sorted_gemm(act_s, inp.w2, down, router, au, P, 1, cd, a_sorted=True, a_tma=a_tma)
-                return down.view(M, topk, H).sum(dim=1)
-            yield f"sortedact{'-tma' if a_tma else ''}", sortedact
-
-    acc = torch.empty(M, H, device=x.device, dtype=torch.float32)
-
-    def atomic():
-        au = align_block_size(ids, cu.block_m, E)
-        ad = au if cd.block_m == cu.block_m else align_block_size(ids, cd.block_m, E)
-        launch_sorted_gemm(x, inp.w13, act, None, au, P, topk, cu, gated=True)
-        acc.zero_()
-        launch_sorted_gemm(act, inp.w2, acc, router, ad, P, 1, cd, c_mode=2, c_row_div=topk)
-        return acc.to(x.dtype)
-    yield "atomic", atomic
+        def sortedact():
+            nonlocal act_s
+            au = align_block_size(ids, cu.block_m, E)
+            if act_s is None or act_s.shape[0] != au[0].numel():
+                act_s = x.new_zeros(au[0].numel(), inter)
+            launch_sorted_gemm(x, inp.w13, act_s, None, au, P, topk, cu, gated=True, c_sorted=True)
+            launch_sorted_gemm(act_s, inp.w2, down, router, au, P, 1, cd, a_sorted=True)
+            return down.view(M, topk, H).sum(dim=1)
+        yield "sortedact", sortedact
 
     def sum_only():
         return down.view(M, topk, H).sum(dim=1)
     yield "sum-alone", sum_only
 
 
-FIELDS = ["model", "M", "gemm", "variant", "ms", "floor_ms", "fraction", "rel_err"]
+#: Columns of ``limit_experiments.csv`` (committed as ``moe_tutorial/data/h200_limit_experiments.csv``).
+FIELDS = ["gpu", "driver", "torch", "triton", "date", "round", "experiment", "protocol", "model", "M", "variant",
+          "bytes", "ms", "floor_ms", "fraction_of_floor", "rate", "rel_error", "status"]
+#: What each raw ``gemm`` tag measured, and the unit of ``rate`` there.
+EXPERIMENTS = {"first": ("first-gemm", ""), "layer": ("layer", ""), "sum": ("topk-sum", ""),
+               "down": ("down-gemm-tiles", "TFLOP/s"), "ceiling": ("read-by-size", "TB/s"),
+               "ceiling2": ("read-by-size", "TB/s")}
 
 
-def save(out: str, rows: list[dict], info: dict) -> None:
+def tidy(raw: dict, round_: int, info: dict) -> dict:
+    """One raw timing as a row of :data:`FIELDS` (reads: ``M`` held MiB, ``variant`` the protocol)."""
+    experiment, unit = EXPERIMENTS[raw["gemm"]]
+    row = {k: info.get(k, "") for k in ("gpu", "driver", "torch", "triton", "date")}
+    row.update(round=round_, experiment=experiment, protocol="cold-l2", model=raw.get("model", ""),
+               M=raw.get("M", ""), variant=raw.get("variant", ""), ms=raw.get("ms", ""),
+               floor_ms=raw.get("floor_ms", ""), rel_error=raw.get("rel_err", ""), status="ok")
+    if experiment == "read-by-size" and raw["model"] == "read":
+        row.update(protocol=raw["variant"], model="", M="", variant="read-only", bytes=int(raw["M"]) << 20,
+                   rate=raw["fraction"])
+    elif experiment == "read-by-size":
+        row.update(experiment="decode-reads")
+    elif unit:
+        row["rate"] = raw.get("fraction", "")
+    elif raw.get("fraction") not in (None, ""):
+        row["fraction_of_floor"] = raw["fraction"]
+    if round_ == 3:
+        row["experiment"] = "cta-clusters"
+    if str(raw.get("rel_err", "")).startswith("error"):
+        row.update(status=raw["rel_err"], rel_error="")
+    return row
+
+
+def save(out: str, rows: list[dict], info: dict, round_: int = 1) -> None:
     Path(out).mkdir(parents=True, exist_ok=True)
-    extra = {k: info.get(k, "") for k in ("gpu", "driver", "torch", "triton", "date")}
-    write_csv(Path(out) / "limit_experiments.csv", [{**extra, **r} for r in rows], list(extra) + FIELDS)
+    write_csv(Path(out) / "limit_experiments.csv", [tidy(r, round_, info) for r in rows], FIELDS)
 
 
 def clean_cold_ms(fn, replays: int = 30) -> float:
@@ -251,26 +249,81 @@ def round2(args, rows, info) -> None:
                                                                    (128, 128, 128, 4, 2), (128, 256, 64, 8, 3),
                                                                    (128, 256, 64, 4, 3), (64, 256, 64, 4, 3),
                                                                    (128, 128, 64, 4, 4))]
-            ref = None
             for name, c in cands:
                 al = align_block_size(ids, c.block_m, E)
                 act = torch.randn(al[0].numel(), inter, device="cuda", dtype=torch.bfloat16)
-                for a_tma in (False, True):
-                    fn = lambda: launch_sorted_gemm(act, w2, out, router, al, P, 1, c, a_sorted=True, a_tma=a_tma)  # noqa: E731
-                    try:
-                        fn()
-                        ms = timed(fn)[0]
-                    except Exception as e:  # noqa: BLE001
-                        print(f"{shape.name} M={M} down {name} tma={a_tma}: ERROR {type(e).__name__}", flush=True)
-                        continue
-                    flops = 2 * P * H * inter
-                    variant = f"{name}{'-atma' if a_tma else ''}"
-                    rows.append({"model": shape.name, "M": M, "gemm": "down", "variant": variant,
-                                 "ms": ms, "fraction": flops / (ms * 1e-3) / 1e12})
-                    print(f"{shape.name} M={M} down {name:18s} a_tma={a_tma!s:5s} {ms * 1e3:8.1f} us "
-                          f"{flops / (ms * 1e-3) / 1e12:6.0f} TFLOP/s", flush=True)
-        save(args.out, rows, info)
+                fn = lambda: launch_sorted_gemm(act, w2, out, router, al, P, 1, c, a_sorted=True)  # noqa: E731
+                try:
+                    fn()
+                    ms = timed(fn)[0]
+                except Exception as e:  # noqa: BLE001
+                    print(f"{shape.name} M={M} down {name}: ERROR {type(e).__name__}", flush=True)
+                    continue
+                flops = 2 * P * H * inter
+                rows.append({"model": shape.name, "M": M, "gemm": "down", "variant": name,
+                             "ms": ms, "fraction": flops / (ms * 1e-3) / 1e12})
+                print(f"{shape.name} M={M} down {name:18s} {ms * 1e3:8.1f} us "
+                      f"{flops / (ms * 1e-3) / 1e12:6.0f} TFLOP/s", flush=True)
+        save(args.out, rows, info, 2)
         w13 = w2 = None
+        torch.cuda.empty_cache()
+
+
+class _WithCtas:
+    """``sorted_moe_kernel`` launched with ``num_ctas`` programs per cluster (round 3)."""
+
+    def __init__(self, kernel, num_ctas: int):
+        self.kernel, self.num_ctas = kernel, num_ctas
+
+    def __getitem__(self, grid):
+        return lambda *args, **kw: self.kernel[grid](*args, num_ctas=self.num_ctas, **kw)
+
+
+def round3(args, rows, info) -> None:
+    """CTA clusters (``num_ctas=2``), alone and with 256-row tiles, on the first GEMM at prefill."""
+    from moe_tutorial.kernels import sorted_kernel as sk
+    kernel = sk.sorted_moe_kernel
+    ceil = measure_ceilings(torch.bfloat16, "cold-l2")
+    print(ceil, flush=True)
+    for shape in [get_shape(m) for m in args.models.split(",")]:
+        w13, _ = bench.make_weights(shape, torch.bfloat16, with_w2=False)
+        warm_up_gpu(200)
+        E, N, K = w13.shape
+        for M in (1024, 4096, 16384):
+            inp = bench.make_inputs(shape, M, torch.bfloat16, w13, None)
+            x, ids, topk = inp.xs[0], inp.ids[0], shape.topk
+            P = M * topk
+            floor = ceil.floor_ms(*bench.traffic_of("first", inp))
+            cfg = get_config(M, E, N, K, topk, torch.bfloat16, "plain")
+            out = x.new_empty(P, N)
+            ref = None
+            whole = replace(cfg, short_tails=False)      # one tile shape: PlanCTA fails on two
+            for name, c, ctas in (("tuned", cfg, 1), ("tuned-ctas2", cfg, 2), ("notails", whole, 1),
+                                  ("notails-ctas2", whole, 2),
+                                  ("notails-256x128-ctas2", replace(whole, block_m=256, block_n=128), 2),
+                                  ("notails-256x256-ctas2", replace(whole, block_m=256, block_n=256, num_stages=3), 2)):
+                sk.sorted_moe_kernel = _WithCtas(kernel, ctas) if ctas > 1 else kernel
+                al = align_block_size(ids, c.block_m, E)
+                fn = lambda: sk._launch(x, w13, out, None, al, P, topk, c)  # noqa: E731
+                try:
+                    fn()
+                    err = 0.0 if ref is None else rel(out, ref)
+                    ref = out.clone() if ref is None else ref
+                    ms = timed(fn)[0]
+                except Exception as e:  # noqa: BLE001
+                    print(f"{shape.name} M={M} {name}: ERROR {type(e).__name__}: {str(e)[:200]}", flush=True)
+                    rows.append({"model": shape.name, "M": M, "gemm": "first", "variant": name, "floor_ms": floor,
+                                 "rel_err": f"error: {type(e).__name__}"})
+                    torch.cuda.synchronize()
+                    continue
+                finally:
+                    sk.sorted_moe_kernel = kernel
+                rows.append({"model": shape.name, "M": M, "gemm": "first", "variant": name, "ms": ms,
+                             "floor_ms": floor, "fraction": floor / ms, "rel_err": err})
+                print(f"{shape.name:14s} M={M:5d} {name:16s} {ms * 1e3:9.1f} us frac {floor / ms:.2f} err {err:.1e}",
+                      flush=True)
+        save(args.out, rows, info, 3)
+        w13 = None
         torch.cuda.empty_cache()
 
 
@@ -286,9 +339,9 @@ def main(argv=None) -> int:
     info = machine_info() if runtime.ON_GPU else {}
     print(info, flush=True)
     rows = []
-    if args.round == 2:
-        round2(args, rows, info)
-        save(args.out, rows, info)
+    if args.round in (2, 3):
+        (round2 if args.round == 2 else round3)(args, rows, info)
+        save(args.out, rows, info, args.round)
         return 0
     ceil = measure_ceilings(dtype, "cold-l2") if runtime.ON_GPU else None
     if ceil:

@@ -9,15 +9,15 @@ set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-MODELS=Mixtral-8x7B,Qwen3-30B-A3B,DeepSeek-V3
-PART4=sorted,sorted+align,sorted-heuristic,grouped_mm,minimal,+grouped,+tuned,+tma,unfused,+router-epilogue,+silu-epilogue
+MODELS=${MODELS:-Mixtral-8x7B,Qwen3-30B-A3B,DeepSeek-V3}
+PART4=sorted,sorted+align,sorted-heuristic,grouped_mm,minimal,+grouped,+tuned,+tma,unfused,+router-epilogue,+silu-epilogue,+decode-align,+sorted-act
 python3 -c "import torch, triton; print(torch.cuda.get_device_name(), 'torch', torch.__version__, 'triton', triton.__version__)"
 for stage in "$@"; do
   echo "=== $stage $(date -u +%H:%M:%S)"
   case $stage in
     tests)
       python3 -m pytest -m gpu -q -p no:cacheprovider -x tests/test_sorted_kernel.py tests/test_minimal_sorted_kernel.py \
-        tests/test_bench.py tests/test_align.py 2>&1 | tail -15 | tee "$OUT/tests.log" ;;
+        tests/test_bench.py tests/test_align.py tests/test_topk_sum.py 2>&1 | tail -15 | tee "$OUT/tests.log" ;;
     bench-part4)
       python3 -m moe_tutorial bench --models $MODELS --impls $PART4 --protocol cold-l2 --no-progress \
         --max-seconds-per-case 1 --out "$OUT/part4" > "$OUT/bench-part4.log" 2>&1; tail -40 "$OUT/bench-part4.log" ;;

@@ -329,11 +329,11 @@ def test_tuned_config_reads_the_shipped_table():
 def test_same_kernel_pairs_follow_the_tuned_table():
     """Mixtral's tuned plain GEMM at M = 1: BLOCK_M 16, no TMA; at 1024: BLOCK_M 128 with TMA."""
     first = bench_rows({"+tuned": 0.5, "+tma": 0.51, "sorted": 0.5}, ("Mixtral-8x7B",), (1, 1024))
-    layer = bench_rows({"+silu-epilogue": 0.5, "sorted": 0.55}, ("Mixtral-8x7B",), (8, 64), gemm="layer")
+    layer = bench_rows({"+silu-epilogue": 0.5, "+decode-align": 0.55}, ("Mixtral-8x7B",), (8, 64), gemm="layer")
     pairs = bench_report.same_kernel_pairs(first + layer)
     assert [(p["gemm"], p["M"], p["impls"]) for p in pairs] == [
         ("first", 1, ("+tuned", "+tma")), ("first", 1, ("+tma", "sorted")),
-        ("layer", 64, ("+silu-epilogue", "sorted"))]      # M = 8: 16 pairs, the one-launch alignment differs
+        ("layer", 64, ("+silu-epilogue", "+decode-align"))]   # M = 8: 16 pairs, the one-launch alignment differs
     assert pairs[0]["ratio"] == pytest.approx(0.51 / 0.5) and pairs[2]["ratio"] == pytest.approx(0.55 / 0.5)
     assert bench_report.spread_percent(pairs, "first") == pytest.approx(2.0)
     assert bench_report.spread_percent(pairs, "layer") == pytest.approx(10.0)

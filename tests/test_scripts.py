@@ -19,3 +19,21 @@ def test_script_imports(path):
     finally:
         del sys.modules[spec.name]
     assert callable(getattr(module, "main", None)) or callable(getattr(module, "strip", None))
+
+
+def test_limit_experiments_dry_run_writes_the_data_schema(tmp_path):
+    """The script behind moe_tutorial/data/h200_limit_experiments.csv, on a toy shape in the interpreter:
+    its rows have the shipped file's columns and the experiments the notebook reads."""
+    from moe_tutorial.perf import limits
+
+    path = next(p for p in SCRIPTS if p.name == "h200_limit_experiments.py")
+    spec = importlib.util.spec_from_file_location("h200_limit_experiments", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--dry-run", "--batches", "1", "--out", str(tmp_path)]) == 0
+    rows = limits.load_limits(tmp_path / "limit_experiments.csv")
+    shipped = limits.load_limits()
+    assert list(rows[0]) == list(shipped[0]) == module.FIELDS
+    assert {r["experiment"] for r in rows} == {"first-gemm", "layer"}
+    assert all(r["status"] == "ok" for r in rows)
+    assert limits.lever_gains(rows, "layer", "base", "sortedact")

@@ -297,6 +297,46 @@ def test_empty_batch():
     assert sorted_moe_layer(x, w13, w2, tw, ids).shape == (0, 16)
 
 
+@pytest.mark.parametrize("config", [CONFIGS[0], dataclasses.replace(CONFIGS[2], use_tma=True)], ids=["16", "64-tma"])
+def test_sorted_activations_round_trip(config):
+    """The gate/up GEMM writes each pair's row at its sorted position; the down GEMM reads them as
+    they lie. Padding rows stay NaN (never written) and must not leak into any real output row,
+    also where TMA (GPU) loads whole blocks, padding rows included."""
+    M, K, inter, E, topk = 9, 32, 24, 4, 3
+    x, w13, w2, tw, ids = layer_problem(M, K, inter, E, topk, seed=21)
+    pairs = M * topk
+    alignment = align_block_size(ids, config.block_m, E)
+    sorted_ids = alignment[0]
+    act = torch.full((sorted_ids.numel(), inter), float("nan"), device=DEVICE, dtype=x.dtype)
+    launch_sorted_gemm(x, w13, act, None, alignment, pairs, topk, config, gated=True, c_sorted=True)
+    full = reference_moe_matmul(x, w13, ids).view(pairs, 2 * inter)
+    ref_act = torch.nn.functional.silu(full[:, :inter]) * full[:, inter:]
+    real = (sorted_ids[: int(alignment[2])] < pairs).nonzero().flatten()
+    assert real.numel() == pairs
+    assert rel_error(act[real], ref_act[sorted_ids[real].long()]) < FP32_TOL
+    assert act[int(alignment[2]):].isnan().all() or act.shape[0] == int(alignment[2])
+    down = torch.full((pairs, K), float("nan"), device=DEVICE, dtype=x.dtype)
+    router = tw.reshape(-1).float().contiguous()
+    launch_sorted_gemm(act, w2, down, router, alignment, pairs, 1, config, a_sorted=True)
+    assert not down.isnan().any()
+    out = down.view(M, topk, K).sum(dim=1)
+    assert rel_error(out, reference_moe_layer(x, w13, w2, tw, ids)) < FP32_TOL
+
+
+@pytest.mark.parametrize("side", ["a", "c"])
+def test_sorted_rows_need_one_row_per_position(side):
+    x, w13, w2, tw, ids = layer_problem(5, 32, 16, 4, 2, seed=22)
+    config = CONFIGS[0]
+    alignment = align_block_size(ids, config.block_m, 4)
+    act = torch.empty(10, 16, device=DEVICE)      # one row per pair, fewer than the sorted positions
+    with pytest.raises(ValueError, match="one row per sorted position"):
+        if side == "c":
+            launch_sorted_gemm(x, w13, act, None, alignment, 10, 2, config, gated=True, c_sorted=True)
+        else:
+            launch_sorted_gemm(act, w2, torch.empty(10, 32, device=DEVICE), None, alignment, 10, 1, config,
+                               a_sorted=True)
+
+
 # --------------------------------------------------------------------------------------
 # The whole layer
 # --------------------------------------------------------------------------------------

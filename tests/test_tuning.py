@@ -196,3 +196,17 @@ def test_stage_one_compares_tiles_with_the_heuristics_weight_path():
     assert len(tiles) > 3 and all(c.use_tma for c in tiles)
     tiles = tuning.tile_candidates(tuning.config_space(4096, 8, N, K, 2, tma=False), h)
     assert not any(c.use_tma for c in tiles)
+
+
+@pytest.mark.parametrize("variant", ["plain", "gated", "down"])
+def test_heuristic_block_m_is_the_tuned_one(variant):
+    """Untuned shapes rely on the heuristic: its BLOCK_M (the choice that sets how often each
+    expert's weights are read) is the one the tuner found for every headline model and batch."""
+    from moe_tutorial.perf.report import tuned_config
+    from moe_tutorial.shapes import BATCH_SIZES, HEADLINE_MODELS
+
+    for model in HEADLINE_MODELS:
+        s = MODEL_SHAPES[model]
+        for M in BATCH_SIZES:
+            h = heuristic_config(M, s.topk, s.num_experts, variant)
+            assert h.block_m == tuned_config(model, M, variant).block_m, (model, M)

@@ -182,7 +182,7 @@ def plot_pid_order(expert_ids, num_pid_n: int, group_ms=(1, 4), wave: int = 8):
 
 #: How the ladder names its last rung, "sorted": the step it adds, and that it is Part 4 as shipped.
 LADDER_TOP = {"first": "Part 4 step 4: + short tails (= Part 4, tuned)",
-              "layer": "layer step 3: + one-launch decode alignment (= Part 4, tuned)"}
+              "layer": "layer step 5: + one-launch topk sum (= Part 4, tuned)"}
 
 
 def ladder_label(gemm: str, step: str) -> str:
@@ -197,7 +197,7 @@ def plot_ladder(rows: list[dict], gemm: str = "first", *, upto: str | None = Non
     Args:
         rows: benchmark rows (``results.load_rows``) holding the steps of
             :data:`moe_tutorial.perf.report.LADDERS` for ``gemm``.
-        gemm: "first" (steps 0-4 of the gate/up GEMM) or "layer" (steps 0-3 of the whole layer).
+        gemm: "first" (steps 0-4 of the gate/up GEMM) or "layer" (steps 0-5 of the whole layer).
         upto: the last step to draw (default: all of them).
         band: a percentage, shaded around 1.0: how far apart two timings of the same kernels
             fall (:func:`moe_tutorial.perf.report.spread_percent`); a gain inside it is no evidence.

@@ -236,3 +236,39 @@ def save_bench_figures(rows: list[dict], out_dir) -> list[Path]:
 
 
 __all__ = ["intensity", "plot_intensity", "plot_roofline", "plot_across_models", "plot_model", "save_bench_figures"]
+
+
+def plot_read_by_size(rates: dict, rows: list[dict], *, read_tbps: float, impl: str = "sorted",
+                      Ms=(1, 8), protocol: str = "cold-l2"):
+    """The read-only kernel's TB/s against the bytes it reads, with Part 4's decode calls on top.
+
+    ``rates``: ``{(protocol, MiB): TB/s}`` (:func:`moe_tutorial.perf.limits.read_rates`), a line
+    for cold-l2 and one for a flush that leaves L2 clean. ``rows``: benchmark rows; each ``impl``
+    call at the given ``Ms`` is placed at the bytes the floor counts for it and the rate it moved
+    them at (``gbps``), the first GEMM as circles and the layer as squares. ``read_tbps``: the
+    8 GB read the floor uses, dashed.
+    """
+    fig, ax = plt.subplots(figsize=(6.8, 4.0))
+    styles = {"cold-l2": ("black", "-"), "clean-flush": ("#59a14f", "--")}
+    for p, (color, ls) in styles.items():
+        pts = sorted((mib * 2 ** 20 / 1e6, tbps) for (q, mib), tbps in rates.items() if q == p)
+        if pts:
+            label = {"cold-l2": "read-only kernel, cold-l2", "clean-flush": "read-only kernel, L2 flushed clean"}[p]
+            ax.plot(*zip(*pts), color=color, ls=ls, marker=".", label=label)
+    ax.axhline(read_tbps, color="black", ls="--", lw=0.8)
+    ax.text(20, read_tbps * 1.02, f"the floor's read bandwidth (8 GB read): {read_tbps:.2f} TB/s", fontsize=8,
+            va="bottom")
+    for gemm, marker in (("first", "o"), ("layer", "s")):
+        for i, model in enumerate(model_order(rows)):
+            pts = [(r["gbps"] * r["ms"] * 1e-3 * 1e9 / 1e6, r["gbps"] / 1e3)
+                   for r in subset(rows, gemm, impls=(impl,), protocol=protocol)
+                   if r["model"] == model and r["M"] in Ms and is_ok(r) and r.get("gbps")]
+            if pts:
+                ax.plot(*zip(*pts), marker, color=f"C{i}", ms=6, ls="none",
+                        label=f"Part 4, {model}, {gemm_title(gemm)}, M = {' and '.join(map(str, Ms))}")
+    ax.set(xscale="log", xlabel="MB read", ylabel="TB/s", ylim=(0, read_tbps * 1.25),
+           title=f"A small read cannot reach the 8 GB rate ({protocol})")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    return fig

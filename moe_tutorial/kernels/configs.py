@@ -101,29 +101,44 @@ def smem_bytes(config: KernelConfig, gated: bool = False, itemsize: int = 2) -> 
     return per_stage * itemsize * config.num_stages
 
 
+def sm_count() -> int:
+    """Streaming multiprocessors of this GPU (an H200's 132 on the CPU, for planning)."""
+    if runtime.ON_GPU:
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return 132
+
+
 def heuristic_config(M: int, topk: int, E: int, variant: str = "plain", itemsize: int = 2,
-                     limit: int = SMEM_LIMIT) -> KernelConfig:
+                     limit: int = SMEM_LIMIT, *, N: int | None = None) -> KernelConfig:
     """An untuned choice from what the tuner found on an H200 (notes/gpu-notes.md).
 
     Decode (a few rows per expert) is memory-bound: one 16-row block per expert and long K
-    tiles keep many weight bytes in flight. Around a block's worth of rows per expert, BLOCK_M
-    should cover an expert's rows so its weights are read once. Prefill is compute-bound: the
-    largest tiles, 8 warps, weights through TMA. The result is shrunk until its pipeline fits
-    ``limit`` bytes of shared memory with ``itemsize``-byte elements.
+    tiles keep many weight bytes in flight; with ``N`` known, BLOCK_N is halved (down to 32)
+    until the blocks give at least one program per two SMs, or a few experts with a narrow N
+    would stream their weights through a handful of SMs. In between, BLOCK_M about twice an
+    expert's average rows (the tuner's choice on all three models: routing is uneven, and a
+    shorter block makes the busiest experts' weights be read twice). Prefill is compute-bound:
+    the largest tiles, 8 warps, weights through TMA. The result is shrunk until its pipeline
+    fits ``limit`` bytes of shared memory with ``itemsize``-byte elements.
     """
+    gated = variant == "gated"
     rows_per_expert = max(1, M * topk // E)
     if rows_per_expert <= 4:
         cfg = KernelConfig(block_m=16, block_n=128, block_k=256, group_m=8, num_warps=4, num_stages=3, use_tma=True)
-    elif rows_per_expert <= 32:
+        row_blocks = min(M * topk, E)
+        while N is not None and cfg.block_n > 32 and row_blocks * -(-N // cfg.block_n) < sm_count() // 2:
+            cfg = replace(cfg, block_n=cfg.block_n // 2)
+    elif rows_per_expert <= 16:
         cfg = KernelConfig(block_m=32, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=3, use_tma=False)
-    elif rows_per_expert < 128:
-        cfg = KernelConfig(block_m=64, block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=3, use_tma=False)
-    elif variant == "gated":
+    elif rows_per_expert < 64:
+        # Gated: two weight tiles per stage; a 64-wide N keeps four stages in shared memory.
+        cfg = KernelConfig(block_m=64, block_n=64 if gated else 128, block_k=128, group_m=8, num_warps=4,
+                           num_stages=4, use_tma=False)
+    elif gated:
         # Two accumulators: a 128x256 pair spills registers (notes/gpu-notes.md, tuning).
-        cfg = KernelConfig(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=4, use_tma=False)
+        cfg = KernelConfig(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=4, use_tma=True)
     else:
         cfg = KernelConfig(block_m=128, block_n=256, block_k=64, group_m=8, num_warps=8, num_stages=3, use_tma=True)
-    gated = variant == "gated"
     while smem_bytes(cfg, gated, itemsize) > limit and shrink(cfg) is not None:
         cfg = shrink(cfg)
     return cfg
@@ -143,4 +158,4 @@ def get_config(M: int, E: int, N: int, K: int, topk: int, dtype: torch.dtype, va
             nearest = min(by_m, key=lambda m: abs(math.log2(int(m)) - math.log2(max(M, 1))))
             return KernelConfig(**by_m[nearest])
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    return heuristic_config(M, topk, E, variant, itemsize, smem_limit())
+    return heuristic_config(M, topk, E, variant, itemsize, smem_limit(), N=N)

@@ -3,7 +3,9 @@
 :func:`moe_tutorial.kernels.align.align_block_size` groups the (token, slot) pairs by expert in runs
 padded to BLOCK_M. Each program then owns one block of BLOCK_M pairs (all of one expert) and
 one BLOCK_N slice of the output, gathers the pairs' input rows, and multiplies them by the
-expert's weights on tensor cores. Epilogues fuse SiLU(gate) * up and the router weights.
+expert's weights on tensor cores. Epilogues fuse SiLU(gate) * up and the router weights. In
+the layer, the gate/up GEMM leaves its rows in sorted order and the down GEMM reads them as they
+lie (sorted activations).
 
 The kernel is built from small ``@triton.jit`` functions, one production step each (grouped
 order, TMA weight loads, short tails, the two epilogues), so that notebook 04 can show each
@@ -27,6 +29,7 @@ from ..checks import (
 )
 from .align import align_block_size, check_alignment
 from .configs import KernelConfig, get_config, shrink
+from .topk_sum import topk_sum
 
 
 @triton.jit
@@ -86,12 +89,12 @@ def router_weight_epilogue(acc, router_w_ptr, pair, row_ok):
 @triton.jit
 def sorted_tile(
     a_ptr, a_desc, b_ptr, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr, pid_m, pid_n, expert,
-    N, K, num_pairs, a_row_div, c_row_div, stride_b_up, b_rows_per_expert,
+    N, K, num_pairs, a_row_div, stride_b_up, b_rows_per_expert,
     stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
     ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GATED: tl.constexpr, ROUTER_WEIGHTS: tl.constexpr, EVEN_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
-    A_SORTED: tl.constexpr, A_TMA: tl.constexpr, C_MODE: tl.constexpr, WARP_SPEC: tl.constexpr,
+    A_SORTED: tl.constexpr, A_TMA: tl.constexpr, C_SORTED: tl.constexpr,
 ):
     """The first ROWS rows of row block ``pid_m`` times one expert's ``[BLOCK_N, K]`` slice."""
     # [gather the rows]
@@ -99,6 +102,7 @@ def sorted_tile(
     pair = tl.load(sorted_ids_ptr + offs_m)
     row_ok = pair < num_pairs                       # padding rows hold num_pairs
     if A_SORTED:
+        # A is already in sorted order (the gate/up GEMM wrote it so): row = position, no gather.
         a_row = offs_m.to(tl.int64)
     else:
         a_row = (pair // a_row_div).to(tl.int64)
@@ -114,9 +118,11 @@ def sorted_tile(
     # [the K loop]
     acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
-    for k in tl.range(0, tl.cdiv(K, BLOCK_K), warp_specialize=WARP_SPEC):
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
         k_ok = offs_k < K - k * BLOCK_K
         if A_TMA:
+            # Sorted rows are contiguous, so TMA fetches A too. Padding rows bring whatever is
+            # there; each output row depends on its own A row only, and padding rows are never stored.
             a = a_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
         elif EVEN_K:
             a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
@@ -139,31 +145,27 @@ def sorted_tile(
 
     # [scatter the rows]
     offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    c_ok = row_ok[:, None] & (offs_cn[None, :] < N)
-    if C_MODE == 1:
+    # With C_SORTED the rows stay in sorted order, where the down GEMM reads them as whole blocks.
+    if C_SORTED:
         c_row = offs_m.to(tl.int64)
     else:
-        c_row = (pair // c_row_div).to(tl.int64)
+        c_row = pair.to(tl.int64)
     c_ptrs = c_ptr + c_row[:, None] * stride_cm + offs_cn[None, :] * stride_cn
-    if C_MODE == 2:
-        tl.atomic_add(c_ptrs, acc, mask=c_ok, sem="relaxed")
-    else:
-        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_ok)
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_cn[None, :] < N))
 
 
 @triton.jit
 def sorted_moe_kernel(
     a_ptr, a_desc, a_desc_half, b_ptr, b_desc, c_ptr, router_w_ptr,
     sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
-    N, K, num_pairs, max_padded, a_row_div, c_row_div, stride_b_up, b_rows_per_expert,
+    N, K, num_pairs, max_padded, a_row_div, stride_b_up, b_rows_per_expert,
     stride_am, stride_ak,
     stride_be, stride_bn, stride_bk,
     stride_cm, stride_cn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     GATED: tl.constexpr, ROUTER_WEIGHTS: tl.constexpr, EVEN_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, SHORT_TAILS: tl.constexpr,
-    A_SORTED: tl.constexpr = False, A_TMA: tl.constexpr = False, C_MODE: tl.constexpr = 0,
-    WARP_SPEC: tl.constexpr = False,
+    A_SORTED: tl.constexpr, A_TMA: tl.constexpr, C_SORTED: tl.constexpr,
 ):
     """C[pair, n] = A[pair // a_row_div] . B[expert(pair), n] for one [BLOCK_M, BLOCK_N] tile.
 
@@ -172,7 +174,9 @@ def sorted_moe_kernel(
     (gate then up, the up rows stride_b_up further on) and C = silu(A.B_gate) * (A.B_up).
     With USE_TMA (Hopper), B tiles come through ``b_desc``, a tensor descriptor over B viewed
     as ``[E * rows_per_expert, K]``. With SHORT_TAILS, a block whose second half is padding
-    multiplies only its first BLOCK_M // 2 rows.
+    multiplies only its first BLOCK_M // 2 rows. Sorted activations: with C_SORTED, C's rows
+    are the sorted positions (C has max_padded rows); with A_SORTED, A's rows are (no gather),
+    and with A_TMA they come through ``a_desc`` (``a_desc_half`` for half blocks).
     """
     # [which tile]
     num_pid_m = tl.cdiv(max_padded, BLOCK_M)
@@ -188,29 +192,31 @@ def sorted_moe_kernel(
         half_full = second_half_is_padding(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
     if half_full:
         sorted_tile(a_ptr, a_desc_half, b_ptr, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr, pid_m, pid_n, expert,
-                    N, K, num_pairs, a_row_div, c_row_div, stride_b_up, b_rows_per_expert,
+                    N, K, num_pairs, a_row_div, stride_b_up, b_rows_per_expert,
                     stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
                     BLOCK_M // 2, BLOCK_M, BLOCK_N, BLOCK_K, GATED, ROUTER_WEIGHTS, EVEN_K, DOT_PRECISION, USE_TMA,
-                    A_SORTED, A_TMA, C_MODE, WARP_SPEC)
+                    A_SORTED, A_TMA, C_SORTED)
     else:
         sorted_tile(a_ptr, a_desc, b_ptr, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr, pid_m, pid_n, expert,
-                    N, K, num_pairs, a_row_div, c_row_div, stride_b_up, b_rows_per_expert,
+                    N, K, num_pairs, a_row_div, stride_b_up, b_rows_per_expert,
                     stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
                     BLOCK_M, BLOCK_M, BLOCK_N, BLOCK_K, GATED, ROUTER_WEIGHTS, EVEN_K, DOT_PRECISION, USE_TMA,
-                    A_SORTED, A_TMA, C_MODE, WARP_SPEC)
+                    A_SORTED, A_TMA, C_SORTED)
+
+
+def _tma_can_read(t: torch.Tensor) -> bool:
+    """TMA needs a Hopper GPU (compute capability 9+), unit stride along the last dimension and
+    16-byte aligned rows; otherwise the kernel falls back to pointer loads."""
+    if runtime.INTERPRETED or not t.is_cuda or torch.cuda.get_device_capability(t.device)[0] < 9:
+        return False
+    return t.stride(-1) == 1 and (t.stride(-2) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
 
 
 def _weight_descriptor(b: torch.Tensor, config: KernelConfig):
-    """A TMA descriptor over ``b`` as ``[E * rows, K]``, or None where TMA cannot be used.
-
-    TMA needs a Hopper GPU (compute capability 9+), a row-major expert stack and 16-byte
-    aligned rows; otherwise the kernel falls back to pointer loads.
-    """
-    if runtime.INTERPRETED or not b.is_cuda or torch.cuda.get_device_capability(b.device)[0] < 9:
-        return None
+    """A TMA descriptor over ``b`` as ``[E * rows, K]``, or None where TMA cannot be used
+    (see :func:`_tma_can_read`; the experts must also lie one after another)."""
     E, rows, K = b.shape
-    if b.stride(2) != 1 or b.stride(0) != rows * b.stride(1) or (b.stride(1) * b.element_size()) % 16 \
-            or b.data_ptr() % 16:
+    if not _tma_can_read(b) or b.stride(0) != rows * b.stride(1):
         return None
     from triton.tools.tensor_descriptor import TensorDescriptor
     flat = b.as_strided((E * rows, K), (b.stride(1), 1))
@@ -222,7 +228,8 @@ _FITTED: dict = {}
 
 
 def launch_sorted_gemm(a, b, c, router_weights, alignment, num_pairs: int, a_row_div: int,
-                       config: KernelConfig, *, gated: bool = False, **modes) -> None:
+                       config: KernelConfig, *, gated: bool = False, a_sorted: bool = False,
+                       c_sorted: bool = False) -> None:
     """Launch :func:`sorted_moe_kernel`, shrinking ``config`` if this GPU lacks the shared
     memory it needs (a table tuned on an H200 may ask for more than a smaller GPU has).
 
@@ -232,7 +239,8 @@ def launch_sorted_gemm(a, b, c, router_weights, alignment, num_pairs: int, a_row
     config = _FITTED.get(key, config)
     while True:
         try:
-            return _launch(a, b, c, router_weights, alignment, num_pairs, a_row_div, config, gated=gated, **modes)
+            return _launch(a, b, c, router_weights, alignment, num_pairs, a_row_div, config, gated=gated,
+                           a_sorted=a_sorted, c_sorted=c_sorted)
         except OutOfResources:
             smaller = shrink(config)
             if smaller is None:
@@ -241,20 +249,29 @@ def launch_sorted_gemm(a, b, c, router_weights, alignment, num_pairs: int, a_row
 
 
 def _activation_descriptors(a: torch.Tensor, config: KernelConfig):
-    """TMA descriptors over A rows in sorted order, whole and half row blocks (experiment)."""
+    """TMA descriptors over activations in sorted order, for whole and half row blocks, or
+    ``(None, None)`` where TMA cannot or should not be used.
+
+    Only with the configurations that take the weights through TMA too, 64-row tiles or taller
+    (the prefill end): there an H200 gained up to 5% on the layer; at decode it lost up to 3%
+    (notes/gpu-notes.md, "sorted activations").
+    """
+    if not config.use_tma or config.block_m < 64 or not _tma_can_read(a):
+        return None, None
     from triton.tools.tensor_descriptor import TensorDescriptor
     return (TensorDescriptor.from_tensor(a, [config.block_m, config.block_k]),
-            TensorDescriptor.from_tensor(a, [max(config.block_m // 2, 8), config.block_k]))
+            TensorDescriptor.from_tensor(a, [config.block_m // 2, config.block_k]))
 
 
 def _launch(a, b, c, router_weights, alignment, num_pairs: int, a_row_div: int,
-            config: KernelConfig, *, gated: bool = False, a_sorted: bool = False, a_tma: bool = False,
-            c_mode: int = 0, c_row_div: int = 1, warp_spec: bool = False) -> None:
+            config: KernelConfig, *, gated: bool = False, a_sorted: bool = False, c_sorted: bool = False) -> None:
     """Launch :func:`sorted_moe_kernel` once. Shapes as flat pairs: ``c`` is ``[num_pairs, N]``.
 
     ``a`` ``[rows, K]``, ``b`` ``[E, N or 2N, K]``, ``router_weights`` ``[num_pairs]`` fp32 or
     None, ``alignment`` from :func:`align_block_size` built with ``config.block_m`` for these
     ``num_pairs`` and ``b``'s experts (checked: a mismatch is a ValueError, not a wild read).
+    Sorted activations: with ``c_sorted`` C's rows are the alignment's sorted positions, with
+    ``a_sorted`` A's rows are; that side then needs ``len(alignment[0])`` rows.
     """
     check_alignment(alignment, block_m=config.block_m, num_pairs=num_pairs, num_experts=b.shape[0], device=a.device)
     # The kernel has no backward: refuse what autograd would track (sorted_moe_layer's x, w13, w2, weights).
@@ -262,15 +279,17 @@ def _launch(a, b, c, router_weights, alignment, num_pairs: int, a_row_div: int,
     sorted_ids, expert_ids, num_post = alignment
     N, K = c.shape[1], a.shape[1]
     max_padded = sorted_ids.numel()
+    for name, t, flag in (("a", a, a_sorted), ("c", c, c_sorted)):
+        if flag and t.shape[0] < max_padded:
+            raise ValueError(f"{name}: expected one row per sorted position ({max_padded}) with {name}_sorted, "
+                             f"got {t.shape[0]} rows")
     grid = (triton.cdiv(max_padded, config.block_m) * triton.cdiv(N, config.block_n),)
     b_desc = _weight_descriptor(b, config) if config.use_tma else None
-    a_desc = a_desc_half = None
-    if a_tma:
-        a_desc, a_desc_half = _activation_descriptors(a, config)
+    a_desc, a_desc_half = _activation_descriptors(a, config) if a_sorted else (None, None)
     sorted_moe_kernel[grid](
         a, a_desc, a_desc_half, b, b_desc, c, router_weights if router_weights is not None else c,
         sorted_ids, expert_ids, num_post,
-        N, K, num_pairs, max_padded, a_row_div, c_row_div, N * b.stride(1), b.shape[1],
+        N, K, num_pairs, max_padded, a_row_div, N * b.stride(1), b.shape[1],
         a.stride(0), a.stride(1),
         b.stride(0), b.stride(1), b.stride(2),
         c.stride(0), c.stride(1),
@@ -278,7 +297,7 @@ def _launch(a, b, c, router_weights, alignment, num_pairs: int, a_row_div: int,
         GATED=gated, ROUTER_WEIGHTS=router_weights is not None, EVEN_K=K % config.block_k == 0,
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
         USE_TMA=b_desc is not None, SHORT_TAILS=config.short_tails and config.block_m >= 32,
-        A_SORTED=a_sorted, A_TMA=a_tma, C_MODE=c_mode, WARP_SPEC=warp_spec,
+        A_SORTED=a_sorted, A_TMA=a_desc is not None, C_SORTED=c_sorted,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
 
@@ -321,9 +340,10 @@ def sorted_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: torch.Ten
 def sorted_moe_layer(x, w13, w2, topk_weights, topk_ids, *, configs=None) -> torch.Tensor:
     """The whole layer with Part 4's kernel: two GEMMs with fused epilogues, then a sum.
 
-    1. gate/up GEMM with ``silu(gate) * up`` in its epilogue -> ``[M * topk, I]``;
+    1. gate/up GEMM with ``silu(gate) * up`` in its epilogue -> ``[M * topk, I]``, rows left in
+       sorted order when both GEMMs use the same BLOCK_M (they then share one alignment);
     2. down GEMM with the router weights in its epilogue -> ``[M * topk, K]``;
-    3. the sum over each token's topk rows (accumulated in fp32).
+    3. the sum over each token's topk rows (:func:`moe_tutorial.kernels.topk_sum.topk_sum`, fp32).
 
     Args as :func:`moe_tutorial.layer.moe_layer`; ``configs`` an optional pair of
     :class:`KernelConfig` for the two GEMMs. Returns ``[M, K]`` in x's dtype.
@@ -338,11 +358,17 @@ def sorted_moe_layer(x, w13, w2, topk_weights, topk_ids, *, configs=None) -> tor
     )
     num_pairs = M * topk
     align_up = align_block_size(topk_ids, cfg_up.block_m, E)
-    align_down = align_up if cfg_down.block_m == cfg_up.block_m else align_block_size(topk_ids, cfg_down.block_m, E)
-    act = x.new_empty(num_pairs, inter)
-    launch_sorted_gemm(x, w13, act, None, align_up, num_pairs, topk, cfg_up, gated=True)
-    down = x.new_empty(num_pairs, K)
     router = topk_weights.reshape(-1).float().contiguous()
-    launch_sorted_gemm(act, w2, down, router, align_down, num_pairs, 1, cfg_down)
-    # One reduction launch; torch accumulates bf16/fp16 sums in fp32 and rounds once.
-    return down.view(M, topk, K).sum(dim=1)
+    down = x.new_empty(num_pairs, K)
+    if cfg_down.block_m == cfg_up.block_m:
+        # Sorted activations: the gate/up GEMM leaves its rows in sorted order (padding rows
+        # included, never written), and the down GEMM reads each block of rows as it lies.
+        act = x.new_empty(align_up[0].numel(), inter)
+        launch_sorted_gemm(x, w13, act, None, align_up, num_pairs, topk, cfg_up, gated=True, c_sorted=True)
+        launch_sorted_gemm(act, w2, down, router, align_up, num_pairs, 1, cfg_down, a_sorted=True)
+    else:
+        act = x.new_empty(num_pairs, inter)
+        launch_sorted_gemm(x, w13, act, None, align_up, num_pairs, topk, cfg_up, gated=True)
+        align_down = align_block_size(topk_ids, cfg_down.block_m, E)
+        launch_sorted_gemm(act, w2, down, router, align_down, num_pairs, 1, cfg_down)
+    return topk_sum(down.view(M, topk, K))

@@ -143,7 +143,7 @@ def first_sorted(inp: Inputs, *, align_inside: bool = False, heuristic: bool = F
     E, N, K = inp.w13.shape
     M, topk = inp.M, inp.shape.topk
     if config is None:
-        config = (heuristic_config(M, topk, E, "plain") if heuristic
+        config = (heuristic_config(M, topk, E, "plain", N=N) if heuristic
                   else get_config(M, E, N, K, topk, inp.dtype, "plain"))
     out = inp.xs[0].new_empty(M * topk, N)
     if align_inside:
@@ -187,7 +187,7 @@ def first_step(step: str):
 
         E, N, K = inp.w13.shape
         M, topk = inp.M, inp.shape.topk
-        config = heuristic_config(M, topk, E, "plain") if step in ("minimal", "+grouped") else \
+        config = heuristic_config(M, topk, E, "plain", N=N) if step in ("minimal", "+grouped") else \
             get_config(M, E, N, K, topk, inp.dtype, "plain")
         config = replace(config, short_tails=False, use_tma=config.use_tma and step == "+tma")
         if step != "minimal":
@@ -204,43 +204,49 @@ def first_step(step: str):
 
 #: The whole layer's production steps (alignment included, as in every layer row): no fused
 #: epilogue; + the router weights in the down GEMM's epilogue (what vLLM's Triton path does);
-#: + SiLU(gate) * up in the gate/up GEMM's epilogue. The last step, the one-launch alignment of
-#: decode batches, gives "sorted".
-LAYER_STEPS = ("unfused", "+router-epilogue", "+silu-epilogue")
+#: + SiLU(gate) * up in the gate/up GEMM's epilogue; + the one-launch alignment of decode
+#: batches; + sorted activations (the gate/up GEMM leaves its rows in sorted order, the down GEMM
+#: reads them as they lie, through TMA at prefill). The last step, the topk sum as one Triton
+#: launch instead of torch's sum, gives "sorted".
+LAYER_STEPS = ("unfused", "+router-epilogue", "+silu-epilogue", "+decode-align", "+sorted-act")
 
 
 def layer_step(step: str):
     """Prepare the whole layer as Part 4 stands after ``step`` (one of :data:`LAYER_STEPS`); tuned
-    configurations throughout, and the three-launch alignment for every batch."""
+    configurations throughout; the three-launch alignment for every batch before "+decode-align"."""
     if step not in LAYER_STEPS:
         raise ValueError(f"step: expected one of {', '.join(LAYER_STEPS)}, got {step!r}")
+    rung = LAYER_STEPS.index(step)
 
     def prepare(inp: Inputs) -> Prepared:
         from ..activation import silu_and_mul
-        from ..kernels.align import align_block_size
+        from ..kernels.align import SMALL_BATCH_PAIRS, align_block_size, max_padded_rows
         from ..kernels.configs import get_config
         from ..kernels.sorted_kernel import launch_sorted_gemm
 
         s = inp.shape
         E, topk, H, inter, M = s.num_experts, s.topk, s.hidden, s.intermediate, inp.M
         pairs = M * topk
-        gated = step == "+silu-epilogue"
+        gated = rung >= LAYER_STEPS.index("+silu-epilogue")
+        small = SMALL_BATCH_PAIRS if rung >= LAYER_STEPS.index("+decode-align") else 0
         cfg_up = get_config(M, E, inter if gated else 2 * inter, H, topk, inp.dtype, "gated" if gated else "plain")
         cfg_down = get_config(M, E, H, inter, topk, inp.dtype, "down")
-        up = inp.xs[0].new_empty(pairs, inter if gated else 2 * inter)
+        sorted_act = step == "+sorted-act" and cfg_down.block_m == cfg_up.block_m
+        up_rows = max_padded_rows(pairs, cfg_up.block_m, E) if sorted_act else pairs
+        up = inp.xs[0].new_empty(up_rows, inter if gated else 2 * inter)
         down = inp.xs[0].new_empty(pairs, H)
 
         def run(x, ids, w):
-            a_up = align_block_size(ids, cfg_up.block_m, E, small_batch_pairs=0)
+            a_up = align_block_size(ids, cfg_up.block_m, E, small_batch_pairs=small)
             a_down = a_up if cfg_down.block_m == cfg_up.block_m else \
-                align_block_size(ids, cfg_down.block_m, E, small_batch_pairs=0)
-            launch_sorted_gemm(x, inp.w13, up, None, a_up, pairs, topk, cfg_up, gated=gated)
+                align_block_size(ids, cfg_down.block_m, E, small_batch_pairs=small)
+            launch_sorted_gemm(x, inp.w13, up, None, a_up, pairs, topk, cfg_up, gated=gated, c_sorted=sorted_act)
             act = up if gated else silu_and_mul(up)
             router = w.reshape(-1).float().contiguous()
             if step == "unfused":
                 launch_sorted_gemm(act, inp.w2, down, None, a_down, pairs, 1, cfg_down)
                 return (down.view(M, topk, H) * w[..., None].to(down.dtype)).sum(dim=1)
-            launch_sorted_gemm(act, inp.w2, down, router, a_down, pairs, 1, cfg_down)
+            launch_sorted_gemm(act, inp.w2, down, router, a_down, pairs, 1, cfg_down, a_sorted=sorted_act)
             return down.view(M, topk, H).sum(dim=1)
         return Prepared(_rotations(inp, run))
     return prepare
@@ -310,6 +316,6 @@ def layer_sorted_heuristic(inp: Inputs) -> Prepared:
     from ..kernels.sorted_kernel import sorted_moe_layer
 
     s = inp.shape
-    configs = (heuristic_config(inp.M, s.topk, s.num_experts, "gated"),
-               heuristic_config(inp.M, s.topk, s.num_experts, "down"))
+    configs = (heuristic_config(inp.M, s.topk, s.num_experts, "gated", N=s.intermediate),
+               heuristic_config(inp.M, s.topk, s.num_experts, "down", N=s.hidden))
     return Prepared(_rotations(inp, lambda x, ids, w: sorted_moe_layer(x, inp.w13, inp.w2, w, ids, configs=configs)))

@@ -103,8 +103,16 @@ IMPLEMENTATIONS: tuple[Implementation, ...] = (
         layer=impls.layer_step("+router-epilogue"), linestyle="--", in_default_sweep=False),
     Implementation(
         "+silu-epilogue", "layer step 2: + SiLU*up in the epilogue", "#ff9da7",
-        "step 1 with silu(gate) * up in the gate/up GEMM's epilogue (the one-launch decode alignment, "
-        "step 3, gives 'sorted')", layer=impls.layer_step("+silu-epilogue"), linestyle="-.",
+        "step 1 with silu(gate) * up in the gate/up GEMM's epilogue", layer=impls.layer_step("+silu-epilogue"),
+        linestyle="-.", in_default_sweep=False),
+    Implementation(
+        "+decode-align", "layer step 3: + one-launch decode alignment", "#17becf",
+        "step 2 with the one-launch alignment for batches of up to 64 pairs",
+        layer=impls.layer_step("+decode-align"), linestyle="-.", in_default_sweep=False),
+    Implementation(
+        "+sorted-act", "layer step 4: + sorted activations", "#bcbd22",
+        "step 3 with the gate/up GEMM's rows left in sorted order for the down GEMM (the one-launch "
+        "topk sum, step 5, gives 'sorted')", layer=impls.layer_step("+sorted-act"), linestyle="--",
         in_default_sweep=False),
 )
 

@@ -327,7 +327,7 @@ def headline_ceilings(rows: list[dict], impl: str = "sorted", *, protocol: str |
 
 #: Part 4's steps in the order notebook 04 adds them, each keeping the ones before it; the last
 #: one, "sorted", is Part 4 as shipped (the first GEMM's last step is short tails; the layer's,
-#: the one-launch alignment of decode batches).
+#: the topk sum in one Triton launch).
 LADDERS = {"first": FIRST_STEPS + ("sorted",), "layer": LAYER_STEPS + ("sorted",)}
 
 
@@ -396,8 +396,8 @@ def same_kernel_pairs(rows: list[dict], *, protocol: str | None = None, gpu: str
 
     - "+tuned" and "+tma" where the tuned configuration does not use TMA;
     - "+tma" and "sorted" where the tuned BLOCK_M is below 32 (short tails need 32 rows);
-    - the layer's "+silu-epilogue" and "sorted" above SMALL_BATCH_PAIRS pairs (both take the
-      three-launch alignment there).
+    - the layer's "+silu-epilogue" and "+decode-align" above SMALL_BATCH_PAIRS pairs (both take
+      the three-launch alignment there).
 
     Each pair is ``{"model", "gemm", "M", "impls": (a, b), "ratio": ms of a / ms of b, "why"}``.
     """
@@ -411,9 +411,9 @@ def same_kernel_pairs(rows: list[dict], *, protocol: str | None = None, gpu: str
             if tuned_config(model, M, gpu=gpu).block_m < 32:
                 out.append(dict(model=model, gemm=gemm, M=M, impls=("+tma", "sorted"), ratio=ratio,
                                 why="BLOCK_M < 32: no short tails"))
-        for (model, M), ratio in step_gains(rows, gemm, "+silu-epilogue", "sorted", protocol=protocol).items():
+        for (model, M), ratio in step_gains(rows, gemm, "+silu-epilogue", "+decode-align", protocol=protocol).items():
             if M * get_shape(model).topk > SMALL_BATCH_PAIRS:
-                out.append(dict(model=model, gemm=gemm, M=M, impls=("+silu-epilogue", "sorted"), ratio=ratio,
+                out.append(dict(model=model, gemm=gemm, M=M, impls=("+silu-epilogue", "+decode-align"), ratio=ratio,
                                 why=f"over {SMALL_BATCH_PAIRS} pairs: the same alignment"))
     order = model_order(rows)
     return sorted(out, key=lambda p: (p["gemm"] != "first", LADDERS[p["gemm"]].index(p["impls"][0]),

@@ -2,9 +2,10 @@
 
 For each GEMM variant of a model ("plain": the first GEMM as the bench times it, "gated": the
 layer's gate/up GEMM with SiLU*up fused, "down": the layer's down GEMM with the router weights
-fused) and each batch size M, it times a curated set of :class:`KernelConfig` with CUDA graphs,
-keeps only candidates whose output matches the heuristic configuration's, and writes the fastest
-into the JSON table :func:`moe_tutorial.kernels.configs.get_config` reads
+fused, reading its activations in sorted order as the layer hands them over) and each batch
+size M, it times a curated set of :class:`KernelConfig` with CUDA graphs, keeps only candidates
+whose output matches the heuristic configuration's, and writes the fastest into the JSON table
+:func:`moe_tutorial.kernels.configs.get_config` reads
 (``{gpu_name: {problem_key: {str(M): config}}}``), merged with what is already there.
 
 The search runs in two stages within a time budget shared evenly by the problems: first the
@@ -181,6 +182,7 @@ class _Problem:
             self.a, self.b, self.router, self.a_row_div = inp.xs, w13, [None] * len(inp.ids), shape.topk
         self.out = self.a[0].new_empty(pairs, self.N)
         self._alignments: dict = {}
+        self._sorted_acts: dict = {}
         # Rows compared between candidates: a strided sample, so big outputs stay cheap.
         self.rows = torch.arange(0, pairs, max(1, pairs // 4096), device=runtime.DEVICE)
 
@@ -191,11 +193,23 @@ class _Problem:
             self._alignments[block_m] = [align_block_size(i, block_m, self.shape.num_experts) for i in self.ids]
         return self._alignments[block_m]
 
+    def sorted_activations(self, block_m: int) -> list[torch.Tensor]:
+        """The down GEMM's input as the layer hands it over: row i is the pair at sorted position i."""
+        if block_m not in self._sorted_acts:
+            self._sorted_acts[block_m] = [a[al[0].clamp(0, self.pairs - 1).long()]
+                                          for a, al in zip(self.a, self.alignments(block_m))]
+        return self._sorted_acts[block_m]
+
     def calls(self, config: KernelConfig) -> list[Callable]:
         from ..kernels.sorted_kernel import launch_sorted_gemm
 
         aligned = self.alignments(config.block_m)
         gated = self.variant == "gated"
+        if self.variant == "down":    # as sorted_moe_layer runs it: activations in sorted order
+            acts = self.sorted_activations(config.block_m)
+            return [lambda r=r: launch_sorted_gemm(acts[r], self.b, self.out, self.router[r], aligned[r], self.pairs,
+                                                   1, config, a_sorted=True)
+                    for r in range(len(self.a))]
         return [lambda r=r: launch_sorted_gemm(self.a[r], self.b, self.out, self.router[r], aligned[r], self.pairs,
                                                self.a_row_div, config, gated=gated)
                 for r in range(len(self.a))]
@@ -219,7 +233,7 @@ def tune_problem(problem: _Problem, dtype: torch.dtype, deadline: float, *,
     measure = measure or (lambda fn: measure_ms(fn, protocol="cold-l2", max_seconds=1.0)[0])
     s, M = problem.shape, problem.M
     E, topk = s.num_experts, s.topk
-    heuristic = heuristic_config(M, topk, E, problem.variant)
+    heuristic = heuristic_config(M, topk, E, problem.variant, N=problem.N)
     expected = problem.run_checked(heuristic)
     heuristic_ms = measure(cycle(problem.calls(heuristic)))
     space = config_space(M, E, problem.N, problem.K, topk, gated=problem.variant == "gated",

@@ -1,0 +1,97 @@
+"""Where Part 4 stops short of the floor, and what was tried: the limit experiments, read back.
+
+``scripts/h200_limit_experiments.py`` measured, on one H200 and under the cold-l2 protocol, the
+read-only kernel over 25 MiB to 1.9 GB (the floor assumes the 8 GB rate), two reads of a decode
+layer's weights, and each lever tried on Part 4 against Part 4 as it stood in the same run. The
+rows ship as ``moe_tutorial/data/h200_limit_experiments.csv``; notebook 05's appendix reads them
+through the functions here.
+"""
+from __future__ import annotations
+
+import statistics
+
+from .report import format_table
+from .results import DATA_DIR, read_csv
+
+LIMITS = DATA_DIR / "h200_limit_experiments.csv"
+_INT = {"round", "M", "bytes"}
+_FLOAT = {"ms", "floor_ms", "fraction_of_floor", "rate", "rel_error"}
+
+#: Each lever as tried: (experiment, baseline variant, variant, what it is, kept or dropped).
+LEVERS = (
+    ("first-gemm", "base", "ws", "warp specialisation of the K loop (Triton 3.6)", "dropped"),
+    ("cta-clusters", "tuned", "tuned-ctas2", "2-CTA clusters (num_ctas=2) on the tuned kernel", "dropped"),
+    ("cta-clusters", "tuned", "notails-ctas2", "2-CTA clusters without short tails", "dropped"),
+    ("first-gemm", "base", "xsorted-gemm", "x gathered first, A through TMA: the GEMM alone", "dropped"),
+    ("first-gemm", "base", "xsorted+gather", "x gathered first, A through TMA: with the gather", "dropped"),
+    ("layer", "base", "decode-32x256w4s4", "decode path: no sort, down GEMM sums the topk", "dropped"),
+    ("layer", "base", "atomic", "down GEMM adds into the output with fp32 atomics", "dropped"),
+    ("layer", "base", "sortedact-tma", "sorted activations, A through TMA at prefill", "kept"),
+    ("topk-sum", "torch-sum", "topk_sum", "the topk sum as one Triton launch (the sum alone)", "kept"),
+)
+
+
+def load_limits(path=LIMITS) -> list[dict]:
+    """The limit experiments' rows, numbers as int/float and empty cells as None."""
+    return read_csv(path, _INT, _FLOAT)
+
+
+def read_rates(rows: list[dict]) -> dict:
+    """``{(protocol, MiB): TB/s}`` of the read-only kernel by size (the best when measured twice)."""
+    out: dict = {}
+    for r in rows:
+        if r["experiment"] == "read-by-size" and r["status"] == "ok":
+            key = (r["protocol"], r["bytes"] >> 20)
+            out[key] = max(out.get(key, 0.0), r["bytes"] / (r["ms"] * 1e-3) / 1e12)
+    return out
+
+
+def read_rate_table(rows: list[dict]) -> str:
+    """One line per size: the read-only kernel's TB/s under each protocol measured."""
+    rates = read_rates(rows)
+    protocols = [p for p in ("cold-l2", "clean-flush", "rotated") if any(k[0] == p for k in rates)]
+    sizes = sorted({mib for _, mib in rates})
+    body = [[f"{mib:,}"] + [f"{rates[p, mib]:.2f}" if (p, mib) in rates else "-" for p in protocols]
+            for mib in sizes]
+    return format_table(["MiB read"] + [f"{p} (TB/s)" for p in protocols], body)
+
+
+def decode_reads(rows: list[dict]) -> dict:
+    """``{(model, M): (us reading w13, us reading w13 then w2)}``: the touched experts' weights of
+    a decode layer read by the read-only kernel, both in one graph, under cold-l2."""
+    out: dict = {}
+    for r in rows:
+        if r["experiment"] == "decode-reads":
+            w13, both = out.get((r["model"], r["M"]), (None, None))
+            us = 1e3 * r["ms"]
+            out[r["model"], r["M"]] = (us, both) if r["variant"] == "read-w13" else (w13, us)
+    return out
+
+
+def lever_gains(rows: list[dict], experiment: str, base: str, variant: str) -> dict:
+    """``{(model, M): time of base / time of variant}`` within one experiment and run; a variant
+    that failed maps to its status ("error: ...")."""
+    by = {(r["round"], r["model"], r["M"], r["variant"]): r for r in rows if r["experiment"] == experiment}
+    out: dict = {}
+    for (rnd, model, M, name), r in by.items():
+        if name != variant or (rnd, model, M, base) not in by:
+            continue
+        b = by[rnd, model, M, base]
+        out[model, M] = r["status"] if r["status"] != "ok" else b["ms"] / r["ms"]
+    return out
+
+
+def lever_table(rows: list[dict], levers=LEVERS) -> str:
+    """One line per lever: where it was measured, its lowest, median and highest speed-up over
+    the baseline of the same run, and how often it failed to compile."""
+    body = []
+    for experiment, base, variant, what, verdict in levers:
+        gains = lever_gains(rows, experiment, base, variant)
+        ok = [g for g in gains.values() if not isinstance(g, str)]
+        failed = len(gains) - len(ok)
+        Ms = sorted({M for _, M in gains})
+        where = f"M = {Ms[0]}..{Ms[-1]}" if Ms else "-"
+        spread = (f"{min(ok):.2f}x  {statistics.median(ok):.2f}x  {max(ok):.2f}x" if ok else "-")
+        body.append([what, where, spread, f"{failed} of {len(gains)}", verdict])
+    return format_table(["lever", "measured at", "speed-up: lowest  median  highest", "did not compile",
+                         "kept?"], body)
