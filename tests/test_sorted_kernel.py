@@ -323,6 +323,25 @@ def test_sorted_activations_round_trip(config):
     assert rel_error(out, reference_moe_layer(x, w13, w2, tw, ids)) < FP32_TOL
 
 
+@pytest.mark.gpu
+@needs_gpu
+def test_sorted_activations_through_tma_on_gpu():
+    """bf16 with a prefill configuration: the down GEMM's A tiles come through TMA, NaN padding rows
+    included, and none of it reaches the output."""
+    M, K, inter, E, topk = 300, 256, 128, 8, 2
+    x, w13, w2, tw, ids = layer_problem(M, K, inter, E, topk, seed=23, dtype=torch.bfloat16)
+    config = KernelConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3, use_tma=True)
+    pairs = M * topk
+    alignment = align_block_size(ids, config.block_m, E)
+    act = torch.full((alignment[0].numel(), inter), float("nan"), device=DEVICE, dtype=x.dtype)
+    launch_sorted_gemm(x, w13, act, None, alignment, pairs, topk, config, gated=True, c_sorted=True)
+    down = torch.full((pairs, K), float("nan"), device=DEVICE, dtype=x.dtype)
+    launch_sorted_gemm(act, w2, down, tw.reshape(-1).float().contiguous(), alignment, pairs, 1, config,
+                       a_sorted=True)
+    assert not down.isnan().any()
+    assert rel_error(down.view(M, topk, K).sum(dim=1), reference_moe_layer(x, w13, w2, tw, ids)) < tolerance(x.dtype)
+
+
 @pytest.mark.parametrize("side", ["a", "c"])
 def test_sorted_rows_need_one_row_per_position(side):
     x, w13, w2, tw, ids = layer_problem(5, 32, 16, 4, 2, seed=22)
