@@ -175,29 +175,16 @@ def save(out: str, rows: list[dict], info: dict, round_: int = 1) -> None:
     write_csv(Path(out) / "limit_experiments.csv", [tidy(r, round_, info) for r in rows], FIELDS)
 
 
-def clean_cold_ms(fn, replays: int = 30) -> float:
-    """Like cold-l2, but after zeroing, a read of another 256 MB leaves L2 full of clean lines."""
-    import statistics
-
-    from moe_tutorial.perf.timing import FLUSH_BYTES, flush_l2
+def clean_cold_ms(fn) -> float:
+    """The cold-l2 timer with a flush that leaves L2 clean: zero 256 MB, then read another 256 MB."""
+    from moe_tutorial.perf.timing import FLUSH_BYTES, cold_l2_ms, flush_l2
     other = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda").random_()
     sums = torch.empty(264, dtype=torch.int32, device="cuda")
-    clean = lambda: read_only_kernel[(264,)](other, sums, other.numel(), BLOCK=16384, num_warps=8)  # noqa: E731
-    fn()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    events = []
-    for _ in range(replays):
+
+    def clean_flush():
         flush_l2()
-        clean()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        events.append((start, end))
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in events)
+        read_only_kernel[(264,)](other, sums, other.numel(), BLOCK=16384, num_warps=8)
+    return cold_l2_ms(fn, flush=clean_flush)
 
 
 def reader(nbytes: int):

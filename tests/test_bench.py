@@ -143,7 +143,7 @@ def gpu_timers(monkeypatch):
                     raise RuntimeError("operation not permitted when stream is capturing")
                 return ms
             return timer
-        monkeypatch.setattr(timing, "_cold_l2_ms", graph_timer("cold-l2", 0.5))
+        monkeypatch.setattr(timing, "cold_l2_ms", graph_timer("cold-l2", 0.5))
         monkeypatch.setattr(timing, "_rotated_ms", graph_timer("rotated", 0.4))
         monkeypatch.setattr(timing, "_cold_events_ms", lambda fn, reps: calls.append(("events", reps)) or 0.7)
         return calls

@@ -123,9 +123,11 @@ def flush_l2() -> None:
     _flush_buffer.zero_()
 
 
-def _cold_l2_ms(fn: Callable, replays: int = COLD_REPLAYS) -> float:
+def cold_l2_ms(fn: Callable, replays: int = COLD_REPLAYS, flush: Callable[[], None] | None = None) -> float:
     """Median ms of one call of ``fn`` captured in a CUDA graph, L2 flushed before each replay
-    and events around the replay only (the cold-l2 protocol)."""
+    and events around the replay only (the cold-l2 protocol). ``flush`` replaces
+    :func:`flush_l2` (the limit experiments try a flush that leaves L2 clean)."""
+    flush = flush or flush_l2
     with torch.cuda.stream(torch.cuda.Stream()):
         fn()                                     # outside capture: allocations, autotuning, compilation
         torch.cuda.synchronize()
@@ -135,7 +137,7 @@ def _cold_l2_ms(fn: Callable, replays: int = COLD_REPLAYS) -> float:
         graph.replay()
         events = []
         for _ in range(replays):
-            flush_l2()
+            flush()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             graph.replay()
@@ -205,7 +207,7 @@ def measure_ms(fn: Callable, *, protocol: str = "cold-l2", max_seconds: float = 
     try:
         if protocol == "rotated":
             return _rotated_ms(rotated_fn or fn), "rotated"
-        return _cold_l2_ms(fn), "cold-l2"
+        return cold_l2_ms(fn), "cold-l2"
     except Exception:  # noqa: BLE001  (any capture failure: fall back, and say so)
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
