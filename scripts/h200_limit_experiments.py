@@ -60,17 +60,21 @@ def rel(a, b):
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
 
 
+def reader(nbytes: int, programs: int = 264, block: int = 16384, warps: int = 8, words=None):
+    """One launch of the read-only kernel over ``nbytes`` of random words (or over ``words``)."""
+    if words is None:
+        words = torch.empty(nbytes // 4, dtype=torch.int32, device=runtime.DEVICE).random_()
+    programs = min(programs, max(1, words.numel() // block))
+    sums = torch.empty(programs, dtype=torch.int32, device=runtime.DEVICE)
+    return lambda: read_only_kernel[(programs,)](words, sums, words.numel(), BLOCK=block, num_warps=warps)
+
+
 def read_ms(nbytes: int, protocol: str) -> float:
+    """The best of three launch shapes of the read-only kernel over ``nbytes``, under ``protocol``."""
     words = torch.empty(nbytes // 4, dtype=torch.int32, device=runtime.DEVICE).random_()
     sms = torch.cuda.get_device_properties(0).multi_processor_count if runtime.ON_GPU else 1
-    best = float("inf")
-    for per_sm, block, warps in ((2, 16384, 8), (4, 8192, 8), (8, 4096, 4)):
-        programs = min(per_sm * sms, max(1, words.numel() // block))
-        sums = torch.empty(programs, dtype=torch.int32, device=runtime.DEVICE)
-        ms, _ = timed(lambda: read_only_kernel[(programs,)](words, sums, words.numel(), BLOCK=block,
-                                                            num_warps=warps), protocol)
-        best = min(best, ms)
-    return best
+    return min(timed(reader(nbytes, per_sm * sms, block, warps, words=words), protocol)[0]
+               for per_sm, block, warps in ((2, 16384, 8), (4, 8192, 8), (8, 4096, 4)))
 
 
 def first_variants(shape: ModelShape, M: int, inp, dtype):
@@ -178,20 +182,12 @@ def save(out: str, rows: list[dict], info: dict, round_: int = 1) -> None:
 def clean_cold_ms(fn) -> float:
     """The cold-l2 timer with a flush that leaves L2 clean: zero 256 MB, then read another 256 MB."""
     from moe_tutorial.perf.timing import FLUSH_BYTES, cold_l2_ms, flush_l2
-    other = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda").random_()
-    sums = torch.empty(264, dtype=torch.int32, device="cuda")
+    read_other = reader(FLUSH_BYTES)
 
     def clean_flush():
         flush_l2()
-        read_only_kernel[(264,)](other, sums, other.numel(), BLOCK=16384, num_warps=8)
+        read_other()
     return cold_l2_ms(fn, flush=clean_flush)
-
-
-def reader(nbytes: int):
-    words = torch.empty(nbytes // 4, dtype=torch.int32, device=runtime.DEVICE).random_()
-    programs = 264
-    sums = torch.empty(programs, dtype=torch.int32, device=runtime.DEVICE)
-    return lambda: read_only_kernel[(programs,)](words, sums, words.numel(), BLOCK=16384, num_warps=8)
 
 
 def round2(args, rows, info) -> None:

@@ -2,13 +2,8 @@
 from __future__ import annotations
 
 import moe_tutorial  # noqa: F401,I001  (first: picks the runtime before triton is imported)
-
-import matplotlib
-
-matplotlib.use("Agg")
-
-from moe_tutorial.figures import perf  # noqa: E402
-from moe_tutorial.perf import limits, results  # noqa: E402
+from moe_tutorial.figures import perf
+from moe_tutorial.perf import limits, results
 
 
 def _row(**kw):

@@ -126,7 +126,7 @@ def heuristic_config(M: int, topk: int, E: int, variant: str = "plain", itemsize
     if rows_per_expert <= 4:
         cfg = KernelConfig(block_m=16, block_n=128, block_k=256, group_m=8, num_warps=4, num_stages=3, use_tma=True)
         row_blocks = min(M * topk, E)
-        while N is not None and cfg.block_n > 32 and row_blocks * -(-N // cfg.block_n) < sm_count() // 2:
+        while N is not None and cfg.block_n > 32 and row_blocks * math.ceil(N / cfg.block_n) < sm_count() // 2:
             cfg = replace(cfg, block_n=cfg.block_n // 2)
     elif rows_per_expert <= 16:
         cfg = KernelConfig(block_m=32, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=3, use_tma=False)

@@ -202,7 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
 
         Variants: plain = the first GEMM as the bench times it (x [M, K] by w13 [E, 2I, K]);
         gated = the layer's gate/up GEMM with silu(gate) * up fused ([pairs, I] out);
-        down = the layer's down GEMM (w2 [E, K, I]) with the router weights fused.
+        down = the layer's down GEMM (w2 [E, K, I]) with the router weights fused, reading its
+        activations in sorted order as the layer does.
 
         Refused on the CPU: the interpreter has no speed to tune.
         """))
