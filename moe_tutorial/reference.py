@@ -45,3 +45,23 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 def tolerance(dtype: torch.dtype) -> float:
     """Relative-error bound for a dtype: fp32 1e-5, bf16/fp16 1e-2 (tf32 dots land near 1e-3)."""
     return 1e-5 if dtype in (torch.float32, torch.float64) else 1e-2
+
+
+def reference_fp8_moe_layer(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids) -> torch.Tensor:
+    """``[M, K]`` float64: the FP8 layer's own steps, every one of them exact.
+
+    x is quantised per token in 128-wide groups (:func:`moe_tutorial.quant.quantize_activations`),
+    the experts' e4m3 weights are dequantised with their block scales, the gate/up GEMM and
+    ``silu(gate) * up`` run in float64, and that intermediate is quantised the same way before the
+    down GEMM, as the FP8 layer quantises it for its second GEMM. What remains between this and
+    the kernels is fp32 accumulation and the odd rounding flip, not the quantisation itself.
+    """
+    from .quant import dequantize_activations, dequantize_weight, quantize_activations
+
+    M, topk = topk_ids.shape
+    inter = w2.shape[2]
+    x_deq = dequantize_activations(*quantize_activations(x))
+    h = silu_and_mul(reference_moe_matmul(x_deq, dequantize_weight(w13, w13_scale, halves=True), topk_ids))
+    h_deq = dequantize_activations(*quantize_activations(h.reshape(M * topk, inter)))
+    down = reference_moe_matmul(h_deq, dequantize_weight(w2, w2_scale), topk_ids.reshape(M * topk, 1))
+    return (down.view(M, topk, -1) * topk_weights.double()[..., None]).sum(dim=1)

@@ -3,13 +3,19 @@
 #   OUT=<folder> bash scripts/h200_run.sh STAGE [STAGE ...]
 # Stages: tests (GPU correctness tests), bench-part4 (Part 4, its production steps and
 # torch._grouped_mm under the cold-l2 protocol), bench-rest (Parts 1-3 under cold-l2),
-# bench-rotated (Part 4 and torch._grouped_mm under the rotated protocol).
+# bench-rotated (Part 4 and torch._grouped_mm under the rotated protocol); fp8-tests (Part 7's GPU
+# tests), fp8-tune (Part 7's kernel tuned on $FP8_MODELS into $OUT/tuned_configs.json, which later
+# stages read), fp8-bench (Part 4 against Part 7 on $FP8_MODELS and $FP8_MORE under cold-l2).
 # Each stage writes its log and CSVs under $OUT; a failing stage does not stop the next.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 MODELS=${MODELS:-Mixtral-8x7B,Qwen3-30B-A3B,DeepSeek-V3}
+FP8_MODELS=${FP8_MODELS:-DeepSeek-V3,Qwen3-30B-A3B,Kimi-K2}
+FP8_MORE=${FP8_MORE:-Mixtral-8x7B,DeepSeek-V2-Lite}
+FP8_TUNE_MIN=${FP8_TUNE_MIN:-1.2}
+export MOE_TUTORIAL_CONFIG_DIR=$OUT
 PART4=sorted,sorted+align,sorted-heuristic,grouped_mm,minimal,+grouped,+tuned,+tma,unfused,+router-epilogue,+silu-epilogue,+decode-align,+sorted-act
 python3 -c "import torch, triton; print(torch.cuda.get_device_name(), 'torch', torch.__version__, 'triton', triton.__version__)"
 for stage in "$@"; do
@@ -27,6 +33,15 @@ for stage in "$@"; do
     bench-rotated)
       python3 -m moe_tutorial bench --models $MODELS --impls sorted,sorted+align,grouped_mm --protocol rotated \
         --no-progress --max-seconds-per-case 1 --out "$OUT/rotated" > "$OUT/bench-rotated.log" 2>&1; tail -30 "$OUT/bench-rotated.log" ;;
+    fp8-tests)
+      python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_fp8.py 2>&1 | tail -15 | tee "$OUT/fp8-tests.log" ;;
+    fp8-tune)
+      for m in ${FP8_MODELS//,/ }; do
+        python3 -m moe_tutorial tune --model $m --dtype fp8 --max-minutes $FP8_TUNE_MIN >> "$OUT/fp8-tune.log" 2>&1
+      done; grep -v rejected "$OUT/fp8-tune.log" | tail -30 ;;
+    fp8-bench)
+      python3 -m moe_tutorial bench --models $FP8_MODELS,$FP8_MORE --impls sorted,fp8 --protocol cold-l2 --no-progress \
+        --max-seconds-per-case 1 --out "$OUT/fp8" > "$OUT/fp8-bench.log" 2>&1; tail -40 "$OUT/fp8-bench.log" ;;
     *) echo "unknown stage $stage" ;;
   esac
   rm -f "$OUT"/*/*.png   # the CSVs hold the data; the tool brings back at most 8 files

@@ -30,6 +30,7 @@ class KernelConfig:
     num_stages: int = 3
     use_tma: bool = False      # B tiles through a Hopper tensor descriptor (GPU only)
     short_tails: bool = True   # blocks at most half full multiply half as many rows (BLOCK_M >= 32)
+    swap_ab: bool = False      # FP8 kernel only: small row blocks computed transposed (C^T = B^T A^T)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -144,6 +145,16 @@ def heuristic_config(M: int, topk: int, E: int, variant: str = "plain", itemsize
     return cfg
 
 
+def tuned_config(M: int, key: str) -> KernelConfig | None:
+    """This GPU's tuned configuration for problem ``key`` at the nearest M (log scale), or None."""
+    for table in load_tables():
+        by_m = table.get(gpu_name(), {}).get(key)
+        if by_m:
+            nearest = min(by_m, key=lambda m: abs(math.log2(int(m)) - math.log2(max(M, 1))))
+            return KernelConfig(**by_m[nearest])
+    return None
+
+
 def get_config(M: int, E: int, N: int, K: int, topk: int, dtype: torch.dtype, variant: str) -> KernelConfig:
     """The configuration for one launch: tuned if a table has this problem, else a heuristic.
 
@@ -151,11 +162,45 @@ def get_config(M: int, E: int, N: int, K: int, topk: int, dtype: torch.dtype, va
     """
     if runtime.INTERPRETED:
         return CPU_CONFIG
-    key = problem_key(E, N, K, topk, dtype, variant)
-    for table in load_tables():
-        by_m = table.get(gpu_name(), {}).get(key)
-        if by_m:
-            nearest = min(by_m, key=lambda m: abs(math.log2(int(m)) - math.log2(max(M, 1))))
-            return KernelConfig(**by_m[nearest])
+    tuned = tuned_config(M, problem_key(E, N, K, topk, dtype, variant))
+    if tuned is not None:
+        return tuned
     itemsize = torch.empty(0, dtype=dtype).element_size()
     return heuristic_config(M, topk, E, variant, itemsize, smem_limit(), N=N)
+
+
+#: The FP8 kernel in the interpreter: K steps of one 128-wide scale group each.
+CPU_FP8_CONFIG = KernelConfig(block_m=16, block_n=128, block_k=128, group_m=1, num_warps=4, num_stages=1)
+
+
+def fp8_heuristic_config(M: int, topk: int, E: int, variant: str = "plain", *, N: int | None = None) -> KernelConfig:
+    """An untuned choice for :func:`moe_tutorial.kernels.fp8_kernel.fp8_moe_kernel` on a GPU.
+
+    K steps are 128 wide (one scale group each). BLOCK_N is 128: the gate/up GEMM quantises its
+    output per 128 columns in the epilogue, so its tiles must hold whole groups. Row blocks
+    follow the bf16 heuristic (about twice an expert's rows); under 64 rows the operands are
+    swapped, so the weights' 128 rows fill the tensor cores' 64-row tile instead of 16 tokens.
+    """
+    rows_per_expert = max(1, M * topk // E)
+    gated = variant == "gated"
+    if rows_per_expert <= 4:
+        cfg = KernelConfig(block_m=16, block_n=128, block_k=128, num_warps=4, num_stages=4, use_tma=True,
+                           short_tails=False, swap_ab=True)
+    elif rows_per_expert <= 16:
+        cfg = KernelConfig(block_m=32, block_n=128, block_k=128, num_warps=4, num_stages=4, use_tma=True,
+                           short_tails=False, swap_ab=True)
+    elif rows_per_expert < 64:
+        cfg = KernelConfig(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=4, use_tma=True,
+                           short_tails=False)
+    else:
+        cfg = KernelConfig(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3 if gated else 4,
+                           use_tma=True, short_tails=False)
+    return cfg
+
+
+def fp8_config(M: int, E: int, N: int, K: int, topk: int, variant: str) -> KernelConfig:
+    """The FP8 kernel's configuration: tuned (dtype ``float8_e4m3fn`` in the tables) or the heuristic."""
+    if runtime.INTERPRETED:
+        return CPU_FP8_CONFIG
+    tuned = tuned_config(M, problem_key(E, N, K, topk, torch.float8_e4m3fn, variant))
+    return tuned if tuned is not None else fp8_heuristic_config(M, topk, E, variant, N=N)

@@ -161,9 +161,17 @@ def reference_rows(gemm: str, inp: Inputs, max_rows: int | None = None):
     return rows, reference_moe_layer(x, inp.w13[used], inp.w2[used], inp.weights[0][rows], local)
 
 
-def traffic_of(gemm: str, inp: Inputs) -> tuple[float, float]:
-    """``(bytes, flops)`` of the case, with the measured number of distinct experts."""
+def traffic_of(gemm: str, inp: Inputs, precision: str = "bf16") -> tuple[float, float]:
+    """``(bytes, flops)`` of the case, with the measured number of distinct experts; with
+    ``precision="fp8"`` the bytes of e4m3 experts and activations with their scales."""
     s, M, itemsize = inp.shape, inp.M, inp.w13.element_size()
+    if precision == "fp8":
+        if gemm == "first":
+            N, K = 2 * s.intermediate, s.hidden
+            return (traffic.fp8_first_gemm_bytes(M, N, K, s.num_experts, s.topk, touched=inp.touched),
+                    traffic.first_gemm_flops(M, N, K, s.topk))
+        return (traffic.fp8_layer_bytes(M, s.hidden, s.intermediate, s.num_experts, s.topk, touched=inp.touched),
+                traffic.layer_flops(M, s.hidden, s.intermediate, s.topk))
     if gemm == "first":
         N, K = 2 * s.intermediate, s.hidden
         return (traffic.first_gemm_bytes(M, N, K, s.num_experts, s.topk, itemsize, touched=inp.touched),
@@ -186,7 +194,8 @@ def check_case(gemm: str, impl: str, inp: Inputs, ref, ceilings: Ceilings, plan:
     ``ref`` is ``(rows, expected)`` from :func:`reference_rows`.
     """
     row = _skeleton(inp.shape, inp.dtype, gemm, impl, inp.M)
-    row["floor_ms"] = ceilings.floor_ms(*traffic_of(gemm, inp))
+    precision = BY_NAME[impl].precision
+    row["floor_ms"] = ceilings.floor_ms(*traffic_of(gemm, inp, precision), precision)
     try:
         prepared = prepare(gemm, impl, inp)
         for buf in prepared.buffers:            # unwritten elements must show as NaN
@@ -197,6 +206,8 @@ def check_case(gemm: str, impl: str, inp: Inputs, ref, ceilings: Ceilings, plan:
             # No compile time in the interpreter: this call already says the case is too slow.
             raise TooSlow(time.perf_counter() - t0, plan.max_seconds)
         rows, expected = ref
+        if prepared.reference is not None:
+            expected = prepared.reference(rows)
         row["rel_error"] = rel_error(out[rows], expected) if bool(torch.isfinite(out).all()) else math.inf
         return row, prepared
     except (Skip, TooSlow) as e:
@@ -217,7 +228,7 @@ def time_case(prepared, plan: BenchPlan) -> tuple[float, str]:
 
 def finish_row(row: dict, ms: float, how: str, inp: Inputs) -> dict:
     """Fill the measured columns and the status of a timed case."""
-    nbytes, flops = traffic_of(row["gemm"], inp)
+    nbytes, flops = traffic_of(row["gemm"], inp, BY_NAME[row["impl"]].precision)
     row.update(ms=ms, tflops=flops / (ms * 1e-3) / 1e12, gbps=nbytes / (ms * 1e-3) / 1e9,
                fraction_of_floor=row["floor_ms"] / ms)
     if not row["rel_error"] <= tolerance(inp.dtype):
@@ -343,5 +354,7 @@ def run_bench(plan: BenchPlan, *, csv_path: str | Path | None = None, progress: 
 
 def _skeleton(shape: ModelShape, dtype: torch.dtype, gemm: str, impl: str, M: int) -> dict:
     """The columns that name a case. N and K are the first GEMM's (N = 2I, K = hidden) for both gemms."""
+    if impl in BY_NAME and BY_NAME[impl].precision == "fp8":
+        dtype = torch.float8_e4m3fn             # the experts' dtype (activations in and out: bf16)
     return {"model": shape.name, "E": shape.num_experts, "N": 2 * shape.intermediate, "K": shape.hidden,
             "topk": shape.topk, "dtype": str(dtype).replace("torch.", ""), "gemm": gemm, "impl": impl, "M": M}

@@ -6,6 +6,8 @@
 - **copy bandwidth**: a large device-to-device copy, bytes read plus written; reported beside the
   read-only figure so readers see why it is not the yardstick.
 - **matmul rate**: an 8192^3 matmul in the run's dtype on random data.
+- **FP8 matmul rate**: an 8192^3 e4m3 ``torch._scaled_mm`` (bf16 out) on GPUs with FP8 tensor
+  cores: the compute roof of the FP8 kernels (Part 7).
 - **one launch**: a kernel that does nothing, timed like every case. No call can take less.
 
 The floor of a call is ``max(bytes / read bandwidth, FLOPs / matmul rate) + one launch``
@@ -34,21 +36,30 @@ class Ceilings:
     launch_us: float = 0.0
     copy_tbps: float | None = None
     protocol: str = "cold-l2"
+    fp8_tflops: float | None = None    # e4m3 matmul rate; None where there are no FP8 tensor cores
+
+    def compute_tflops(self, precision: str = "bf16") -> float:
+        """The compute roof of a call in ``precision``: "bf16" (the run's dtype) or "fp8" (the e4m3
+        rate; the run's own rate where none was measured, as on the CPU, whose floors mean nothing)."""
+        if precision not in ("bf16", "fp8"):
+            raise ValueError(f"precision: expected 'bf16' or 'fp8', got {precision!r}")
+        return self.fp8_tflops if precision == "fp8" and self.fp8_tflops else self.matmul_tflops
 
     @property
     def ridge(self) -> float:
         """Arithmetic intensity (FLOP/byte) where the two roofs meet."""
         return self.matmul_tflops / self.read_tbps
 
-    def floor_ms(self, nbytes: float, flops: float) -> float:
-        """The floor of a call moving ``nbytes`` and doing ``flops``, in ms (one launch included)."""
-        return 1e3 * traffic.floor_seconds(nbytes, flops, self.read_tbps * 1e12, self.matmul_tflops * 1e12,
-                                           self.launch_us * 1e-6)
+    def floor_ms(self, nbytes: float, flops: float, precision: str = "bf16") -> float:
+        """The floor of a call moving ``nbytes`` and doing ``flops`` in ``precision``, in ms (one
+        launch included)."""
+        return 1e3 * traffic.floor_seconds(nbytes, flops, self.read_tbps * 1e12,
+                                           self.compute_tflops(precision) * 1e12, self.launch_us * 1e-6)
 
     def columns(self) -> dict:
         """The columns every results row carries about the ceilings it was judged by."""
         return {"protocol": self.protocol, "read_tbps": self.read_tbps, "copy_tbps": self.copy_tbps,
-                "matmul_tflops": self.matmul_tflops, "launch_us": self.launch_us}
+                "matmul_tflops": self.matmul_tflops, "fp8_tflops": self.fp8_tflops, "launch_us": self.launch_us}
 
 
 @triton.jit
@@ -118,6 +129,7 @@ def measure_ceilings(dtype: torch.dtype | None = None, protocol: str = "cold-l2"
     c = torch.empty_like(a)
     mm_ms = _timed(lambda: torch.matmul(a, b, out=c), protocol)
     a = b = c = None
+    fp8_ms = _fp8_matmul_ms(matmul_n, g, protocol) if has_fp8_tensor_cores() else None
 
     # Random int32 words: a read moves bits, whatever they mean.
     words = torch.randint(-2**31, 2**31 - 1, (read_bytes // 4,), generator=g, device=device, dtype=torch.int32)
@@ -139,7 +151,22 @@ def measure_ceilings(dtype: torch.dtype | None = None, protocol: str = "cold-l2"
     return Ceilings(read_tbps=read_bytes / (read_ms * 1e-3) / 1e12,
                     matmul_tflops=2 * matmul_n ** 3 / (mm_ms * 1e-3) / 1e12,
                     launch_us=launch_us, copy_tbps=read_bytes / (copy_ms * 1e-3) / 1e12,
-                    protocol=protocol if runtime.ON_GPU else "perf_counter")
+                    protocol=protocol if runtime.ON_GPU else "perf_counter",
+                    fp8_tflops=2 * matmul_n ** 3 / (fp8_ms * 1e-3) / 1e12 if fp8_ms else None)
+
+
+def has_fp8_tensor_cores() -> bool:
+    """A GPU of compute capability 8.9+ (Ada, Hopper and later) with ``torch._scaled_mm``."""
+    return runtime.ON_GPU and torch.cuda.get_device_capability() >= (8, 9) and hasattr(torch, "_scaled_mm")
+
+
+def _fp8_matmul_ms(n: int, g: torch.Generator, protocol: str) -> float:
+    """One ``n^3`` e4m3 product through ``torch._scaled_mm`` (cuBLAS), unit scales, bf16 out."""
+    device = runtime.DEVICE
+    a = torch.randn(n, n, generator=g, device=device).to(torch.float8_e4m3fn)
+    b = torch.randn(n, n, generator=g, device=device).to(torch.float8_e4m3fn).t()   # column-major, as cuBLAS needs
+    one = torch.ones((), device=device)
+    return _timed(lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16), protocol)
 
 
 def _read_ms(words: torch.Tensor, programs: int, block: int, warps: int, evict_first: bool, protocol: str) -> float:

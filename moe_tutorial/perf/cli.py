@@ -68,6 +68,13 @@ def _dtype(text: str) -> str:
     return DTYPES[text.lower()]
 
 
+def _tune_dtype(text: str) -> str:
+    """tune's --dtype: the bench's dtypes, or float8_e4m3fn (fp8) for Part 7's FP8 kernel."""
+    if text.lower() in ("fp8", "float8_e4m3fn", "e4m3"):
+        return "float8_e4m3fn"
+    return _dtype(text)
+
+
 def _model_list(text: str):
     from ..shapes import MODEL_SHAPES, get_shape
 
@@ -216,7 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "(default: 1,8,64,256,1024,4096,16384)")
     tune.add_argument("--variants", type=_choice_list(VARIANTS, "variant"), default=VARIANTS,
                       metavar="plain,gated,down", help="which GEMMs to tune (default: all three)")
-    tune.add_argument("--dtype", type=_dtype, default="bfloat16", help="bfloat16 (default), float16 or float32")
+    tune.add_argument("--dtype", type=_tune_dtype, default="bfloat16",
+                      help="bfloat16 (default), float16 or float32 for Part 4's kernel; fp8 (float8_e4m3fn) "
+                           "for Part 7's block-FP8 kernel (weights quantised from random bf16 ones)")
     tune.add_argument("--max-minutes", type=_positive_float, default=8.0, metavar="MIN",
                       help="total time budget, shared evenly by the (variant, M) problems; the table is "
                            "written after each problem")

@@ -57,6 +57,9 @@ class Prepared:
     output: Callable[[Any], torch.Tensor] = lambda ret: ret
     graphable: bool = True                 # False: syncs with the host, no CUDA graph
     buffers: list[torch.Tensor] = field(default_factory=list)   # poisoned before the check
+    #: ``reference(rows)``: the float64 rows to check against, where the bench's own (of the bf16
+    #: inputs) is not the right one: the FP8 rows are checked against their dequantised inputs.
+    reference: Callable[[torch.Tensor], torch.Tensor] | None = None
 
 
 def free_memory_bytes() -> int:
@@ -319,3 +322,76 @@ def layer_sorted_heuristic(inp: Inputs) -> Prepared:
     configs = (heuristic_config(inp.M, s.topk, s.num_experts, "gated", N=s.intermediate),
                heuristic_config(inp.M, s.topk, s.num_experts, "down", N=s.hidden))
     return Prepared(_rotations(inp, lambda x, ids, w: sorted_moe_layer(x, inp.w13, inp.w2, w, ids, configs=configs)))
+
+
+# ------------------------------------------------------- Part 7: block-scaled FP8 experts
+
+def fp8_experts(inp: Inputs, layer: bool):
+    """The case's weights in block FP8, quantised once per case (outside any timing): for the first
+    GEMM ``(w13_q, w13_scale)`` blocked as one ``[E, 2I, K]`` weight, for the layer
+    ``(w13_q, w13_scale, w2_q, w2_scale)`` with gate and up blocked apart."""
+    from ..quant import quantize_w13, quantize_weight
+
+    cache = inp.__dict__.setdefault("_fp8", {})
+    if layer not in cache:
+        cache.clear()                           # one copy at a time: Kimi-K2's is 16 GB
+        cache[layer] = (*quantize_w13(inp.w13), *quantize_weight(inp.w2)) if layer else quantize_weight(inp.w13)
+    return cache[layer]
+
+
+def _used_experts(ids: torch.Tensor):
+    """``(used, local)``: the experts ``ids`` name, and ``ids`` renumbered into them."""
+    used = torch.unique(ids)
+    return used, torch.searchsorted(used, ids.long()).to(torch.int32)
+
+
+def first_fp8(inp: Inputs, config=None) -> Prepared:
+    """Part 7's FP8 first GEMM on e4m3 activations quantised beforehand (their bytes and scales
+    are the floor's); checked against float64 on the dequantised inputs."""
+    from ..kernels.align import align_block_size
+    from ..kernels.configs import fp8_config
+    from ..kernels.fp8_kernel import check_fp8_runtime, launch_fp8_gemm, out_dtype
+    from ..kernels.fp8_quant import quantize_rows
+    from ..quant import dequantize_activations, dequantize_weight
+    from ..reference import reference_moe_matmul
+
+    try:
+        check_fp8_runtime()
+    except RuntimeError as e:
+        raise Skip(str(e)) from None
+    wq, ws = fp8_experts(inp, layer=False)
+    E, N, K = wq.shape
+    M, topk = inp.M, inp.shape.topk
+    config = config or fp8_config(M, E, N, K, topk, "plain")
+    quantised = [quantize_rows(x) for x in inp.xs]
+    alignments = [align_block_size(ids, config.block_m, E) for ids in inp.ids]
+    out = torch.empty(M * topk, N, dtype=out_dtype(), device=wq.device)
+    calls = [lambda r=r: launch_fp8_gemm(*quantised[r], wq, ws, out, alignments[r], M * topk, topk, config)
+             for r in range(len(inp.xs))]
+
+    def reference(rows):
+        used, local = _used_experts(inp.ids[0][rows])
+        xq, xs = quantised[0]
+        return reference_moe_matmul(dequantize_activations(xq[rows], xs[rows]),
+                                    dequantize_weight(wq[used], ws[used]), local)
+    return Prepared(calls, output=lambda _: out.view(M, topk, N), buffers=[out], reference=reference)
+
+
+def layer_fp8(inp: Inputs, configs=None) -> Prepared:
+    """Part 7's whole FP8 layer (x quantised inside, as an engine runs it); checked against the
+    float64 layer that takes the same quantisation steps (reference_fp8_moe_layer)."""
+    from ..kernels.fp8_kernel import check_fp8_runtime, fp8_moe_layer
+    from ..reference import reference_fp8_moe_layer
+
+    try:
+        check_fp8_runtime()
+    except RuntimeError as e:
+        raise Skip(str(e)) from None
+    q13, s13, q2, s2 = fp8_experts(inp, layer=True)
+
+    def reference(rows):
+        used, local = _used_experts(inp.ids[0][rows])
+        return reference_fp8_moe_layer(inp.xs[0][rows].float(), q13[used], s13[used], q2[used], s2[used],
+                                       inp.weights[0][rows], local)
+    return Prepared(_rotations(inp, lambda x, ids, w: fp8_moe_layer(x, q13, s13, q2, s2, w, ids, configs=configs)),
+                    reference=reference)

@@ -25,6 +25,7 @@ class Implementation:
     layer: Callable | None = None       # Inputs -> Prepared, for the whole layer
     linestyle: str = "-"
     in_default_sweep: bool = True       # False: timed only when named (``bench --impls``)
+    precision: str = "bf16"             # "fp8": e4m3 experts, judged against the FP8 floor
 
     def prepare(self, gemm: str, inp):
         """The :class:`moe_tutorial.perf.impls.Prepared` calls for ``gemm`` ("first" or "layer")."""
@@ -76,6 +77,11 @@ IMPLEMENTATIONS: tuple[Implementation, ...] = (
         "grouped_mm", "torch._grouped_mm", "#59a14f",
         "torch._grouped_mm on x rows pre-sorted by expert (needs a GPU of sm90+ and bf16)",
         first=impls.first_grouped_mm),
+    Implementation(
+        "fp8", "Part 7, block FP8", "#d62728",
+        "Part 7's kernel on e4m3 experts with 128 x 128 block scales (activations quantised per token "
+        "in 128-wide groups; the layer quantises them inside); judged against the FP8 floor",
+        first=impls.first_fp8, layer=impls.layer_fp8, precision="fp8"),
     # Part 4 built up one production step at a time (notebook 04); each keeps the steps before it.
     Implementation(
         "minimal", "Part 4 step 0: minimal kernel", "#7f7f7f",

@@ -48,6 +48,9 @@ def batch_sizes(rows: list[dict]) -> list[int]:
     return sorted({r["M"] for r in rows})
 
 
+#: The dtype column of rows whose experts are block-scaled FP8 (Part 7).
+FP8_DTYPE_NAME = "float8_e4m3fn"
+
 #: The protocol tables and figures show when the rows hold several and none is asked for.
 HEADLINE_PROTOCOL = "cold-l2"
 
@@ -58,14 +61,21 @@ def subset(rows: list[dict], gemm: str | None = None, dtype: str | None = None, 
     ``impls`` (None: all).
 
     Tables and figures key a case by model, gemm, implementation and M, so two dtypes or two
-    protocols of one case would collide. With ``dtype=None`` the rows must hold a single dtype;
-    with ``protocol=None`` rows of several protocols are narrowed to :data:`HEADLINE_PROTOCOL`.
+    protocols of one case would collide. With ``dtype=None`` each implementation's rows must hold
+    a single dtype; with ``protocol=None`` rows of several protocols are narrowed to
+    :data:`HEADLINE_PROTOCOL`. Rows of FP8 experts (dtype float8_e4m3fn, bf16 activations; impl
+    names of their own) are kept beside those of any ``dtype``.
     """
-    rows = [r for r in rows if (gemm is None or r["gemm"] == gemm) and (dtype is None or r.get("dtype") == dtype)
+    rows = [r for r in rows if (gemm is None or r["gemm"] == gemm)
+            and (dtype is None or r.get("dtype") in (dtype, FP8_DTYPE_NAME))
             and (impls is None or r["impl"] in impls) and (protocol is None or r.get("protocol") == protocol)]
-    dtypes = sorted({r["dtype"] for r in rows if r.get("dtype")})
-    if len(dtypes) > 1:
-        raise ValueError(f"dtype: the results hold several dtypes {dtypes}; expected one of them, got None")
+    by_impl: dict = {}
+    for r in rows:
+        if r.get("dtype"):
+            by_impl.setdefault(r["impl"], set()).add(r["dtype"])
+    mixed = sorted(d for ds in by_impl.values() if len(ds) > 1 for d in ds)
+    if mixed:
+        raise ValueError(f"dtype: the results hold several dtypes {sorted(set(mixed))}; expected one of them, got None")
     protocols = {r.get("protocol") for r in rows}
     if len(protocols) > 1:
         if HEADLINE_PROTOCOL not in protocols:

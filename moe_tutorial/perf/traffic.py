@@ -38,6 +38,27 @@ def layer_bytes(M: int, hidden: int, inter: int, num_experts: int, topk: int, it
     return itemsize * (2 * M * hidden + touched * 3 * inter * hidden)
 
 
+#: Bytes per e4m3 element, counting its share of an fp32 scale: a weight shares one with a
+#: 128 x 128 block, an activation with a 128-wide group.
+FP8_WEIGHT_BYTES = 1 + 4 / (128 * 128)
+FP8_ACTIVATION_BYTES = 1 + 4 / 128
+
+
+def fp8_first_gemm_bytes(M: int, N: int, K: int, num_experts: int, topk: int, touched: float | None = None) -> float:
+    """Fewest bytes of the FP8 first GEMM: e4m3 x and its group scales, each touched expert's e4m3
+    ``[N, K]`` and its block scales, bf16 out."""
+    touched = experts_touched(M, num_experts, topk) if touched is None else touched
+    return M * K * FP8_ACTIVATION_BYTES + touched * N * K * FP8_WEIGHT_BYTES + 2 * M * topk * N
+
+
+def fp8_layer_bytes(M: int, hidden: int, inter: int, num_experts: int, topk: int,
+                    touched: float | None = None) -> float:
+    """Fewest bytes of the FP8 layer: bf16 x in and y out (the layer quantises x itself), each
+    touched expert's e4m3 w13 and w2 and their block scales."""
+    touched = experts_touched(M, num_experts, topk) if touched is None else touched
+    return 2 * 2 * M * hidden + touched * 3 * inter * hidden * FP8_WEIGHT_BYTES
+
+
 def per_pair_bytes(M: int, N: int, K: int, topk: int, itemsize: int = 2) -> float:
     """Bytes of the first GEMM when every (token, slot) pair reads its expert's ``[N, K]``: no reuse.
 

@@ -28,7 +28,7 @@ import triton
 
 from .. import runtime
 from ..kernels import configs
-from ..kernels.configs import KernelConfig, heuristic_config, problem_key
+from ..kernels.configs import KernelConfig, fp8_heuristic_config, heuristic_config, problem_key
 from ..shapes import ModelShape
 from .traffic import experts_touched
 
@@ -108,6 +108,32 @@ def config_space(M: int, E: int, N: int, K: int, topk: int, *, gated: bool = Fal
     return space
 
 
+def fp8_config_space(M: int, E: int, N: int, K: int, topk: int, *, gated: bool = False,
+                     tma: bool = False) -> list[KernelConfig]:
+    """The FP8 kernel's configurations worth trying: BLOCK_K 128 (one scale group per step) or 64,
+    BLOCK_N 128 (the gate/up GEMM quantises its output per 128 columns; 64 and 256 elsewhere),
+    BLOCK_M from :func:`block_m_range`, swapped operands for row blocks under 64, 4 or 8 warps,
+    3 to 5 stages, TMA for the weights when ``tma``; pruned like :func:`config_space` (e4m3: one
+    byte per element)."""
+    block_ns = (128,) if gated else tuple(b for b in (64, 128, 256) if b <= max(64, triton.next_power_of_2(N)))
+    halves = 2 if gated else 1
+    space = []
+    for bm in block_m_range(M, E, topk):
+        row_blocks = M * topk / bm + min(E, M * topk)
+        for bn, bk, warps, stages, swap in itertools.product(block_ns, (64, 128), (4, 8), (3, 4, 5),
+                                                             (False, True) if bm < 64 else (False,)):
+            # The per-step product needs a second accumulator's worth of registers.
+            if 2 * bm * bn * halves / (32 * warps) > MAX_ACC_PER_THREAD + 128 or (bm >= 64 and bn < 64):
+                continue
+            for group in ((1, 8) if row_blocks > 8 else (1,)):
+                for use_tma in ((False, True) if tma else (False,)):
+                    config = KernelConfig(block_m=bm, block_n=bn, block_k=bk, group_m=group, num_warps=warps,
+                                          num_stages=stages, use_tma=use_tma, short_tails=False, swap_ab=swap)
+                    if configs.smem_bytes(config, gated, 1) <= configs.SMEM_LIMIT:
+                        space.append(config)
+    return space
+
+
 def _tile(c: KernelConfig) -> tuple[int, int, int]:
     return c.block_m, c.block_n, c.block_k
 
@@ -137,7 +163,8 @@ def refinements(space: list[KernelConfig], best: KernelConfig) -> list[KernelCon
     same = [c for c in space if _tile(c) == _tile(best) and c != best]
 
     def changes(c):
-        return sum(getattr(c, f) != getattr(best, f) for f in ("group_m", "num_warps", "num_stages", "use_tma"))
+        return sum(getattr(c, f) != getattr(best, f)
+                   for f in ("group_m", "num_warps", "num_stages", "use_tma", "swap_ab"))
     return sorted(same, key=changes)
 
 
@@ -169,22 +196,38 @@ class _Problem:
 
         self.shape, self.variant, self.M = shape, variant, M
         self.N, self.K = problem_dims(shape, variant)
-        inp = make_inputs(shape, M, dtype, w13, w2, num_rotations=rotations(M, "cold-l2"), seed=seed)
+        inp = make_inputs(shape, M, torch.bfloat16 if dtype == torch.float8_e4m3fn else dtype, w13, w2,
+                          num_rotations=rotations(M, "cold-l2"), seed=seed)
         self.ids = inp.ids
         pairs = M * shape.topk
         self.pairs = pairs
         if variant == "down":
             g = torch.Generator(device=runtime.DEVICE).manual_seed(seed + 7)
-            self.a = [torch.randn(pairs, shape.intermediate, generator=g, device=runtime.DEVICE, dtype=dtype)
+            self.a = [torch.randn(pairs, shape.intermediate, generator=g, device=runtime.DEVICE, dtype=w2.dtype)
                       for _ in inp.ids]
             self.b, self.router, self.a_row_div = w2, [w.reshape(-1).float().contiguous() for w in inp.weights], 1
         else:
             self.a, self.b, self.router, self.a_row_div = inp.xs, w13, [None] * len(inp.ids), shape.topk
-        self.out = self.a[0].new_empty(pairs, self.N)
+        self.fp8 = dtype == torch.float8_e4m3fn
+        if self.fp8:
+            self._quantise(variant, w13, w2)
+        self.out = self.a[0].new_empty(pairs, self.N) if not self.fp8 else \
+            torch.empty(pairs, self.N, dtype=torch.bfloat16, device=runtime.DEVICE)
         self._alignments: dict = {}
         self._sorted_acts: dict = {}
         # Rows compared between candidates: a strided sample, so big outputs stay cheap.
         self.rows = torch.arange(0, pairs, max(1, pairs // 4096), device=runtime.DEVICE)
+
+    def _quantise(self, variant: str, w13, w2) -> None:
+        """FP8 problems: e4m3 weights with block scales, e4m3 activations with group scales; the
+        gate/up GEMM writes e4m3 rows and their scales, as the FP8 layer does."""
+        from ..kernels.fp8_quant import quantize_rows
+        from ..quant import quantize_w13, quantize_weight
+
+        self.b_q = quantize_w13(w13) if variant == "gated" else quantize_weight(w2 if variant == "down" else w13)
+        self.a_q = [quantize_rows(a) for a in self.a]
+        self.c_scale = (torch.empty(self.pairs, triton.cdiv(self.N, 128), device=runtime.DEVICE)
+                        if variant == "gated" else None)
 
     def alignments(self, block_m: int):
         from ..kernels.align import align_block_size
@@ -203,6 +246,9 @@ class _Problem:
     def calls(self, config: KernelConfig) -> list[Callable]:
         from ..kernels.sorted_kernel import launch_sorted_gemm
 
+        if self.fp8:
+            return self.fp8_calls(config)
+
         aligned = self.alignments(config.block_m)
         gated = self.variant == "gated"
         if self.variant == "down":    # as sorted_moe_layer runs it: activations in sorted order
@@ -214,13 +260,33 @@ class _Problem:
                                                self.a_row_div, config, gated=gated)
                 for r in range(len(self.a))]
 
+    def fp8_calls(self, config: KernelConfig) -> list[Callable]:
+        """The FP8 kernel's launches; the gate/up GEMM's e4m3 output goes to ``out`` viewed as
+        bytes' worth of e4m3 (half of it), so candidates compare on the same buffer."""
+        from ..kernels.fp8_kernel import launch_fp8_gemm
+
+        aligned = self.alignments(config.block_m)
+        b, b_s = self.b_q
+        if self.variant == "gated":
+            c = self.out.view(torch.uint8)[:, : self.N].view(torch.float8_e4m3fn)
+            return [lambda r=r: launch_fp8_gemm(*self.a_q[r], b, b_s, c, aligned[r], self.pairs, self.a_row_div, config,
+                                                c_scale=self.c_scale, gated=True) for r in range(len(self.a))]
+        return [lambda r=r: launch_fp8_gemm(*self.a_q[r], b, b_s, self.out, aligned[r], self.pairs, self.a_row_div,
+                                            config, router_weights=self.router[r]) for r in range(len(self.a))]
+
     def run_checked(self, config: KernelConfig) -> torch.Tensor:
         """Run rotation 0 into a NaN-poisoned buffer (compiles); return the sampled rows, or raise."""
         self.out.fill_(float("nan"))
+        if self.fp8 and self.c_scale is not None:
+            self.c_scale.fill_(float("nan"))
         self.calls(config)[0]()
-        if not bool(torch.isfinite(self.out).all()):
+        out = self.out
+        if self.fp8 and self.variant == "gated":      # e4m3 values and their scales, as numbers
+            out = self.out.view(torch.uint8)[:, : self.N].view(torch.float8_e4m3fn).float() * \
+                self.c_scale.repeat_interleave(128, dim=1)[:, : self.N]
+        if not bool(torch.isfinite(out).all()):
             raise ValueError("left elements unwritten (NaN)")
-        return self.out[self.rows].clone()
+        return out[self.rows].clone()
 
 
 def tune_problem(problem: _Problem, dtype: torch.dtype, deadline: float, *,
@@ -233,11 +299,16 @@ def tune_problem(problem: _Problem, dtype: torch.dtype, deadline: float, *,
     measure = measure or (lambda fn: measure_ms(fn, protocol="cold-l2", max_seconds=1.0)[0])
     s, M = problem.shape, problem.M
     E, topk = s.num_experts, s.topk
-    heuristic = heuristic_config(M, topk, E, problem.variant, N=problem.N)
+    gated = problem.variant == "gated"
+    if problem.fp8:
+        heuristic = fp8_heuristic_config(M, topk, E, problem.variant, N=problem.N)
+        space = fp8_config_space(M, E, problem.N, problem.K, topk, gated=gated, tma=tma_available())
+    else:
+        heuristic = heuristic_config(M, topk, E, problem.variant, N=problem.N)
+        space = config_space(M, E, problem.N, problem.K, topk, gated=gated,
+                             itemsize=torch.empty(0, dtype=dtype).element_size(), tma=tma_available())
     expected = problem.run_checked(heuristic)
     heuristic_ms = measure(cycle(problem.calls(heuristic)))
-    space = config_space(M, E, problem.N, problem.K, topk, gated=problem.variant == "gated",
-                         itemsize=torch.empty(0, dtype=dtype).element_size(), tma=tma_available())
     results = {heuristic: heuristic_ms}
     failed = 0
 
@@ -319,7 +390,9 @@ def tune(shape: ModelShape, batch_sizes, variants=VARIANTS, dtype: torch.dtype =
 
     start = time.monotonic()
     end = start + 60 * max_minutes
-    w13, w2 = make_weights(shape, dtype, with_w2="down" in variants, seed=seed)
+    # FP8 problems start from bf16 weights and quantise them (as a checkpoint's were).
+    w13, w2 = make_weights(shape, torch.bfloat16 if dtype == torch.float8_e4m3fn else dtype,
+                           with_w2="down" in variants, seed=seed)
     todo = [(v, M) for v in variants for M in batch_sizes]
     results = []
     for i, (variant, M) in enumerate(todo):
@@ -345,9 +418,9 @@ def tune(shape: ModelShape, batch_sizes, variants=VARIANTS, dtype: torch.dtype =
 
 
 def format_config(c: KernelConfig) -> str:
-    """``BM x BN x BK, group, warps, stages[, tma]`` in one short string."""
+    """``BM x BN x BK, group, warps, stages[, tma][, swap]`` in one short string."""
     text = f"{c.block_m}x{c.block_n}x{c.block_k} g{c.group_m} w{c.num_warps} s{c.num_stages}"
-    return text + (" tma" if c.use_tma else "")
+    return text + (" tma" if c.use_tma else "") + (" swap" if c.swap_ab else "")
 
 
 def results_table(results: list[TuneResult]) -> str:

@@ -1,0 +1,82 @@
+"""FP8 activations: each token's row cut into 128-wide groups, each group scaled into e4m3, in one launch.
+
+The FP8 layer's first step. A program takes ROWS tokens and one group of 128 columns, finds each
+row's largest magnitude there, and writes ``q = x / scale`` in e4m3 with ``scale = amax / 448``
+(the rule of :mod:`moe_tutorial.quant`, which is the float64 reference this kernel is tested
+against). The gate/up GEMM quantises its own output the same way, in its epilogue
+(:func:`moe_tutorial.kernels.fp8_kernel.quantize_epilogue`).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..quant import BLOCK, E4M3_MAX, FP8_DTYPE, MIN_AMAX
+
+
+@triton.jit
+def round_to_e4m3(v):
+    """``v`` (fp32, within +-448) rounded to the nearest e4m3 value (ties to even), still in fp32.
+
+    The cast to e4m3 would round by itself, but Triton 3.9's interpreter loses the carry when the
+    mantissa rounds up (124.3 comes out as 64, not 128); rounded here, the cast is exact on both
+    runtimes. Normal e4m3 numbers keep 3 of fp32's 23 mantissa bits: add just under half of the
+    20 dropped bits (plus the last kept bit, for ties to even) and clear them; integer carries
+    run into the exponent as they should. Below 2^-6 e4m3 is subnormal, spaced 2^-9 apart:
+    there ``(v * 512 + 1.5 * 2^23) - 1.5 * 2^23`` rounds to a multiple of 2^-9.
+    """
+    bits = v.to(tl.int32, bitcast=True)
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576).to(tl.float32, bitcast=True)  # -1048576 = 0xFFF00000
+    subnormal = ((v * 512.0 + 12582912.0) - 12582912.0) / 512.0
+    return tl.where(tl.abs(v) < 0.015625, subnormal, normal)
+
+
+@triton.jit
+def quantize_group(values, E4M3_MAX: tl.constexpr, MIN_AMAX: tl.constexpr):
+    """``(q, scale)`` of a ``[rows, 128]`` fp32 block, one group per row: ``scale = amax / 448``,
+    ``q = values / scale`` clamped to e4m3's range (division may carry 448 a hair over) and
+    rounded to e4m3 values (still fp32: the caller casts)."""
+    amax = tl.maximum(tl.max(tl.abs(values), axis=1), MIN_AMAX)
+    scale = amax / E4M3_MAX
+    q = round_to_e4m3(tl.clamp(values / scale[:, None], -E4M3_MAX, E4M3_MAX))
+    return q, scale
+
+
+@triton.jit
+def quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, M, K,
+                         stride_xm, stride_xk, stride_qm, stride_qk, stride_sm, stride_sk,
+                         ROWS: tl.constexpr, GROUP: tl.constexpr,
+                         E4M3_MAX: tl.constexpr, MIN_AMAX: tl.constexpr):
+    """q[m, g*128 + i], scale[m, g] for ROWS tokens m and one group g."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.program_id(1) * GROUP + tl.arange(0, GROUP)
+    ok = (rows < M)[:, None] & (cols < K)[None, :]       # a partial last group reads zeros
+    rows64 = rows.to(tl.int64)
+    x = tl.load(x_ptr + rows64[:, None] * stride_xm + cols[None, :] * stride_xk, mask=ok, other=0.0)
+    q, scale = quantize_group(x.to(tl.float32), E4M3_MAX, MIN_AMAX)
+    tl.store(q_ptr + rows64[:, None] * stride_qm + cols[None, :] * stride_qk, q.to(q_ptr.dtype.element_ty), mask=ok)
+    tl.store(scale_ptr + rows64 * stride_sm + tl.program_id(1) * stride_sk, scale, mask=rows < M)
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token, 128-group FP8 quantisation of activations, on the runtime's device.
+
+    Args:
+        x: ``[M, K]`` float (fp32 in the interpreter; bf16/fp16/fp32 on a GPU); any strides.
+
+    Returns:
+        ``(q [M, K] float8_e4m3fn, scale [M, ceil(K/128)] fp32)``, as
+        :func:`moe_tutorial.quant.quantize_activations` computes them in float64.
+    """
+    M, K = x.shape
+    q = torch.empty(M, K, dtype=FP8_DTYPE, device=x.device)
+    scale = torch.empty(M, triton.cdiv(K, BLOCK), dtype=torch.float32, device=x.device)
+    if M == 0 or K == 0:
+        return q, scale
+    rows = 16 if M >= 16 else triton.next_power_of_2(M)
+    quantize_rows_kernel[(triton.cdiv(M, rows), triton.cdiv(K, BLOCK))](
+        x, q, scale, M, K, x.stride(0), x.stride(1), q.stride(0), q.stride(1), scale.stride(0), scale.stride(1),
+        ROWS=rows, GROUP=BLOCK, E4M3_MAX=E4M3_MAX, MIN_AMAX=MIN_AMAX, num_warps=4,
+    )
+    return q, scale
