@@ -35,6 +35,7 @@ MODEL_SHAPES: dict[str, ModelShape] = {
         ModelShape("DeepSeek-V2-Lite", 64, 6, 2048, 1408),
         ModelShape("Qwen3-30B-A3B", 128, 8, 2048, 768),
         ModelShape("DeepSeek-V3", 256, 8, 7168, 2048),
+        ModelShape("Kimi-K2", 384, 8, 7168, 2048),
     )
 }
 

@@ -34,10 +34,12 @@ for stage in "$@"; do
       python3 -m moe_tutorial bench --models $MODELS --impls sorted,sorted+align,grouped_mm --protocol rotated \
         --no-progress --max-seconds-per-case 1 --out "$OUT/rotated" > "$OUT/bench-rotated.log" 2>&1; tail -30 "$OUT/bench-rotated.log" ;;
     fp8-tests)
-      python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_fp8.py 2>&1 | tail -15 | tee "$OUT/fp8-tests.log" ;;
+      python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_fp8.py 2>&1 | tee "$OUT/fp8-tests.log" | tail -15 ;;
     fp8-tune)
+      # Start from the shipped table, so the M this run does not tune keep their entries.
+      [ -f "$OUT/tuned_configs.json" ] || cp moe_tutorial/data/tuned_configs_h200.json "$OUT/tuned_configs.json"
       for m in ${FP8_MODELS//,/ }; do
-        python3 -m moe_tutorial tune --model $m --dtype fp8 --max-minutes $FP8_TUNE_MIN >> "$OUT/fp8-tune.log" 2>&1
+        python3 -m moe_tutorial tune --model $m --dtype fp8 --max-minutes $FP8_TUNE_MIN -M ${FP8_TUNE_M:-1,8,64,256,1024,4096,16384} >> "$OUT/fp8-tune.log" 2>&1
       done; grep -v rejected "$OUT/fp8-tune.log" | tail -30 ;;
     fp8-bench)
       python3 -m moe_tutorial bench --models $FP8_MODELS,$FP8_MORE --impls sorted,fp8 --protocol cold-l2 --no-progress \

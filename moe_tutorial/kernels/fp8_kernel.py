@@ -26,30 +26,38 @@ import triton.language as tl
 
 from .. import runtime
 from ..checks import _capturing, _fail, check_no_grad, check_tensor, check_topk_weights
-from ..quant import BLOCK, E4M3_MAX, FP8_DTYPE, MIN_AMAX, check_fp8_pair
+from ..quant import BLOCK, FP8_DTYPE, check_fp8_pair
 from .align import align_block_size, check_alignment
 from .configs import KernelConfig, fp8_config
-from .fp8_quant import quantize_group, quantize_rows
+from .fp8_quant import E4M3_MAX_C, MIN_AMAX_C, quantize_group, quantize_rows
 from .sorted_kernel import _tma_can_read, grouped_tile
 from .topk_sum import topk_sum
 
 
 @triton.jit
-def scaled_dot(a, b, a_scale, b_scale, acc, SWAP_AB: tl.constexpr):
-    """One K step: ``acc += (a @ b) * a_scale[:, None] * b_scale[None, :]``, the e4m3 product
-    promoted into fp32. With SWAP_AB, ``acc`` is transposed (``[BLOCK_N, rows]``)."""
+def scaled_dot(a, w, a_scale, w_scale, acc, SWAP_AB: tl.constexpr):
+    """One K step: ``acc += (a @ w.T) * a_scale[:, None] * w_scale[None, :]``, the e4m3 product
+    promoted into fp32; ``a`` ``[rows, BLOCK_K]``, ``w`` ``[BLOCK_N, BLOCK_K]`` as the weights lie
+    (K innermost, the layout FP8 tensor cores read both operands in). With SWAP_AB, ``acc`` is
+    transposed, ``[BLOCK_N, rows]``: the weights fill the tile's tall side."""
+    # (if/else rather than an early return: Triton's compiler builds both returns of an
+    # ``if constexpr: return`` and would fail on the branch that does not apply)
     if SWAP_AB:
-        return acc + tl.dot(tl.trans(b), tl.trans(a)) * (b_scale[:, None] * a_scale[None, :])
-    return acc + tl.dot(a, b) * (a_scale[:, None] * b_scale[None, :])
+        acc = acc + tl.dot(w, tl.trans(a)) * (w_scale[:, None] * a_scale[None, :])
+    else:
+        acc = acc + tl.dot(a, tl.trans(w)) * (a_scale[:, None] * w_scale[None, :])
+    return acc
 
 
 @triton.jit
-def load_fp8_weight_tile(b_ptrs, b_desc, b_row, k0, k_ok, USE_TMA: tl.constexpr):
-    """One ``[BLOCK_K, BLOCK_N]`` e4m3 tile of the expert's weights, through TMA (Hopper) or
-    pointer loads (masked only along K: columns wrap modulo N and the store masks them)."""
+def load_fp8_weight_tile(w_ptrs, w_desc, w_row, k0, k_ok, USE_TMA: tl.constexpr):
+    """One ``[BLOCK_N, BLOCK_K]`` e4m3 tile of the expert's weights, as they lie, through TMA
+    (Hopper) or pointer loads (masked only along K: columns wrap modulo N and the store masks them)."""
     if USE_TMA:
-        return b_desc.load([b_row, k0]).T
-    return tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
+        w = w_desc.load([w_row, k0])
+    else:
+        w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
+    return w
 
 
 @triton.jit
@@ -105,7 +113,7 @@ def fp8_moe_kernel(
 
     # [the expert's weights and their block scales]
     offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
-    b_ptrs = b_ptr + expert * stride_be + offs_n[None, :].to(tl.int64) * stride_bn + offs_k[:, None] * stride_bk
+    b_ptrs = b_ptr + expert * stride_be + offs_n[:, None].to(tl.int64) * stride_bn + offs_k[None, :] * stride_bk
     b_row = (expert * b_rows_per_expert + pid_n * BLOCK_N).to(tl.int32)   # TMA path only
     b_scale_ptrs = b_scale_ptr + expert * stride_bse + (offs_n // 128) * stride_bsn
 
@@ -150,7 +158,7 @@ def fp8_moe_kernel(
         c_row = pair.to(tl.int64)
     c_ptrs = c_ptr + c_row[:, None] * stride_cm + offs_cn[None, :] * stride_cn
     if QUANT_OUT:
-        q, scale = quantize_epilogue(acc, col_ok, E4M3_MAX, MIN_AMAX)
+        q, scale = quantize_epilogue(acc, col_ok, E4M3_MAX_C, MIN_AMAX_C)
         tl.store(c_ptrs, q.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
         tl.store(c_scale_ptr + c_row * stride_csm + pid_n, scale, mask=row_ok)
     else:

@@ -14,6 +14,10 @@ import triton.language as tl
 
 from ..quant import BLOCK, E4M3_MAX, FP8_DTYPE, MIN_AMAX
 
+#: The quantisation rule's constants, as kernels see them (a kernel reads globals only as constexpr).
+E4M3_MAX_C = tl.constexpr(E4M3_MAX)
+MIN_AMAX_C = tl.constexpr(MIN_AMAX)
+
 
 @triton.jit
 def round_to_e4m3(v):
