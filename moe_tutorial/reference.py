@@ -42,6 +42,14 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return diff / denom if denom else diff
 
 
+#: The FP8 layer on a GPU against :func:`reference_fp8_moe_layer`. That reference quantises the
+#: intermediate exactly; the GPU's gate/up values differ from it by about 1e-3 (Hopper's FP8
+#: tensor cores keep fewer bits than fp32 inside each 128-wide K step), and each value that lands
+#: on the other side of an e4m3 rounding boundary moves by a whole e4m3 step (6-12%). Measured on
+#: an H200: 1.2e-2 to 1.9e-2 on every shape (the interpreter, exact, stays under 1e-6).
+FP8_LAYER_TOLERANCE = 3e-2
+
+
 def tolerance(dtype: torch.dtype) -> float:
     """Relative-error bound for a dtype: fp32 1e-5, bf16/fp16 1e-2 (tf32 dots land near 1e-3)."""
     return 1e-5 if dtype in (torch.float32, torch.float64) else 1e-2
