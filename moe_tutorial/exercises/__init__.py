@@ -26,6 +26,7 @@ from .part4 import (
     check_router_epilogue,
     check_sorted_matmul,
 )
+from .part7 import check_quantize_block, check_scaled_matmul
 
 __all__ = [
     "EXERCISES", "Exercise", "for_part",
@@ -33,4 +34,5 @@ __all__ = [
     "check_select_weights", "check_indexing_matmul", "check_intermediate_bytes", "check_indexing_layer",
     "check_fused_columns", "check_fused_matmul", "check_fused_any_topk", "check_fused_int64",
     "check_align", "check_grouped_pid", "check_sorted_matmul", "check_router_epilogue",
+    "check_quantize_block", "check_scaled_matmul",
 ]

@@ -56,6 +56,11 @@ _ALL = [
              "hard", 40),
     Exercise("4.4", "sorted_moe_matmul_weighted", "check_router_epilogue", "Router weights in the epilogue",
              "scale each output row by its pair's router weight before the store", "medium", 10),
+    Exercise("7.1", "quantize_block", "check_quantize_block", "Quantise one block",
+             "scale = amax / 448 of the magnitudes, divide, clamp to +-448, round to e4m3", "warm-up", 10),
+    Exercise("7.2", "scaled_matmul", "check_scaled_matmul", "The scaled K loop",
+             "each 128-wide K group's e4m3 product times its activation and weight-block scales, summed in fp32",
+             "medium", 20),
 ]
 
 #: Every exercise by id, in order.
