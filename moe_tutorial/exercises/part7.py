@@ -79,8 +79,9 @@ def _loop_cases():
     for what, (M, N, K) in (("one 128-wide group", (4, 8, 128)), ("three groups", (5, 6, 384)),
                             ("K = 300: a partial last group", (3, 4, 300)), ("one token", (1, 130, 256))):
         # Groups of very different size, so that a scale applied to the wrong group shows.
-        a = torch.randn(M, K, generator=g) * torch.logspace(-2, 2, (K + BLOCK - 1) // BLOCK).repeat_interleave(BLOCK)[:K]
-        w = torch.randn(N, K, generator=g) * torch.logspace(1, -1, (K + BLOCK - 1) // BLOCK).repeat_interleave(BLOCK)[:K]
+        groups = (K + BLOCK - 1) // BLOCK
+        a = torch.randn(M, K, generator=g) * torch.logspace(-2, 2, groups).repeat_interleave(BLOCK)[:K]
+        w = torch.randn(N, K, generator=g) * torch.logspace(1, -1, groups).repeat_interleave(BLOCK)[:K]
         aq, as_ = quantize_activations(a)
         wq, ws = quantize_weight(w)
         out.append((f"{what} (M={M}, N={N}, K={K})", aq, as_, wq, ws))
@@ -105,7 +106,8 @@ def check_scaled_matmul(fn) -> bool:
                     raise Fail(f"expected float32 sums, got {out.dtype} (accumulate in float32: the e4m3 products "
                                "are promoted into float32 every group)")
                 a = aq.double() * as_.double().repeat_interleave(BLOCK, 1)[:, : aq.shape[1]]
-                w = wq.double() * ws.double().repeat_interleave(BLOCK, 0)[:N].repeat_interleave(BLOCK, 1)[:, : wq.shape[1]]
+                w_full = ws.double().repeat_interleave(BLOCK, 0)[:N].repeat_interleave(BLOCK, 1)
+                w = wq.double() * w_full[:, : wq.shape[1]]
                 want = a @ w.T
                 err = rel_error(out, want)
                 if err < 1e-5:
