@@ -42,7 +42,7 @@ for stage in "$@"; do
         python3 -m moe_tutorial tune --model $m --dtype fp8 --max-minutes $FP8_TUNE_MIN -M ${FP8_TUNE_M:-1,8,64,256,1024,4096,16384} >> "$OUT/fp8-tune.log" 2>&1
       done; grep -v rejected "$OUT/fp8-tune.log" | tail -30 ;;
     fp8-bench)
-      python3 -m moe_tutorial bench --models $FP8_MODELS,$FP8_MORE --impls sorted,fp8 --protocol cold-l2 --no-progress \
+      python3 -m moe_tutorial bench --models $FP8_MODELS,$FP8_MORE --impls ${FP8_IMPLS:-sorted,fp8,fp8-step0,fp8+swap,fp8+tma} --protocol cold-l2 --no-progress \
         --max-seconds-per-case 1 --out "$OUT/fp8" > "$OUT/fp8-bench.log" 2>&1; tail -40 "$OUT/fp8-bench.log" ;;
     *) echo "unknown stage $stage" ;;
   esac

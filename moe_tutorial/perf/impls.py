@@ -377,6 +377,29 @@ def first_fp8(inp: Inputs, config=None) -> Prepared:
     return Prepared(calls, output=lambda _: out.view(M, topk, N), buffers=[out], reference=reference)
 
 
+#: Part 7's first GEMM built up (notebook 07): the heuristic's tiles with pointer loads, then
+#: swapped operands for row blocks under 64, then weights through TMA (the heuristic as shipped);
+#: "fp8" adds the tuned tiles.
+FP8_STEPS = ("fp8-step0", "fp8+swap", "fp8+tma")
+
+
+def first_fp8_step(step: str):
+    """Prepare the FP8 first GEMM as Part 7 stands after ``step`` (one of :data:`FP8_STEPS`)."""
+    if step not in FP8_STEPS:
+        raise ValueError(f"step: expected one of {', '.join(FP8_STEPS)}, got {step!r}")
+
+    def prepare(inp: Inputs) -> Prepared:
+        from dataclasses import replace
+
+        from ..kernels.configs import fp8_heuristic_config
+
+        s = inp.shape
+        config = fp8_heuristic_config(inp.M, s.topk, s.num_experts, "plain", N=2 * s.intermediate)
+        config = replace(config, swap_ab=config.swap_ab and step != "fp8-step0", use_tma=step == "fp8+tma")
+        return first_fp8(inp, config=config)
+    return prepare
+
+
 def layer_fp8(inp: Inputs, configs=None) -> Prepared:
     """Part 7's whole FP8 layer (x quantised inside, as an engine runs it); checked against the
     float64 layer that takes the same quantisation steps (reference_fp8_moe_layer)."""

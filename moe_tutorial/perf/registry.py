@@ -82,6 +82,19 @@ IMPLEMENTATIONS: tuple[Implementation, ...] = (
         "Part 7's kernel on e4m3 experts with 128 x 128 block scales (activations quantised per token "
         "in 128-wide groups; the layer quantises them inside); judged against the FP8 floor",
         first=impls.first_fp8, layer=impls.layer_fp8, precision="fp8"),
+    # Part 7 built up (notebook 07): each keeps the steps before it; tuned tiles give "fp8".
+    Implementation(
+        "fp8-step0", "Part 7 step 0: FP8 kernel, pointer loads", "#ff9896",
+        "Part 7's kernel with the heuristic's tiles, pointer loads, operands never swapped",
+        first=impls.first_fp8_step("fp8-step0"), precision="fp8", linestyle=":", in_default_sweep=False),
+    Implementation(
+        "fp8+swap", "Part 7 step 1: + swapped operands under 64 rows", "#c49c94",
+        "step 0 with row blocks under 64 computed transposed (the weights fill the 64-row tensor-core tile)",
+        first=impls.first_fp8_step("fp8+swap"), precision="fp8", linestyle="--", in_default_sweep=False),
+    Implementation(
+        "fp8+tma", "Part 7 step 2: + TMA weight loads (heuristic)", "#f7b6d2",
+        "step 1 with the weights through the Tensor Memory Accelerator: the untuned heuristic",
+        first=impls.first_fp8_step("fp8+tma"), precision="fp8", linestyle="-.", in_default_sweep=False),
     # Part 4 built up one production step at a time (notebook 04); each keeps the steps before it.
     Implementation(
         "minimal", "Part 4 step 0: minimal kernel", "#7f7f7f",
