@@ -52,7 +52,8 @@ def outlier_errors(outliers, *, seed: int = 0, size: int = 256) -> list[tuple[fl
         blocked = dequantize_weight(*quantize_weight(w))
         one = (w.abs().max() / 448).double()
         per_tensor = (w.double() / one).clamp(-448, 448).to(torch.float8_e4m3fn).double() * one
-        out.append((float(o), rel_error(blocked[rest], w.double()[rest]), rel_error(per_tensor[rest], w.double()[rest])))
+        ref = w.double()[rest]
+        out.append((float(o), rel_error(blocked[rest], ref), rel_error(per_tensor[rest], ref)))
     return out
 
 
@@ -92,7 +93,8 @@ def plot_fp8_results(rows: list[dict], models, *, targets: dict | None = None):
     for model, c in zip(models, colors):
         for gemm, ls in (("first", "-"), ("layer", "--")):
             m, s = speedups(rows, model, gemm)
-            a1.plot(m, s, ls, marker="o", ms=3, color=c, label=f"{model}, {'gate/up GEMM' if gemm == 'first' else 'layer'}")
+            what = "gate/up GEMM" if gemm == "first" else "layer"
+            a1.plot(m, s, ls, marker="o", ms=3, color=c, label=f"{model}, {what}")
         f = sorted((r["M"], r["fraction_of_floor"]) for r in select(rows, model=model, gemm="first", impl="fp8"))
         a2.plot(*zip(*f), "o-", ms=3, color=c, label=model)
     a1.axhline(1.0, color="#999999", lw=0.8)
