@@ -300,7 +300,7 @@ def test_05_part2_bound_and_table(rows):
     assert all(0.25 < f < 1 / 3 for f in at_1), "Part 2 at M = 1 is no longer just under 1/3 (notebook 05, section 6)"
     text = f"{fmt2(min(at_1))} on all three models" if fmt2(min(at_1)) == fmt2(max(at_1)) else \
         f"{fmt2(min(at_1))} to {fmt2(max(at_1))}"
-    assert_says(P5, "**Part 2, indexing** lands at {} at M = 1, just under the 1/3 its copy allows", text)
+    assert_says(P5, "**Part 2, indexing** | lands at {} at M = 1, just under the 1/3 its copy allows", text)
     skip = {m: min(r["M"] for r in report.subset(rows, "first", impls=("indexing",))
                    if r["model"] == m and str(r["status"]).startswith("skipped")) for m in HEADLINE_MODELS}
     copy = {m: intermediate_bytes(skip[m], get_shape(m).topk, *get_shape(m).first_gemm) for m in HEADLINE_MODELS}
@@ -324,7 +324,7 @@ def test_05_reading_the_table(rows, ceil):
     assert_says(P5, "Its TFLOP/s never pass {:.1f}; notebook 03 measures why.",
                 max(report.best_tflops(rows, "fused").values()))
     lo, hi = report.fraction_range(rows, "first", "sorted", Ms=SMALL)
-    assert_says(P5, "**Part 4** reaches {} of the floor, and {} to {} from M = 1 to 256.", trio(g1, "sorted"),
+    assert_says(P5, "**Part 4** | reaches {} of the floor, and {} to {} from M = 1 to 256.", trio(g1, "sorted"),
                 fmt2(lo), fmt2(hi))
     weak = min((r["fraction_of_floor"], r["model"], r["M"], r["floor_ms"])
                for r in report.subset(rows, "first", impls=("sorted",)))
@@ -341,7 +341,7 @@ def test_05_reading_the_table(rows, ceil):
     assert all(v > 1 for v in speed.values())     # the recap: "beats torch._grouped_mm on all three models"
     assert_says(P5, "reaches {}: Part 4 is {} faster, geometric mean over M.", trio(g1, "grouped_mm"),
                 " / ".join(x(speed[m]) for m in HEADLINE_MODELS))
-    assert_says(P5, "**The whole layer** with Part 4: {}.", trio(gl, "sorted"))
+    assert_says(P5, "**The whole layer** | with Part 4: {}.", trio(gl, "sorted"))
     assert_says(P5, "We did not run vLLM, so this chapter has no vLLM numbers.")
     assert_says(P5, "SiLU * up as a separate op): {} of the floor.", trio(gl, "+router-epilogue"))
 
