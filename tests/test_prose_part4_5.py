@@ -437,3 +437,11 @@ def test_05_levers_as_described():
 def test_04_names_the_run_of_its_ceilings():
     """Ceilings quoted in notebook 04 are the Part 4 run's, and the text says which run (issue 22, 5)."""
     assert_says(P4, "both measured in the benchmark run that timed Part 4")
+
+
+def test_05_timer_in_brief_then_in_the_appendix():
+    assert_says(P5, "the median of {} replays (details in appendix C)", timing.COLD_REPLAYS)
+    assert_says(P5, "Before each replay {} MB, more than the H200's L2 cache holds, are zeroed",
+                timing.FLUSH_BYTES >> 20)
+    text = markdown(P5)
+    assert text.index("**The timer (the cold-l2 protocol).**") > text.index("## Appendix C")
