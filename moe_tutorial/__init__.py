@@ -7,6 +7,7 @@ from . import runtime  # noqa: I001  (must come before any kernel module)
 
 runtime.announce()
 
+from . import notebook  # noqa: E402
 from .examples import worked_example  # noqa: E402
 from .indexing import expert_moe_matmul, intermediate_bytes  # noqa: E402
 from .kernels.align import align_block_size  # noqa: E402
@@ -22,6 +23,8 @@ from .parallel import expert_parallel_layer, tensor_parallel_layer  # noqa: E402
 from .reference import reference_moe_layer, reference_moe_matmul, rel_error  # noqa: E402
 from .routing import route  # noqa: E402
 from .shapes import MODEL_SHAPES, ModelShape, get_shape, random_problem  # noqa: E402
+
+notebook.install()      # inside Jupyter: a reader's mistake ends in a short message (see notebook.py)
 
 __all__ = [
     "route", "loop_moe_matmul", "loop_moe_layer", "expert_moe_matmul", "intermediate_bytes",

@@ -162,6 +162,8 @@ def test_time_plot_lines_crosses_and_floor(part3_rows):
     assert lines[2].get_linewidth() > lines[3].get_linewidth()     # the highlighted implementation
     assert "Part 3, as published" not in [line.get_label() for line in v3.get_lines()]
     assert len(v3.collections) == 1                                # its wrong results are crosses
+    # ... drawn above the panel (axes y = 1), not low on a log time axis where they would read as fast runs
+    assert {float(y) for _, y in v3.collections[0].get_offsets()} == {1.0}
     fig = perf.plot_across_models(part3_rows, impls=("fused", "sorted"))
     assert [line.get_label() for line in fig.axes[0].get_lines()] == ["Part 3, fixed", "Part 4, tuned",
                                                                       "roofline floor"]
@@ -177,7 +179,7 @@ def test_plot_across_models(part4_rows, metric):
     fig = perf.plot_across_models(part4_rows, gemm="first", metric=metric)
     assert [ax.get_title() for ax in fig.axes[:2]] == ["Mixtral-8x7B", "DeepSeek-V3"]
     labels = fig.legends[0].get_texts()
-    assert "Part 3, as published: wrong result" in [t.get_text() for t in labels]
+    assert "Part 3, as published: wrong result (no time)" in [t.get_text() for t in labels]
 
 
 def test_plot_across_models_wraps_many_models(part4_rows):
@@ -218,7 +220,7 @@ def test_performance_figures_draw_every_implementation(tmp_path):
     assert labels[0].startswith("roof")
     assert "Part 3, as published" not in labels                     # a wrong result has no place on the roofline
     fig = perf.plot_across_models(rows, ["custom"], "first", "fraction_of_floor")
-    assert "Part 3, as published: wrong result" in [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "Part 3, as published: wrong result (no time)" in [t.get_text() for t in fig.legends[0].get_texts()]
     with pytest.raises(ValueError, match="metric"):
         perf.plot_across_models(rows, ["custom"], "first", "speed")
     with pytest.raises(ValueError, match="no timed results"):

@@ -74,15 +74,17 @@ def test_sorting_figure_shows_the_alignment():
     assert ax.get_title().startswith(f"3 tokens x topk 2 = 6 pairs -> {4 * len(blocks)} rows")
 
 
-def test_pid_figure_labels_every_tile_with_its_program():
+def test_pid_figure_numbers_the_first_wave_only():
     experts = [0, 0, 1, -1]
     fig = part4.plot_pid_order(experts, num_pid_n=5, group_ms=(1, 2, 4), wave=4)
     assert len(fig.axes) == 3
     for ax, g in zip(fig.axes, (1, 2, 4)):
         pids = part4.tile_pids(4, 5, g)
-        # Cell (m, n) is drawn at (n, 3 - m); its label is the program that computes that tile.
+        # Cell (m, n) is drawn at (n, 3 - m); the first wave's tiles (of real blocks) carry their program id,
+        # the others no label (issue 22: hundreds of numbers made the picture unreadable).
         drawn = {(int(t.get_position()[0]), 3 - int(t.get_position()[1])): int(t.get_text()) for t in ax.texts}
-        assert drawn == {(n, m): int(pids[m, n]) for m in range(4) for n in range(5)}
+        assert drawn == {(n, m): int(pids[m, n]) for m in range(4) for n in range(5)
+                         if pids[m, n] < 4 and experts[m] >= 0}
         a_loads, b_loads = part4.wave_loads(pids, experts, 4)
         assert ax.get_title().startswith(f"GROUP_M = {g}")
         assert ("row-major" in ax.get_title()) == (g == 1)

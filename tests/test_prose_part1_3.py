@@ -30,6 +30,11 @@ def copy_tbps(rows) -> float:
     return min(r["copy_tbps"] for r in rows)
 
 
+def read_tbps(rows, impl) -> float:
+    """The read-only bandwidth of the run that timed ``impl`` (cold-l2)."""
+    return report.headline_ceilings(rows, impl, protocol="cold-l2")["read_tbps"]
+
+
 def ms(rows, model, impl, M) -> float:
     (row,) = [r for r in results.select(rows, model=model, impl=impl, M=M, gemm="first") if r["ms"]]
     return row["ms"]
@@ -94,8 +99,25 @@ def test_01_launch_time_against_the_bytes(rows):
     assert_says(P1, "Assume about {:g} microseconds of host time per launch", launch_s * 1e6)
     assert_says(P1, "With {} tokens, DeepSeek-V3's loop needs about {:,.0f} launches, some {:.1f} ms of launching "
                     "alone, while reading the weights of its ~{:.0f} busy experts (about {:.1f} GB) takes an H200 "
-                    "about {:.1f} ms.", M, launches, launches * launch_s * 1e3, busy, nbytes / 1e9,
-                nbytes / (next(r["read_tbps"] for r in rows if r["impl"] == "loop") * 1e12) * 1e3)
+                    "about {:.1f} ms at the {:.2f} TB/s it read in that run.", M, launches, launches * launch_s * 1e3,
+                busy, nbytes / 1e9, nbytes / (read_tbps(rows, "loop") * 1e12) * 1e3, read_tbps(rows, "loop"))
+    # The rate is the read-only one of the run that timed the loop, and the prose calls it so (issue 22, 1).
+    assert read_tbps(rows, "loop") != copy_tbps(rows)
+    assert_says(P1, "at the **read-only bandwidth** (the rate of a kernel that only reads memory) that an H200 "
+                    "reached in the benchmark run that timed Parts 1 to 3")
+    assert "at the copy bandwidth an H200 reached" not in markdown(P1)
+
+
+def test_01_sync_count_names_its_ops():
+    count = profiling.layer_launches("loop", 8)
+    busy = 8
+    assert count.by_op["aten::where"] == busy and count.by_op["aten::nonzero"] == 1
+    assert count.syncs == busy + 1          # every where (a nonzero inside) and the one nonzero; no .tolist()
+    assert_says(P1, "Of the {} host syncs, {} are the experts' `where`s (each runs a `nonzero` inside) and 1 is the "
+                    "`nonzero` that lists the busy experts.", count.syncs, busy)
+    assert_says(P1, "The input check's `.tolist()` waits for the GPU too, but the profiler records no operator for "
+                    "it, so this count leaves it out.")
+    assert "the check's `.item()`s" not in markdown(P1)
 
 
 def test_01_loop_fractions_of_the_floor(rows):
@@ -252,3 +274,35 @@ def test_03_does_not_blame_two_causes():
     text = markdown(P3)
     assert "hit the GPU's L2 cache instead of HBM, which is a few times faster. That can lift" not in text
     assert "scripts/h200_part3_cap.py" in text
+
+
+def test_03_fault_3_shown_from_the_data(rows):
+    """Fault 3 (bf16 products) is shown with the benchmark's correctness check, not only asserted."""
+    err = {impl: [r["rel_error"] for m in ("Mixtral-8x7B", "Qwen3-30B-A3B")
+                  for r in results.select(rows, model=m, impl=impl, gemm="first") if r["status"] == "ok"]
+           for impl in ("published", "fused")}
+    assert len(err["published"]) == len(err["fused"]) == 14
+    for impl, values in err.items():
+        assert f"{min(values):.1e}" == f"{max(values):.1e}", impl        # one number on every M
+    def sci(v):
+        return f"{v:.1e}".replace("e-0", "e-")
+    assert_says(P3, "the article's kernel is off by {} and the fixed kernel by {}: about {} times the error",
+                sci(err["published"][0]), sci(err["fused"][0]), "three")
+    assert round(err["published"][0] / err["fused"][0]) == 3
+
+
+def test_03_m1_is_not_only_too_few_programs(rows):
+    fr = {r["model"]: r["fraction_of_floor"] for r in results.select(rows, impl="fused", M=1, gemm="first")}
+    programs = {}
+    for name in ("Mixtral-8x7B", "Qwen3-30B-A3B", "DeepSeek-V3"):
+        N, K = get_shape(name).first_gemm
+        programs[name] = math.ceil(N / default_blocks(get_shape(name).topk, N, K, interpreted=False)[0])
+    assert programs["Mixtral-8x7B"] > part3.H200_SMS
+    assert_says(P3, "still reaches only {} / {} / {} of the floor (Mixtral-8x7B / Qwen3-30B-A3B / DeepSeek-V3)",
+                fmt2(fr["Mixtral-8x7B"]), fmt2(fr["Qwen3-30B-A3B"]), fmt2(fr["DeepSeek-V3"]))
+    assert_says(P3, "Mixtral-8x7B's {} programs give every SM work and still reach only {}.",
+                programs["Mixtral-8x7B"], fmt2(fr["Mixtral-8x7B"]))
+
+
+def test_03_names_the_run_of_its_ceilings():
+    assert_says(P3, "measured in the benchmark run that timed Parts 1 to 3")

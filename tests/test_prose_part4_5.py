@@ -15,8 +15,10 @@ import numpy as np
 import pytest
 from prose import NOTEBOOKS, assert_says, fmt2, markdown
 
+from moe_tutorial import intermediate_bytes
 from moe_tutorial.examples import WORKED_FIRST_GEMM, WORKED_LAYER
 from moe_tutorial.figures import part4, perf
+from moe_tutorial.figures.part2 import H200_MEMORY_BYTES, format_bytes
 from moe_tutorial.kernels.align import SMALL_BATCH_PAIRS
 from moe_tutorial.perf import bench, report, results, timing, traffic
 from moe_tutorial.shapes import BATCH_SIZES, HEADLINE_MODELS, get_shape
@@ -75,7 +77,7 @@ def test_no_design_brief_no_hard_coded_ceilings(notebook):
 
 
 def test_titles():
-    assert markdown(P5).startswith("# The performance chapter: measured against what the hardware allows ")
+    assert markdown(P5).startswith("# Part 5: the performance chapter, measured against what the hardware allows ")
     assert markdown(P4).startswith("# Part 4: ")
 
 
@@ -194,7 +196,8 @@ def test_04_short_tails(rows, ceil):
                 gains(rows, "+tma", "sorted", (4096,)), x(report.step_gains(rows, "first", "+tma", "sorted")[
                     "Mixtral-8x7B", 1024]))
     assert_says(P4, "those GEMMs do only {:.0f} and {:.0f} FLOPs per byte, far below the {:.0f} at which the H200 "
-                    "stops waiting on memory", ai["Qwen3-30B-A3B"], ai["DeepSeek-V3"], ridge)
+                    "stops waiting on memory (the run that timed Part 4)", ai["Qwen3-30B-A3B"], ai["DeepSeek-V3"],
+                ridge)
     assert_says(P4, "Short tails are on only for `BLOCK_M >= 32`.")
     assert "config.block_m >= 32" in inspect.getsource(__import__(
         "moe_tutorial.kernels.sorted_kernel", fromlist=["_launch"])._launch)
@@ -280,7 +283,8 @@ def test_05_the_yardstick(rows, ceil):
 
 def test_05_intensity(ceil):
     ridge = ceil["matmul_tflops"] / ceil["read_tbps"]
-    assert_says(P5, "(matmul rate over read bandwidth, {:.0f} FLOP/byte on this H200)", ridge)
+    assert_says(P5, "(matmul rate over read bandwidth, {:.0f} FLOP/byte on this H200 in the run that timed Part 4)",
+                ridge)
     assert_says(P5, "where each expert gets about {:.0f} rows, at `M = ridge x E / topk`", ridge)
     Ms = np.arange(1, 65537)
     cross = {(m, g): int(Ms[np.argmax(perf.intensity(get_shape(m), Ms, g) >= ridge)])
@@ -296,11 +300,18 @@ def test_05_part2_bound_and_table(rows):
     assert all(0.25 < f < 1 / 3 for f in at_1), "Part 2 at M = 1 is no longer just under 1/3 (notebook 05, section 6)"
     text = f"{fmt2(min(at_1))} on all three models" if fmt2(min(at_1)) == fmt2(max(at_1)) else \
         f"{fmt2(min(at_1))} to {fmt2(max(at_1))}"
-    assert_says(P5, "**Part 2, indexing** lands at {} at M = 1, just under the 1/3 its copy allows", text)
+    assert_says(P5, "**Part 2, indexing** | lands at {} at M = 1, just under the 1/3 its copy allows", text)
     skip = {m: min(r["M"] for r in report.subset(rows, "first", impls=("indexing",))
                    if r["model"] == m and str(r["status"]).startswith("skipped")) for m in HEADLINE_MODELS}
-    assert_says(P5, "from M = {} on Mixtral-8x7B, {} on DeepSeek-V3 and {} on Qwen3-30B-A3B its copy no longer fits in "
-                    "memory.", skip["Mixtral-8x7B"], skip["DeepSeek-V3"], skip["Qwen3-30B-A3B"])
+    copy = {m: intermediate_bytes(skip[m], get_shape(m).topk, *get_shape(m).first_gemm) for m in HEADLINE_MODELS}
+    assert all(H200_MEMORY_BYTES / 3 < b < H200_MEMORY_BYTES for b in copy.values())   # fits, but over a third
+    assert_says(P5, "from M = {} on Mixtral-8x7B, {} on DeepSeek-V3 and {} on Qwen3-30B-A3B the bench skips it: its "
+                    "copy there ({}, {} and {}) would still fit in the H200's {}, but not in the third of free memory "
+                    "the bench allows it (appendix B).", skip["Mixtral-8x7B"], skip["DeepSeek-V3"],
+                skip["Qwen3-30B-A3B"], *(format_bytes(copy[m]) for m in ("Mixtral-8x7B", "DeepSeek-V3",
+                                                                           "Qwen3-30B-A3B")),
+                format_bytes(H200_MEMORY_BYTES))
+    assert "its copy no longer fits in memory" not in markdown(P5)
     assert "0.10 (3/7 M)" in report.summary_table(rows, ("indexing",))
     assert_says(P5, '"0.10 (3/7 M)" counts 3 of the 7 batch sizes')
 
@@ -313,22 +324,24 @@ def test_05_reading_the_table(rows, ceil):
     assert_says(P5, "Its TFLOP/s never pass {:.1f}; notebook 03 measures why.",
                 max(report.best_tflops(rows, "fused").values()))
     lo, hi = report.fraction_range(rows, "first", "sorted", Ms=SMALL)
-    assert_says(P5, "**Part 4** reaches {} of the floor, and {} to {} from M = 1 to 256.", trio(g1, "sorted"),
+    assert_says(P5, "**Part 4** | reaches {} of the floor, and {} to {} from M = 1 to 256.", trio(g1, "sorted"),
                 fmt2(lo), fmt2(hi))
     weak = min((r["fraction_of_floor"], r["model"], r["M"], r["floor_ms"])
                for r in report.subset(rows, "first", impls=("sorted",)))
     assert_says(P5, "Its weakest point is {} at M = {} ({}), whose floor is only {:.0f} us, {:.1f} us of it one "
                     "launch.", weak[1], weak[2], fmt2(weak[0]), weak[3] * 1e3, ceil["launch_us"])
-    peak = report.best_tflops(rows, "sorted")
-    assert_says(P5, "At prefill it reaches {:.0f} to {:.0f} TFLOP/s against the {:.0f} of a plain matmul.",
-                min(peak.values()), max(peak.values()), ceil["matmul_tflops"])
+    at = {M: [r["tflops"] for r in report.subset(rows, "first", impls=("sorted",), protocol="cold-l2") if r["M"] == M]
+          for M in (4096, 16384)}
+    assert_says(P5, "At M = 16384 it reaches {:.0f} to {:.0f} TFLOP/s against the {:.0f} of a plain matmul, at M = "
+                    "4096 {:.0f} to {:.0f}.", min(at[16384]), max(at[16384]), ceil["matmul_tflops"],
+                min(at[4096]), max(at[4096]))
     assert_says(P5, "The heuristic alone ({}) is close behind the tuned table; with the alignment inside the "
                     "timing, {}.", trio(g1, "sorted-heuristic"), trio(g1, "sorted+align"))
     speed = report.speedup_geomeans(rows, "first", "sorted", "grouped_mm")
     assert all(v > 1 for v in speed.values())     # the recap: "beats torch._grouped_mm on all three models"
     assert_says(P5, "reaches {}: Part 4 is {} faster, geometric mean over M.", trio(g1, "grouped_mm"),
                 " / ".join(x(speed[m]) for m in HEADLINE_MODELS))
-    assert_says(P5, "**The whole layer** with Part 4: {}.", trio(gl, "sorted"))
+    assert_says(P5, "**The whole layer** | with Part 4: {}.", trio(gl, "sorted"))
     assert_says(P5, "We did not run vLLM, so this chapter has no vLLM numbers.")
     assert_says(P5, "SiLU * up as a separate op): {} of the floor.", trio(gl, "+router-epilogue"))
 
@@ -340,6 +353,7 @@ def test_05_runs_and_protocols(rows, ceil):
     rotated = report.headline_ceilings(rows, "sorted", protocol="rotated")
     assert_says(P5, "one launch costs {:.1f} us there, against {:.1f} us cold.", rotated["launch_us"],
                 ceil["launch_us"])
+    assert_says(P5, "its floor counts {:.2f} us for one)", rotated["launch_us"])
     geo = {p: report.floor_geomeans(rows, "first", protocol=p) for p in ("cold-l2", "rotated")}
     mean_diff = max(abs(geo["cold-l2"][k] - v) for k, v in geo["rotated"].items())
     point = {p: {(r["model"], r["M"]): r["fraction_of_floor"]
@@ -418,3 +432,16 @@ def test_05_levers_as_described():
     assert all(g < 1 for (_, M), g in gains("layer", "base", "atomic").items() if M >= 4096)
     assert_says(P5, "except on Mixtral-8x7B at M ≥ 4096")
     assert_says(P5, "a few percent at M = 1 on two of the three models, and a loss from M = 8 on")
+
+
+def test_04_names_the_run_of_its_ceilings():
+    """Ceilings quoted in notebook 04 are the Part 4 run's, and the text says which run (issue 22, 5)."""
+    assert_says(P4, "both measured in the benchmark run that timed Part 4")
+
+
+def test_05_timer_in_brief_then_in_the_appendix():
+    assert_says(P5, "the median of {} replays (details in appendix C)", timing.COLD_REPLAYS)
+    assert_says(P5, "Before each replay {} MB, more than the H200's L2 cache holds, are zeroed",
+                timing.FLUSH_BYTES >> 20)
+    text = markdown(P5)
+    assert text.index("**The timer (the cold-l2 protocol).**") > text.index("## Appendix C")

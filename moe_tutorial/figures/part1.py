@@ -6,6 +6,7 @@ Figure; the notebook calls ``plt.show()``.
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
+import numpy as np
 import torch
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
 
@@ -197,20 +198,22 @@ def plot_launches(num_experts: list[int], launches: dict[str, list[int]], models
         if len(counts) != len(num_experts):
             fail(ValueError, f"launches[{impl!r}]", f"one count per E ({len(num_experts)} of them)", f"{len(counts)}")
     fig, ax = plt.subplots(figsize=(7.5, 3.8))
-    for i, (impl, counts) in enumerate(launches.items()):
-        ax.plot(num_experts, counts, "o-", color=impl_color(impl), label=impl)
-        for e, c in zip(num_experts, counts):
-            # The first line is labelled above its points, the others below, so labels never meet.
-            ax.annotate(str(c), (e, c), textcoords="offset points", xytext=(0, 7 if i == 0 else -13),
-                        ha="center", fontsize=8)
     top = max(max(c) for c in launches.values())
-    right = max(num_experts)
-    for i, (name, e) in enumerate(sorted((models or {}).items(), key=lambda kv: kv[1])):
-        ax.axvline(e, color="#bbbbbb", ls=":", lw=1, zorder=0)
-        # Neighbouring names (E = 60 and 64) sit at alternating heights; the last one reads leftwards.
-        ax.text(e + (-2 if e == right else 2), top * (1.22 if i % 2 else 1.12), name, fontsize=7,
-                color="#666666", ha="right" if e == right else "left")
-    ax.set_xlabel("experts E (every expert has tokens)")
+    for impl, counts in launches.items():
+        # The measured counts (the table above) as points; the straight line through the first and
+        # last carries them to every E, so the real models can be read off it.
+        slope = (counts[-1] - counts[0]) / max(1, num_experts[-1] - num_experts[0])
+        es = np.arange(1, max(num_experts) + 1)
+        ax.plot(es, counts[0] + slope * (es - num_experts[0]), "-", color=impl_color(impl), lw=1.2, alpha=0.7)
+        ax.plot(num_experts, counts, "o", color=impl_color(impl), label=f"{impl} (measured)")
+        if impl == "loop":
+            for i, (name, e) in enumerate(sorted((models or {}).items(), key=lambda kv: kv[1])):
+                at = counts[0] + slope * (e - num_experts[0])
+                ax.plot([e], [at], "D", color="black", ms=4, zorder=5)
+                # Neighbouring names (E = 60 and 64) sit on alternating sides of the line.
+                ax.annotate(f"{name}: {at:,.0f}", (e, at), textcoords="offset points", fontsize=7,
+                            xytext=(6, -12) if i % 2 else (-6, 8), ha="left" if i % 2 else "right")
+    ax.set_xlabel("experts E (every expert has tokens); diamonds: the real models, read off the line")
     ax.set_ylabel("kernel launches per forward")
     ax.set_ylim(-0.06 * top, top * 1.3)
     ax.legend(loc="center right")

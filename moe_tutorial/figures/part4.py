@@ -138,9 +138,10 @@ def plot_pid_order(expert_ids, num_pid_n: int, group_ms=(1, 4), wave: int = 8):
     down whole columns, the order in which a 2-D grid ``(row blocks, column blocks)`` runs its
     programs (axis 0 fastest), as the minimal kernel's does. Rows are blocks of BLOCK_M sorted
     pairs (coloured by their expert, grey past ``num_tokens_post_padded``), columns are BLOCK_N
-    slices of the output. The first
-    ``wave`` programs, those that run together, are outlined; the title counts the loads of
-    the toy cache model of :func:`wave_loads`.
+    slices of the output. The first ``wave`` programs, those that run together, are outlined
+    and numbered; the other tiles carry no number, their shade fading with their place in the
+    order, so the picture shows the walk without hundreds of labels. The title counts the loads
+    of the toy cache model of :func:`wave_loads`.
     """
     experts = [int(e) for e in expert_ids]
     num_pid_m = len(experts)
@@ -153,7 +154,8 @@ def plot_pid_order(expert_ids, num_pid_n: int, group_ms=(1, 4), wave: int = 8):
             idle = experts[m] < 0
             color = PADDING_COLOR if idle else expert_color(experts[m])
             first_wave = pid < wave and not idle
-            cell(ax, n, num_pid_m - 1 - m, color, pid, alpha=1.0 if first_wave else 0.45,
+            later = 0.75 - 0.55 * pid / max(1, pids.size - 1)          # fades along the launch order
+            cell(ax, n, num_pid_m - 1 - m, color, pid if first_wave else "", alpha=1.0 if first_wave else later,
                  edge="black" if first_wave else "white", lw=1.6 if first_wave else 0.8,
                  text_color="#777777" if idle else "black", fontweight="bold" if first_wave else "normal")
         a_loads, b_loads = wave_loads(pids, experts, wave)

@@ -98,7 +98,7 @@ def resolve_blocks(topk: int, N: int, K: int, block_n: int | None, block_k: int 
 
 def fused_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: torch.Tensor, *,
                      block_n: int | None = None, block_k: int | None = None,
-                     out: torch.Tensor | None = None) -> torch.Tensor:
+                     out: torch.Tensor | None = None, kernel=None) -> torch.Tensor:
     """First GEMM with Part 3's kernel: grid ``(M, cdiv(N, BLOCK_N))``, BLOCK_M = 1.
 
     Args:
@@ -108,6 +108,8 @@ def fused_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: torch.Tens
         block_n, block_k: powers of two; defaults from :func:`default_blocks`.
         out: optional ``[M, topk, N]`` buffer to write into: any strides, but no two elements
             at one address and no memory shared with the inputs.
+        kernel: the ``@triton.jit`` kernel to launch, with :func:`fused_moe_kernel`'s arguments
+            (default: that kernel; notebook 03 passes the reader's edited copy, see ``moe_tutorial.lab``).
 
     No backward pass: inputs that require grad are refused unless autograd is off.
 
@@ -122,7 +124,7 @@ def fused_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: torch.Tens
     # [Step 0: the grid]
     # One program per token (axis 0) and per BLOCK_N block of output features (axis 1).
     grid = (M, triton.cdiv(N, block_n))
-    fused_moe_kernel[grid](
+    (fused_moe_kernel if kernel is None else kernel)[grid](
         x, weight, topk_ids, out,
         N, K, topk,
         x.stride(0), x.stride(1),

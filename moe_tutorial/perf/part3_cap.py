@@ -163,6 +163,7 @@ def explain(rows: list[dict], hbm_tbps: float | None = None) -> Verdict:
     ceiling). Weights that reach the SMs faster than HBM can deliver them come from the caches,
     whatever the routing experiment says.
     """
+    source = "in the benchmark run that timed Part 4" if hbm_tbps is None else "by the benchmark"
     hbm_tbps = hbm_read_tbps() if hbm_tbps is None else hbm_tbps
     by_dtype = ratios(rows, "dtype", "dtype", "float32", "bfloat16")
     if not by_dtype:
@@ -206,8 +207,8 @@ def explain(rows: list[dict], hbm_tbps: float | None = None) -> Verdict:
             cause = "bytes: on chip"
             where = (f"the rate at which the caches deliver the weights to the SMs (busiest: {level})" if level
                      else "the rate at which the caches (L2, L1) deliver the weights to the SMs")
-        hbm_sentence = (f" That is more than HBM can deliver ({hbm_tbps:.2f} TB/s read-only, measured by the "
-                        "benchmark), so most of those bytes are re-reads served by the caches."
+        hbm_sentence = (f" That is more than HBM can deliver ({hbm_tbps:.2f} TB/s read-only, measured {source}), "
+                        "so most of those bytes are re-reads served by the caches."
                         if faster_than_hbm else "")
         text = (f"Part 3's cap is {where}. {dtype_sentence}: the TFLOP/s follow the bytes, which flow at about "
                 f"{loads['bfloat16']:.1f} TB/s in bf16 and {loads['float32']:.1f} TB/s in fp32.{hbm_sentence} "
