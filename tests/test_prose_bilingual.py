@@ -8,7 +8,7 @@ import pytest
 from prose import NOTEBOOKS, markdown
 
 LESSONS = ("01_loop_baseline", "02_vectorised_indexing", "03_triton_fused_kernel", "04_sorted_production_kernel",
-           "05_performance", "06_expert_parallel")
+           "05_performance", "06_expert_parallel", "07_fp8_experts")
 CJK = re.compile(r"[\u4e00-\u9fff]")
 GLOSSARY = "../docs/seed-article.md"
 
