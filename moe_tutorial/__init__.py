@@ -7,10 +7,15 @@ from . import runtime  # noqa: I001  (must come before any kernel module)
 
 runtime.announce()
 
-from . import notebook  # noqa: E402
+from . import (  # noqa: E402
+    checkpoint,
+    notebook,  # noqa: E402
+    quant,
+)
 from .examples import worked_example  # noqa: E402
 from .indexing import expert_moe_matmul, intermediate_bytes  # noqa: E402
 from .kernels.align import align_block_size  # noqa: E402
+from .kernels.fp8_kernel import fp8_moe_layer, fp8_moe_matmul  # noqa: E402
 from .kernels.fused_kernel import fused_moe_kernel, fused_moe_matmul  # noqa: E402
 from .kernels.sorted_kernel import (  # noqa: E402
     sorted_moe_kernel,
@@ -32,5 +37,6 @@ __all__ = [
     "sorted_moe_matmul", "sorted_moe_layer", "moe_layer", "reference_moe_matmul",
     "reference_moe_layer", "rel_error", "worked_example", "MODEL_SHAPES", "ModelShape",
     "get_shape", "random_problem", "runtime", "expert_parallel_layer", "tensor_parallel_layer",
+    "quant", "checkpoint", "fp8_moe_layer", "fp8_moe_matmul",
 ]
 __version__ = "0.1.0"

@@ -25,3 +25,9 @@ def test_readme_names_the_datas_date_and_protocol():
     text = " ".join(README.read_text().split())
     assert f"measured {dates[-1]} with torch {rows[0]['torch'][:4]} and Triton {rows[0]['triton'][:3]}" in text
     assert "cold-l2 protocol" in text
+
+
+def test_readme_fp8_table_is_the_data():
+    rows = results.load_rows(results.DATA_DIR / "h200_fp8_bench.csv")
+    table = report.summary_table(rows, ("sorted", "fp8"), labels=registry.LABELS, protocol="cold-l2", markdown=True)
+    assert table in README.read_text(), ("README.md's FP8 table is stale; paste this one:\n" + table)
