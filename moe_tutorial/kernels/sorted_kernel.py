@@ -88,24 +88,35 @@ def router_weight_epilogue(acc, router_w_ptr, pair, row_ok):
 
 @triton.jit
 def sorted_tile(
-    a_ptr, a_desc, b_ptr, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr, pid_m, pid_n, expert,
+    # What differs between a whole row block and half a one (short tails): A's TMA descriptor
+    # (None unless A_ROWS is "sorted_tma") and how many rows the tile has.
+    a_desc, ROWS: tl.constexpr,
+    # Pointers: A, B (the experts' weights) and its TMA descriptor (None unless B_TMA), C, the
+    # router weights and the sorted pairs.
+    a_ptr, b_ptr, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr,
+    # Which tile: row block, column block, and the expert that owns the row block.
+    pid_m, pid_n, expert,
+    # Sizes
     N, K, num_pairs, a_row_div, stride_b_up, b_rows_per_expert,
-    stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
-    ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GATED: tl.constexpr, ROUTER_WEIGHTS: tl.constexpr, EVEN_K: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
-    A_SORTED: tl.constexpr, A_TMA: tl.constexpr, C_SORTED: tl.constexpr,
+    # Strides
+    stride_am, stride_ak,
+    stride_be, stride_bn, stride_bk,
+    stride_cm, stride_cn,
+    # Meta-parameters: the tile, then what the launch does (see sorted_moe_kernel)
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    A_ROWS: tl.constexpr, B_TMA: tl.constexpr, C_ROWS: tl.constexpr,
+    GATED: tl.constexpr, ROUTER_WEIGHTS: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """The first ROWS rows of row block ``pid_m`` times one expert's ``[BLOCK_N, K]`` slice."""
     # [gather the rows]
     offs_m = pid_m * BLOCK_M + tl.arange(0, ROWS)
     pair = tl.load(sorted_ids_ptr + offs_m)
     row_ok = pair < num_pairs                       # padding rows hold num_pairs
-    if A_SORTED:
+    if A_ROWS == "gathered":
+        a_row = (pair // a_row_div).to(tl.int64)
+    else:
         # A is already in sorted order (the gate/up GEMM wrote it so): row = position, no gather.
         a_row = offs_m.to(tl.int64)
-    else:
-        a_row = (pair // a_row_div).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + a_row[:, None] * stride_am + offs_k[None, :] * stride_ak
 
@@ -120,7 +131,7 @@ def sorted_tile(
     acc_up = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         k_ok = offs_k < K - k * BLOCK_K
-        if A_TMA:
+        if A_ROWS == "sorted_tma":
             # Sorted rows are contiguous, so TMA fetches A too. Padding rows bring whatever is
             # there; each output row depends on its own A row only, and padding rows are never stored.
             a = a_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
@@ -128,11 +139,11 @@ def sorted_tile(
             a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
         else:
             a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        b = load_weight_tile(b_ptrs, b_desc, b_row, k * BLOCK_K, k_ok, USE_TMA, EVEN_K)
+        b = load_weight_tile(b_ptrs, b_desc, b_row, k * BLOCK_K, k_ok, B_TMA, EVEN_K)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
         if GATED:
             # The up rows sit N rows (stride_b_up elements) after the gate rows of the same expert.
-            b_up = load_weight_tile(b_ptrs + stride_b_up, b_desc, b_row + N, k * BLOCK_K, k_ok, USE_TMA, EVEN_K)
+            b_up = load_weight_tile(b_ptrs + stride_b_up, b_desc, b_row + N, k * BLOCK_K, k_ok, B_TMA, EVEN_K)
             acc_up = tl.dot(a, b_up, acc_up, input_precision=DOT_PRECISION)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
@@ -145,8 +156,8 @@ def sorted_tile(
 
     # [scatter the rows]
     offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    # With C_SORTED the rows stay in sorted order, where the down GEMM reads them as whole blocks.
-    if C_SORTED:
+    # With C_ROWS = "sorted" the rows stay in sorted order, where the down GEMM reads them as whole blocks.
+    if C_ROWS == "sorted":
         c_row = offs_m.to(tl.int64)
     else:
         c_row = pair.to(tl.int64)
@@ -156,27 +167,39 @@ def sorted_tile(
 
 @triton.jit
 def sorted_moe_kernel(
+    # Pointers: A, B (the experts' weights) and C; TMA descriptors over A (whole and half row
+    # blocks) and B, None where unused; the router weights; the alignment.
     a_ptr, a_desc, a_desc_half, b_ptr, b_desc, c_ptr, router_w_ptr,
     sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
+    # Sizes
     N, K, num_pairs, max_padded, a_row_div, stride_b_up, b_rows_per_expert,
+    # Strides
     stride_am, stride_ak,
     stride_be, stride_bn, stride_bk,
     stride_cm, stride_cn,
+    # Meta-parameters: the tile and its order...
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    GATED: tl.constexpr, ROUTER_WEIGHTS: tl.constexpr, EVEN_K: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, SHORT_TAILS: tl.constexpr,
-    A_SORTED: tl.constexpr, A_TMA: tl.constexpr, C_SORTED: tl.constexpr,
+    # ... where A's and C's rows are, whether B comes through TMA ...
+    A_ROWS: tl.constexpr, B_TMA: tl.constexpr, C_ROWS: tl.constexpr,
+    # ... and what else the launch does.
+    GATED: tl.constexpr, ROUTER_WEIGHTS: tl.constexpr, SHORT_TAILS: tl.constexpr,
+    EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """C[pair, n] = A[pair // a_row_div] . B[expert(pair), n] for one [BLOCK_M, BLOCK_N] tile.
 
     Pairs are flat indices m * topk + j. For the first GEMM A is x and a_row_div = topk; for
-    the down GEMM A holds one row per pair and a_row_div = 1. With GATED, B has 2N rows
-    (gate then up, the up rows stride_b_up further on) and C = silu(A.B_gate) * (A.B_up).
-    With USE_TMA (Hopper), B tiles come through ``b_desc``, a tensor descriptor over B viewed
-    as ``[E * rows_per_expert, K]``. With SHORT_TAILS, a block whose second half is padding
-    multiplies only its first BLOCK_M // 2 rows. Sorted activations: with C_SORTED, C's rows
-    are the sorted positions (C has max_padded rows); with A_SORTED, A's rows are (no gather),
-    and with A_TMA they come through ``a_desc`` (``a_desc_half`` for half blocks).
+    the down GEMM A holds one row per pair and a_row_div = 1.
+
+    * A_ROWS: "gathered" (row ``pair // a_row_div``, through pointers), or in sorted order
+      (sorted activations: row = sorted position, no gather) through pointers, "sorted", or
+      through TMA, "sorted_tma" (``a_desc``, ``a_desc_half`` for half blocks).
+    * B_TMA (Hopper): B tiles come through ``b_desc``, a tensor descriptor over B viewed as
+      ``[E * b_rows_per_expert, K]``.
+    * C_ROWS: "scattered" (row ``pair``), or "sorted" (row = sorted position; C has
+      max_padded rows).
+    * GATED: B has 2N rows (gate then up, the up rows stride_b_up further on) and
+      C = silu(A.B_gate) * (A.B_up). ROUTER_WEIGHTS: each row times its pair's router weight.
+    * SHORT_TAILS: a block whose second half is padding multiplies only its first BLOCK_M // 2 rows.
     """
     # [which tile]
     num_pid_m = tl.cdiv(max_padded, BLOCK_M)
@@ -190,18 +213,21 @@ def sorted_moe_kernel(
     half_full = False
     if SHORT_TAILS:
         half_full = second_half_is_padding(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
+    # The two calls differ in their first line only: A's descriptor, and the rows of the tile.
     if half_full:
-        sorted_tile(a_ptr, a_desc_half, b_ptr, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr, pid_m, pid_n, expert,
+        sorted_tile(a_desc_half, BLOCK_M // 2,
+                    a_ptr, b_ptr, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr, pid_m, pid_n, expert,
                     N, K, num_pairs, a_row_div, stride_b_up, b_rows_per_expert,
                     stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
-                    BLOCK_M // 2, BLOCK_M, BLOCK_N, BLOCK_K, GATED, ROUTER_WEIGHTS, EVEN_K, DOT_PRECISION, USE_TMA,
-                    A_SORTED, A_TMA, C_SORTED)
+                    BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, A_ROWS=A_ROWS, B_TMA=B_TMA, C_ROWS=C_ROWS,
+                    GATED=GATED, ROUTER_WEIGHTS=ROUTER_WEIGHTS, EVEN_K=EVEN_K, DOT_PRECISION=DOT_PRECISION)
     else:
-        sorted_tile(a_ptr, a_desc, b_ptr, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr, pid_m, pid_n, expert,
+        sorted_tile(a_desc, BLOCK_M,
+                    a_ptr, b_ptr, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr, pid_m, pid_n, expert,
                     N, K, num_pairs, a_row_div, stride_b_up, b_rows_per_expert,
                     stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
-                    BLOCK_M, BLOCK_M, BLOCK_N, BLOCK_K, GATED, ROUTER_WEIGHTS, EVEN_K, DOT_PRECISION, USE_TMA,
-                    A_SORTED, A_TMA, C_SORTED)
+                    BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, A_ROWS=A_ROWS, B_TMA=B_TMA, C_ROWS=C_ROWS,
+                    GATED=GATED, ROUTER_WEIGHTS=ROUTER_WEIGHTS, EVEN_K=EVEN_K, DOT_PRECISION=DOT_PRECISION)
 
 
 def _tma_can_read(t: torch.Tensor) -> bool:
@@ -289,15 +315,17 @@ def _launch(a, b, c, router_weights, alignment, num_pairs: int, a_row_div: int,
     sorted_moe_kernel[grid](
         a, a_desc, a_desc_half, b, b_desc, c, router_weights if router_weights is not None else c,
         sorted_ids, expert_ids, num_post,
-        N, K, num_pairs, max_padded, a_row_div, N * b.stride(1), b.shape[1],
-        a.stride(0), a.stride(1),
-        b.stride(0), b.stride(1), b.stride(2),
-        c.stride(0), c.stride(1),
+        N=N, K=K, num_pairs=num_pairs, max_padded=max_padded, a_row_div=a_row_div,
+        stride_b_up=N * b.stride(1), b_rows_per_expert=b.shape[1],
+        stride_am=a.stride(0), stride_ak=a.stride(1),
+        stride_be=b.stride(0), stride_bn=b.stride(1), stride_bk=b.stride(2),
+        stride_cm=c.stride(0), stride_cn=c.stride(1),
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
-        GATED=gated, ROUTER_WEIGHTS=router_weights is not None, EVEN_K=K % config.block_k == 0,
-        DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
-        USE_TMA=b_desc is not None, SHORT_TAILS=config.short_tails and config.block_m >= 32,
-        A_SORTED=a_sorted, A_TMA=a_desc is not None, C_SORTED=c_sorted,
+        A_ROWS=("sorted_tma" if a_desc is not None else "sorted") if a_sorted else "gathered",
+        B_TMA=b_desc is not None, C_ROWS="sorted" if c_sorted else "scattered",
+        GATED=gated, ROUTER_WEIGHTS=router_weights is not None,
+        SHORT_TAILS=config.short_tails and config.block_m >= 32,
+        EVEN_K=K % config.block_k == 0, DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
 
