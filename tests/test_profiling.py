@@ -1,4 +1,4 @@
-"""moe_tutorial.perf.profiling: launch counts that notebooks 01, 02 and 05 print, and memory measurements."""
+"""moe_tutorial.experiments.profiling: launch counts that notebooks 01, 02 and 05 print, and memory measurements."""
 import moe_tutorial  # noqa: F401,I001  (first: picks the runtime before triton is imported)
 
 import sys
@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from moe_tutorial.perf import profiling
+from moe_tutorial.experiments import profiling
 from moe_tutorial.indexing import expert_moe_matmul, intermediate_bytes
 from moe_tutorial.shapes import random_problem
 

@@ -1,6 +1,6 @@
 """The two-GPU measurements shipped with the series, and the link numbers the cost model takes from them.
 
-``moe_tutorial/data/h200x2_ep.csv`` is written by ``scripts/h200x2_ep.py`` (columns in
+``moe_tutorial/data/h200x2_ep.csv`` is written by ``scripts/experiments/h200x2_ep.py`` (columns in
 :data:`moe_tutorial.parallel.bench.FIELDS`). Until it is committed, :func:`load` returns None and
 notebook 06 says so.
 """
