@@ -8,7 +8,7 @@ from . import runtime  # noqa: I001  (must come before any kernel module)
 runtime.announce()
 
 from .examples import worked_example  # noqa: E402
-from .indexing import expert_moe_matmul, intermediate_bytes  # noqa: E402
+from .indexing import expert_moe_matmul, indexing_moe_matmul, intermediate_bytes  # noqa: E402
 from .kernels.align import align_block_size  # noqa: E402
 from .kernels.fused_kernel import fused_moe_kernel, fused_moe_matmul  # noqa: E402
 from .kernels.sorted_kernel import (  # noqa: E402
@@ -24,10 +24,11 @@ from .routing import route  # noqa: E402
 from .shapes import MODEL_SHAPES, ModelShape, get_shape, random_problem  # noqa: E402
 
 __all__ = [
-    "route", "loop_moe_matmul", "loop_moe_layer", "expert_moe_matmul", "intermediate_bytes",
+    "route", "loop_moe_matmul", "loop_moe_layer", "indexing_moe_matmul", "intermediate_bytes",
     "fused_moe_kernel", "fused_moe_matmul", "align_block_size", "sorted_moe_kernel",
     "sorted_moe_matmul", "sorted_moe_layer", "moe_layer", "reference_moe_matmul",
     "reference_moe_layer", "rel_error", "worked_example", "MODEL_SHAPES", "ModelShape",
     "get_shape", "random_problem", "runtime", "expert_parallel_layer", "tensor_parallel_layer",
+    "expert_moe_matmul",   # deprecated alias of indexing_moe_matmul, for the 0.1 releases
 ]
 __version__ = "0.1.0"

@@ -60,7 +60,7 @@ def moe_layer(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     if M == 0:
         return x.new_empty(0, K)
     if impl == "indexing":
-        from .indexing import expert_moe_matmul
-        return two_gemm_layer(expert_moe_matmul, x, w13, w2, topk_weights, topk_ids)
+        from .indexing import indexing_moe_matmul
+        return two_gemm_layer(indexing_moe_matmul, x, w13, w2, topk_weights, topk_ids)
     from .kernels.fused_kernel import fused_moe_matmul
     return two_gemm_layer(fused_moe_matmul, x, w13, w2, topk_weights, topk_ids)

@@ -99,11 +99,11 @@ def first_loop(inp: Inputs) -> Prepared:
 
 
 def first_indexing(inp: Inputs) -> Prepared:
-    from ..indexing import expert_moe_matmul
+    from ..indexing import indexing_moe_matmul
 
     E, N, K = inp.w13.shape
     check_indexing_fits(inp.M, inp.shape.topk, N, K, inp.w13.element_size())
-    return Prepared(_rotations(inp, lambda x, ids, _: expert_moe_matmul(x, inp.w13, ids)))
+    return Prepared(_rotations(inp, lambda x, ids, _: indexing_moe_matmul(x, inp.w13, ids)))
 
 
 def first_published(inp: Inputs) -> Prepared:

@@ -1,4 +1,4 @@
-"""Part 5 on two GPUs (two H200s, NVLink multicast off): correctness with NCCL, then timings.
+"""Part 6 on two GPUs (two H200s, NVLink multicast off): correctness with NCCL, then timings.
 
 Usage, from the repository root on a machine with two GPUs:
 
