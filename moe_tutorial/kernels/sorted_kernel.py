@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import runtime
 from ..checks import (
@@ -42,6 +43,19 @@ def grouped_tile(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
     pid_m = first_m + (pid % pids_per_group) % group_rows
     pid_n = (pid % pids_per_group) // group_rows
     return pid_m, pid_n
+
+
+def pid_to_tile(pid: int, num_pid_m: int, num_pid_n: int, group_m: int) -> tuple[int, int]:
+    """:func:`grouped_tile` in plain Python, for the figures and the exercise checkers:
+    ``(pid_m, pid_n)`` of program ``pid``. ``group_m = 1`` is plain row-major order.
+
+    Keep the two in step: tests/test_index_math.py checks this against the tiles the kernel's
+    programs really store.
+    """
+    pids_per_group = group_m * num_pid_n
+    first_m = (pid // pids_per_group) * group_m
+    group_rows = min(num_pid_m - first_m, group_m)
+    return first_m + (pid % pids_per_group) % group_rows, (pid % pids_per_group) // group_rows
 
 
 @triton.jit
@@ -244,7 +258,6 @@ def _weight_descriptor(b: torch.Tensor, config: KernelConfig):
     E, rows, K = b.shape
     if not _tma_can_read(b) or b.stride(0) != rows * b.stride(1):
         return None
-    from triton.tools.tensor_descriptor import TensorDescriptor
     flat = b.as_strided((E * rows, K), (b.stride(1), 1))
     return TensorDescriptor.from_tensor(flat, [config.block_n, config.block_k])
 
@@ -284,7 +297,6 @@ def _activation_descriptors(a: torch.Tensor, config: KernelConfig):
     """
     if not config.use_tma or config.block_m < 64 or not _tma_can_read(a):
         return None, None
-    from triton.tools.tensor_descriptor import TensorDescriptor
     return (TensorDescriptor.from_tensor(a, [config.block_m, config.block_k]),
             TensorDescriptor.from_tensor(a, [config.block_m // 2, config.block_k]))
 

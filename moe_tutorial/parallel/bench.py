@@ -26,8 +26,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import triton
 
 from ..kernels.sorted_kernel import sorted_moe_layer
+from ..perf.timing import gpu_driver
 from ..reference import reference_moe_layer, rel_error, tolerance
 from ..routing import route
 from ..shapes import BATCH_SIZES, ModelShape, get_shape
@@ -61,10 +63,6 @@ def device() -> torch.device:
 
 def machine_columns(world: int) -> dict:
     """gpu, driver, torch, triton and NCCL versions, date, world size and the timing protocol."""
-    import triton
-
-    from ..perf.timing import gpu_driver
-
     on_gpu = torch.cuda.is_available()
     nccl = ".".join(str(v) for v in torch.cuda.nccl.version()) if on_gpu else ""
     return {"gpu": torch.cuda.get_device_name() if on_gpu else f"cpu ({platform.machine()}, interpreter)",
