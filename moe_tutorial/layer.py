@@ -49,13 +49,13 @@ def moe_layer(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     """
     if impl not in IMPLS:
         raise ValueError(f"impl: expected one of {', '.join(IMPLS)}, got {impl!r}")
-    if impl in ("fused", "sorted"):
-        check_no_grad({"x": x, "w13": w13, "w2": w2, "topk_weights": topk_weights})
-    # Parts 1 and 4 check their own inputs (once: each check of the ids costs a host sync).
+    # Parts 1 and 4 check their own inputs at their door (once: each check of the ids costs a host sync).
     if impl == "loop":
         return loop_moe_layer(x, w13, w2, topk_weights, topk_ids)
     if impl == "sorted":
         return sorted_moe_layer(x, w13, w2, topk_weights, topk_ids)
+    if impl == "fused":
+        check_no_grad({"x": x, "w13": w13, "w2": w2, "topk_weights": topk_weights})
     M, K, _, _, _ = check_layer_inputs(x, w13, w2, topk_weights, topk_ids)
     if impl == "fused":
         check_kernel_dtype("x", x)

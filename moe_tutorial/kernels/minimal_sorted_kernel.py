@@ -109,7 +109,8 @@ def minimal_sorted_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: t
         return out
     if alignment is None:
         alignment = align_block_size(topk_ids, block_m, E)
-    check_alignment(alignment, block_m=block_m, num_pairs=M * topk, num_experts=E, topk_ids=topk_ids)
+    else:
+        check_alignment(alignment, block_m=block_m, num_pairs=M * topk, num_experts=E, topk_ids=topk_ids)
     sorted_ids, expert_ids, num_post = alignment
     flat = out.view(M * topk, N)
     grid = (triton.cdiv(sorted_ids.numel(), block_m), triton.cdiv(N, block_n))

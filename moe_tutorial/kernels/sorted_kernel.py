@@ -269,10 +269,31 @@ _FITTED: dict = {}
 def launch_sorted_gemm(a, b, c, router_weights, alignment, num_pairs: int, a_row_div: int,
                        config: KernelConfig, *, gated: bool = False, a_sorted: bool = False,
                        c_sorted: bool = False) -> None:
-    """Launch :func:`sorted_moe_kernel`, shrinking ``config`` if this GPU lacks the shared
-    memory it needs (a table tuned on an H200 may ask for more than a smaller GPU has).
+    """Launch :func:`sorted_moe_kernel` on buffers the caller built (the bench and the tuner do):
+    the checked door to :func:`_launch_fitted`.
 
-    Same arguments as :func:`_launch`; the shrunk configuration is remembered per process.
+    Refuses, with the arguments as :func:`_launch` takes them, an ``alignment`` built for another
+    launch (a ValueError, not a wild read; host-side, no sync), tensors autograd would track
+    (the kernel has no backward), and with ``a_sorted`` / ``c_sorted`` a side with fewer rows
+    than the alignment's sorted positions.
+    """
+    check_alignment(alignment, block_m=config.block_m, num_pairs=num_pairs, num_experts=b.shape[0], device=a.device)
+    check_no_grad({"x (or the activations)": a, "the expert weights": b, "topk_weights": router_weights})
+    max_padded = alignment[0].numel()
+    for name, t, flag in (("a", a, a_sorted), ("c", c, c_sorted)):
+        if flag and t.shape[0] < max_padded:
+            raise ValueError(f"{name}: expected one row per sorted position ({max_padded}) with {name}_sorted, "
+                             f"got {t.shape[0]} rows")
+    _launch_fitted(a, b, c, router_weights, alignment, num_pairs, a_row_div, config, gated=gated,
+                   a_sorted=a_sorted, c_sorted=c_sorted)
+
+
+def _launch_fitted(a, b, c, router_weights, alignment, num_pairs: int, a_row_div: int,
+                   config: KernelConfig, *, gated: bool = False, a_sorted: bool = False,
+                   c_sorted: bool = False) -> None:
+    """:func:`_launch`, shrinking ``config`` if this GPU lacks the shared memory it needs (a table
+    tuned on an H200 may ask for more than a smaller GPU has); the shrunk configuration is
+    remembered per process. Trusts its caller, as :func:`_launch` does.
     """
     key = (config, gated, a.dtype)
     config = _FITTED.get(key, config)
@@ -307,20 +328,15 @@ def _launch(a, b, c, router_weights, alignment, num_pairs: int, a_row_div: int,
 
     ``a`` ``[rows, K]``, ``b`` ``[E, N or 2N, K]``, ``router_weights`` ``[num_pairs]`` fp32 or
     None, ``alignment`` from :func:`align_block_size` built with ``config.block_m`` for these
-    ``num_pairs`` and ``b``'s experts (checked: a mismatch is a ValueError, not a wild read).
-    Sorted activations: with ``c_sorted`` C's rows are the alignment's sorted positions, with
-    ``a_sorted`` A's rows are; that side then needs ``len(alignment[0])`` rows.
+    ``num_pairs`` and ``b``'s experts. Sorted activations: with ``c_sorted`` C's rows are the
+    alignment's sorted positions, with ``a_sorted`` A's rows are; that side then needs
+    ``len(alignment[0])`` rows. Nothing is checked here: the public functions check their
+    inputs at the door (:func:`launch_sorted_gemm`, :func:`sorted_moe_matmul`,
+    :func:`sorted_moe_layer`).
     """
-    check_alignment(alignment, block_m=config.block_m, num_pairs=num_pairs, num_experts=b.shape[0], device=a.device)
-    # The kernel has no backward: refuse what autograd would track (sorted_moe_layer's x, w13, w2, weights).
-    check_no_grad({"x (or the activations)": a, "the expert weights": b, "topk_weights": router_weights})
     sorted_ids, expert_ids, num_post = alignment
     N, K = c.shape[1], a.shape[1]
     max_padded = sorted_ids.numel()
-    for name, t, flag in (("a", a, a_sorted), ("c", c, c_sorted)):
-        if flag and t.shape[0] < max_padded:
-            raise ValueError(f"{name}: expected one row per sorted position ({max_padded}) with {name}_sorted, "
-                             f"got {t.shape[0]} rows")
     grid = (triton.cdiv(max_padded, config.block_m) * triton.cdiv(N, config.block_n),)
     b_desc = _weight_descriptor(b, config) if config.use_tma else None
     a_desc, a_desc_half = _activation_descriptors(a, config) if a_sorted else (None, None)
@@ -361,6 +377,8 @@ def sorted_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: torch.Ten
     Returns:
         ``[M, topk, N]`` in x's dtype, accumulated in fp32.
     """
+    # The door: every input checked once here (x and weight's autograd state included), then
+    # the launch trusts them.
     M, K, N, E, topk = check_matmul_inputs(x, weight, topk_ids, kernel=True)
     if topk_weights is not None:
         check_topk_weights(topk_weights, topk_ids)
@@ -371,9 +389,10 @@ def sorted_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: torch.Ten
     config = config or get_config(M, E, N, K, topk, x.dtype, "plain")
     if alignment is None:
         alignment = align_block_size(topk_ids, config.block_m, E)
-    check_alignment(alignment, block_m=config.block_m, num_pairs=M * topk, num_experts=E, topk_ids=topk_ids)
+    else:
+        check_alignment(alignment, block_m=config.block_m, num_pairs=M * topk, num_experts=E, topk_ids=topk_ids)
     router = None if topk_weights is None else topk_weights.reshape(-1).float().contiguous()
-    launch_sorted_gemm(x, weight, out.view(M * topk, N), router, alignment, M * topk, topk, config)
+    _launch_fitted(x, weight, out.view(M * topk, N), router, alignment, M * topk, topk, config)
     return out
 
 
@@ -388,6 +407,9 @@ def sorted_moe_layer(x, w13, w2, topk_weights, topk_ids, *, configs=None) -> tor
     Args as :func:`moe_tutorial.layer.moe_layer`; ``configs`` an optional pair of
     :class:`KernelConfig` for the two GEMMs. Returns ``[M, K]`` in x's dtype.
     """
+    # The door: every input checked once here, then the launches trust them. The kernels have no
+    # backward: what autograd would track is refused first, as moe_layer always did.
+    check_no_grad({"x": x, "w13": w13, "w2": w2, "topk_weights": topk_weights})
     M, K, inter, E, topk = check_layer_inputs(x, w13, w2, topk_weights, topk_ids)
     check_kernel_dtype("x", x)
     if M == 0:
@@ -404,11 +426,11 @@ def sorted_moe_layer(x, w13, w2, topk_weights, topk_ids, *, configs=None) -> tor
         # Sorted activations: the gate/up GEMM leaves its rows in sorted order (padding rows
         # included, never written), and the down GEMM reads each block of rows as it lies.
         act = x.new_empty(align_up[0].numel(), inter)
-        launch_sorted_gemm(x, w13, act, None, align_up, num_pairs, topk, cfg_up, gated=True, c_sorted=True)
-        launch_sorted_gemm(act, w2, down, router, align_up, num_pairs, 1, cfg_down, a_sorted=True)
+        _launch_fitted(x, w13, act, None, align_up, num_pairs, topk, cfg_up, gated=True, c_sorted=True)
+        _launch_fitted(act, w2, down, router, align_up, num_pairs, 1, cfg_down, a_sorted=True)
     else:
         act = x.new_empty(num_pairs, inter)
-        launch_sorted_gemm(x, w13, act, None, align_up, num_pairs, topk, cfg_up, gated=True)
+        _launch_fitted(x, w13, act, None, align_up, num_pairs, topk, cfg_up, gated=True)
         align_down = align_block_size(topk_ids, cfg_down.block_m, E)
-        launch_sorted_gemm(act, w2, down, router, align_down, num_pairs, 1, cfg_down)
+        _launch_fitted(act, w2, down, router, align_down, num_pairs, 1, cfg_down)
     return topk_sum(down.view(M, topk, K))
