@@ -13,7 +13,7 @@ from . import (  # noqa: E402
     quant,
 )
 from .examples import worked_example  # noqa: E402
-from .indexing import expert_moe_matmul, intermediate_bytes  # noqa: E402
+from .indexing import expert_moe_matmul, indexing_moe_matmul, intermediate_bytes  # noqa: E402
 from .kernels.align import align_block_size  # noqa: E402
 from .kernels.fp8_kernel import fp8_moe_layer, fp8_moe_matmul  # noqa: E402
 from .kernels.fused_kernel import fused_moe_kernel, fused_moe_matmul  # noqa: E402
@@ -32,11 +32,12 @@ from .shapes import MODEL_SHAPES, ModelShape, get_shape, random_problem  # noqa:
 notebook.install()      # inside Jupyter: a reader's mistake ends in a short message (see notebook.py)
 
 __all__ = [
-    "route", "loop_moe_matmul", "loop_moe_layer", "expert_moe_matmul", "intermediate_bytes",
+    "route", "loop_moe_matmul", "loop_moe_layer", "indexing_moe_matmul", "intermediate_bytes",
     "fused_moe_kernel", "fused_moe_matmul", "align_block_size", "sorted_moe_kernel",
     "sorted_moe_matmul", "sorted_moe_layer", "moe_layer", "reference_moe_matmul",
     "reference_moe_layer", "rel_error", "worked_example", "MODEL_SHAPES", "ModelShape",
     "get_shape", "random_problem", "runtime", "expert_parallel_layer", "tensor_parallel_layer",
     "quant", "checkpoint", "fp8_moe_layer", "fp8_moe_matmul",
+    "expert_moe_matmul",   # deprecated alias of indexing_moe_matmul, for the 0.1 releases
 ]
 __version__ = "0.1.0"

@@ -1,6 +1,6 @@
-"""``python -m moe_tutorial bench|tune``: see :mod:`moe_tutorial.perf.cli`."""
+"""``python -m moe_tutorial bench|tune``: see :mod:`moe_tutorial.cli`."""
 import sys
 
-from .perf.cli import main
+from .cli import main
 
 sys.exit(main())

@@ -7,6 +7,10 @@ import torch
 
 from .activation import silu_and_mul
 from .checks import check_kernel_dtype, check_layer_inputs, check_no_grad
+from .indexing import indexing_moe_matmul
+from .kernels.fused_kernel import fused_moe_matmul
+from .kernels.sorted_kernel import sorted_moe_layer
+from .loop import loop_moe_layer
 
 IMPLS = ("loop", "indexing", "fused", "sorted")
 
@@ -45,22 +49,18 @@ def moe_layer(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     """
     if impl not in IMPLS:
         raise ValueError(f"impl: expected one of {', '.join(IMPLS)}, got {impl!r}")
-    if impl in ("fused", "sorted"):
-        check_no_grad({"x": x, "w13": w13, "w2": w2, "topk_weights": topk_weights})
-    # Parts 1 and 4 check their own inputs (once: each check of the ids costs a host sync).
+    # Parts 1 and 4 check their own inputs at their door (once: each check of the ids costs a host sync).
     if impl == "loop":
-        from .loop import loop_moe_layer
         return loop_moe_layer(x, w13, w2, topk_weights, topk_ids)
     if impl == "sorted":
-        from .kernels.sorted_kernel import sorted_moe_layer
         return sorted_moe_layer(x, w13, w2, topk_weights, topk_ids)
+    if impl == "fused":
+        check_no_grad({"x": x, "w13": w13, "w2": w2, "topk_weights": topk_weights})
     M, K, _, _, _ = check_layer_inputs(x, w13, w2, topk_weights, topk_ids)
     if impl == "fused":
         check_kernel_dtype("x", x)
     if M == 0:
         return x.new_empty(0, K)
     if impl == "indexing":
-        from .indexing import expert_moe_matmul
-        return two_gemm_layer(expert_moe_matmul, x, w13, w2, topk_weights, topk_ids)
-    from .kernels.fused_kernel import fused_moe_matmul
+        return two_gemm_layer(indexing_moe_matmul, x, w13, w2, topk_weights, topk_ids)
     return two_gemm_layer(fused_moe_matmul, x, w13, w2, topk_weights, topk_ids)

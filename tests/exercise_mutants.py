@@ -609,7 +609,7 @@ PACKAGE_ANSWERS = {
     "1.1": moe_tutorial.route,
     "1.3": moe_tutorial.loop_moe_matmul,
     "1.4": moe_tutorial.loop_moe_layer,
-    "2.2": moe_tutorial.expert_moe_matmul,
+    "2.2": moe_tutorial.indexing_moe_matmul,
     "2.3": moe_tutorial.intermediate_bytes,
     "3.2": moe_tutorial.fused_moe_matmul,
     "3.3": moe_tutorial.fused_moe_matmul,

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from moe_tutorial import (
     align_block_size,
-    expert_moe_matmul,
+    indexing_moe_matmul,
     fused_moe_matmul,
     loop_moe_matmul,
     moe_layer,
@@ -44,7 +44,7 @@ LAYOUTS = ("contiguous", "transposed", "strided", "expanded")
 BAD_IDS = (-1, "E", 2 ** 31, 2 ** 32, 2 ** 32 + 1, -(2 ** 32) + 1)
 
 #: Examples per property: all of them take about 40 s on a 2-core CPU (kernels in the interpreter).
-EXAMPLES = {"route": 300, "loop_moe_matmul": 200, "expert_moe_matmul": 200, "fused_moe_matmul": 200,
+EXAMPLES = {"route": 300, "loop_moe_matmul": 200, "indexing_moe_matmul": 200, "fused_moe_matmul": 200,
             "align_block_size": 250, "sorted_moe_matmul": 200, "moe_layer": 200}
 
 
@@ -223,11 +223,11 @@ def fuzz_loop_moe_matmul(case):
     expect(loop_moe_matmul, case, check_matmul(case) if case.valid else None)
 
 
-@fuzz_settings("expert_moe_matmul")
+@fuzz_settings("indexing_moe_matmul")
 @given(matmul_cases(kernel=False))
-def fuzz_expert_moe_matmul(case):
-    announce("expert_moe_matmul", case)
-    expect(expert_moe_matmul, case, check_matmul(case) if case.valid else None)
+def fuzz_indexing_moe_matmul(case):
+    announce("indexing_moe_matmul", case)
+    expect(indexing_moe_matmul, case, check_matmul(case) if case.valid else None)
 
 
 @fuzz_settings("fused_moe_matmul")

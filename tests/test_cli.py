@@ -6,8 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from moe_tutorial import runtime
-from moe_tutorial.perf import cli, results
+from moe_tutorial import cli, runtime
+from moe_tutorial.perf import results
 from moe_tutorial.perf.bench import INTERPRETER_NOTE
 from moe_tutorial.perf.registry import BY_NAME, FIRST_IMPLS, LAYER_IMPLS
 
@@ -155,7 +155,7 @@ def test_tune_refuses_on_the_cpu():
 
 def test_entry_point_is_declared_and_installed():
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["moe-tutorial"] == "moe_tutorial.perf.cli:main"
+    assert scripts["moe-tutorial"] == "moe_tutorial.cli:main"
     exe = Path(sys.executable).parent / "moe-tutorial"
     if not exe.exists():
         pytest.skip("the package is not installed in this environment (pip install -e .)")

@@ -16,7 +16,7 @@ import torch
 from moe_tutorial import runtime
 from moe_tutorial.examples import WORKED_FIRST_GEMM, WORKED_LAYER, worked_example
 from moe_tutorial.checks import check_kernel_dtype, check_layer_inputs, check_matmul_inputs
-from moe_tutorial.indexing import expert_moe_matmul, intermediate_bytes
+from moe_tutorial.indexing import indexing_moe_matmul, intermediate_bytes
 from moe_tutorial.layer import IMPLS, moe_layer
 from moe_tutorial.loop import loop_moe_layer, loop_moe_matmul
 from moe_tutorial.reference import reference_moe_layer, reference_moe_matmul, rel_error, tolerance
@@ -24,7 +24,7 @@ from moe_tutorial.routing import route
 from moe_tutorial.shapes import get_shape, random_problem, random_topk_ids
 
 DEV = runtime.DEVICE
-MATMULS = {"loop": loop_moe_matmul, "indexing": expert_moe_matmul}
+MATMULS = {"loop": loop_moe_matmul, "indexing": indexing_moe_matmul}
 LAYER_IMPLS = ("loop", "indexing")
 
 
@@ -190,7 +190,18 @@ def test_matmul_matches_reference(impl, case):
 
 def test_loop_and_indexing_agree():
     x, weight, ids = random_problem(16, 33, 17, 12, 4, device=DEV, seed=5)
-    assert rel_error(loop_moe_matmul(x, weight, ids), expert_moe_matmul(x, weight, ids).double()) < 1e-6
+    assert rel_error(loop_moe_matmul(x, weight, ids), indexing_moe_matmul(x, weight, ids).double()) < 1e-6
+
+
+def test_expert_moe_matmul_is_a_deprecated_alias_of_indexing_moe_matmul():
+    """Part 2's old name still works for a release: same numbers, same errors, and a DeprecationWarning."""
+    x, weight, ids = random_problem(5, 7, 9, 4, 2, device=DEV, seed=3)
+    with pytest.warns(DeprecationWarning, match="indexing_moe_matmul"):
+        old = moe_tutorial.expert_moe_matmul(x, weight, ids)
+    assert torch.equal(old, moe_tutorial.indexing_moe_matmul(x, weight, ids))
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="topk_ids"):
+        moe_tutorial.expert_moe_matmul(x, weight, ids[:-1])
+    assert "expert_moe_matmul" in moe_tutorial.__all__ and "indexing_moe_matmul" in moe_tutorial.__all__
 
 
 def test_matmul_in_float64_is_exact_to_rounding():
@@ -359,10 +370,10 @@ def test_tolerance_separates_rounding_from_a_wrong_expert(dtype):
     x, weight, ids = random_problem(16, 32, 64, 8, 2, seed=3)
     x, weight = x.to(dtype), weight.to(dtype)
     ref = reference_moe_matmul(x, weight, ids)
-    assert rel_error(expert_moe_matmul(x, weight, ids), ref) < tolerance(dtype)
+    assert rel_error(indexing_moe_matmul(x, weight, ids), ref) < tolerance(dtype)
     wrong = ids.clone()
     wrong[5, 1] = (wrong[5, 1] + 1) % 8 if (wrong[5, 1] + 1) % 8 != wrong[5, 0] else (wrong[5, 1] + 2) % 8
-    assert rel_error(expert_moe_matmul(x, weight, wrong), ref) > tolerance(dtype)
+    assert rel_error(indexing_moe_matmul(x, weight, wrong), ref) > tolerance(dtype)
     if dtype in (torch.float32, torch.float64):
         assert rel_error(ref.to(torch.bfloat16), ref) > tolerance(dtype)
 
@@ -571,7 +582,7 @@ def _entry_points():
 
     return {  # name: (function, takes a layer problem, runs a Triton kernel)
         "loop_moe_matmul": (loop_moe_matmul, False, False),
-        "expert_moe_matmul": (expert_moe_matmul, False, False),
+        "indexing_moe_matmul": (indexing_moe_matmul, False, False),
         "fused_moe_matmul": (fused_moe_matmul, False, True),
         "published_fused_moe_matmul": (published_fused_moe_matmul, False, True),
         "sorted_moe_matmul": (sorted_moe_matmul, False, True),
@@ -612,9 +623,7 @@ def test_kernels_refuse_inputs_that_require_grad(name):
         expected = fn(**args)
     for arg in _differentiable(args):
         tracked = dict(args, **{arg: args[arg].clone().requires_grad_()})
-        # sorted_moe_layer refuses in its launcher, which sees the x/activations, weights, router weights.
-        named = r"(x \(or the activations\)|the expert weights|topk_weights)" if name == "sorted_moe_layer" else arg
-        with pytest.raises(ValueError, match=rf"^{named}: expected a tensor that does not require grad .*"
+        with pytest.raises(ValueError, match=rf"^{arg}: expected a tensor that does not require grad .*"
                                              r"got requires_grad=True"):
             fn(**tracked)
         with torch.no_grad():                                        # nothing to track: computed as usual

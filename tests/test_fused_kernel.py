@@ -14,7 +14,7 @@ import torch
 from moe_tutorial import runtime
 from moe_tutorial.examples import worked_example
 from moe_tutorial.kernels.fused_kernel import fused_moe_matmul
-from moe_tutorial.indexing import expert_moe_matmul
+from moe_tutorial.indexing import indexing_moe_matmul
 from moe_tutorial.layer import moe_layer
 from moe_tutorial.loop import loop_moe_matmul
 from moe_tutorial.kernels.published_kernel import published_fused_moe_matmul
@@ -141,7 +141,7 @@ def test_article_worked_example_exactly():
 def test_agrees_with_parts_1_and_2():
     x, weight, ids = random_problem(6, 33, 45, 12, 6, device=DEV, seed=9)
     out = fused_moe_matmul(x, weight, ids, block_n=16, block_k=16)
-    for other in (loop_moe_matmul(x, weight, ids), expert_moe_matmul(x, weight, ids)):
+    for other in (loop_moe_matmul(x, weight, ids), indexing_moe_matmul(x, weight, ids)):
         assert rel_error(out, other.double()) < 1e-5
 
 

@@ -14,7 +14,7 @@ import fuzz_api
 import pytest
 
 HERE = Path(__file__).resolve().parent
-IN_PROCESS = ("route", "loop_moe_matmul", "expert_moe_matmul")
+IN_PROCESS = ("route", "loop_moe_matmul", "indexing_moe_matmul")
 KERNELS = ("fused_moe_matmul", "align_block_size", "sorted_moe_matmul", "moe_layer")
 
 

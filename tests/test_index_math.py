@@ -9,9 +9,10 @@ leave a figure or a checker wrong.
 import moe_tutorial as mt
 from moe_tutorial import runtime
 from moe_tutorial.exercises.part3 import _expected_columns
-from moe_tutorial.figures import part3, part4
+from moe_tutorial.figures import part3
 from moe_tutorial.kernels.configs import KernelConfig
 from moe_tutorial.kernels.interpreter import trace_program
+from moe_tutorial.kernels.sorted_kernel import pid_to_tile
 from moe_tutorial.shapes import random_problem
 
 import pytest
@@ -58,7 +59,7 @@ def test_exercise_column_layout_is_the_fused_kernels(topk, N, block_n):
 
 
 @pytest.mark.parametrize("group_m", [1, 2, 3])
-def test_figures_pid_to_tile_is_the_sorted_kernels_order(group_m):
+def test_pid_to_tile_is_the_sorted_kernels_order(group_m):
     """Each program's stored rows and columns give its (pid_m, pid_n); pid_to_tile must agree."""
     M, N, K, E, topk = 12, 40, 32, 3, 2
     x, weight, ids = random_problem(M, N, K, E, topk, seed=group_m)
@@ -77,7 +78,7 @@ def test_figures_pid_to_tile_is_the_sorted_kernels_order(group_m):
         pairs, cols = offsets // N, offsets % N          # the output is [M * topk, N], contiguous
         pid_m = {sorted_ids.index(int(p)) // config.block_m for p in pairs}
         pid_n = {int(c) // config.block_n for c in cols}
-        assert (pid_m.pop(), pid_n.pop()) == part4.pid_to_tile(pid, num_pid_m, num_pid_n, group_m)
+        assert (pid_m.pop(), pid_n.pop()) == pid_to_tile(pid, num_pid_m, num_pid_n, group_m)
         assert not pid_m and not pid_n                   # one tile per program
         checked += 1
     assert checked >= num_pid_n * 2                      # several row blocks were really checked

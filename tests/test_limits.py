@@ -1,9 +1,10 @@
-"""The limit experiments' reader (perf.limits) and its figure, on synthetic rows and the shipped data."""
+"""The limit experiments' reader (experiments.limits) and its figure, on synthetic rows and the shipped data."""
 from __future__ import annotations
 
 import moe_tutorial  # noqa: F401,I001  (first: picks the runtime before triton is imported)
+from moe_tutorial.experiments import limits
 from moe_tutorial.figures import perf
-from moe_tutorial.perf import limits, results
+from moe_tutorial.perf import results
 
 
 def _row(**kw):

@@ -1,4 +1,4 @@
-"""Part 5 on the CPU: the expert- and tensor-parallel layers in 2 and 4 gloo processes against the
+"""Part 6 on the CPU: the expert- and tensor-parallel layers in 2 and 4 gloo processes against the
 single-process layer, the checks that make mistakes fail clearly, the launcher, the GPU bench's
 code path on tiny shapes, and the cost model, memory table and figures.
 
@@ -29,7 +29,7 @@ from moe_tutorial.parallel import (
     shard_intermediate,
     tensor_parallel_layer,
 )
-from moe_tutorial.figures import part5
+from moe_tutorial.figures import part6
 from moe_tutorial.parallel.dispatch import destinations, send_order
 from moe_tutorial.parallel.launch import RemoteTraceback
 from moe_tutorial.reference import reference_moe_layer, rel_error
@@ -285,9 +285,9 @@ def test_bench_stages_run_and_write_the_csv(tmp_path):
     assert saved[0]["gpu"].startswith("cpu") and saved[0]["torch"] and saved[0]["date"] and saved[0]["protocol"]
     # Notebook 06 draws these rows once the two-GPU data exists: 3 steps (+ the model line), 3 layers x 2 lines.
     machine = results.measured_machine(saved)
-    ax = part5.plot_steps_vs_bytes(saved, ["tiny"], machine).axes[0]
+    ax = part6.plot_steps_vs_bytes(saved, ["tiny"], machine).axes[0]
     assert len(ax.lines) == 3 + 1
-    axes = part5.plot_layer_throughput(saved, ["tiny", "absent"], machine).axes
+    axes = part6.plot_layer_throughput(saved, ["tiny", "absent"], machine).axes
     assert len(axes[0].lines) == 3 * 2 and len(axes[1].lines) == 0
 
 
@@ -380,27 +380,27 @@ def test_results_loading(tmp_path):
 def test_dispatch_picture_matches_the_count_table():
     p = demos.make_problem([3, 4], **SMALL, seed=3)
     ids = [demos.own_tokens(p, r)[2] for r in range(2)]
-    sends, recvs = part5.exchange(ids, 2)
+    sends, recvs = part6.exchange(ids, 2)
     counts = _expected_counts(ids, 2, 2)
     for r in range(2):
         assert [d for *_, d in sends[r]] == sorted(d for *_, d in sends[r])          # grouped by destination
         assert len(recvs[r]) == int(counts[:, r].sum())
         assert [s for s, _ in recvs[r]] == sorted(s for s, _ in recvs[r])            # rank 0's rows first
     for combine_too in (False, True):
-        fig = part5.plot_all_to_all(ids, 2, combine=combine_too)
+        fig = part6.plot_all_to_all(ids, 2, combine=combine_too)
         arrows = [c for c in fig.axes[0].texts if getattr(c, "arrow_patch", None) is not None]
         assert len(arrows) == (3 + 4) * 2                                            # one per pair
-    texts = [t.get_text() for t in part5.plot_counts(counts, row_bytes=64).axes[0].texts]
+    texts = [t.get_text() for t in part6.plot_counts(counts, row_bytes=64).axes[0].texts]
     assert texts == [f"{int(counts[s, d])}\n{int(counts[s, d]) * 64} B" for s in range(2) for d in range(2)]
 
 
 def test_memory_and_weight_split_pictures():
     table = memory.memory_table((1, 8))
-    ax = part5.plot_memory(table, (1, 8)).axes[0]
+    ax = part6.plot_memory(table, (1, 8)).axes[0]
     hatched = [bar for bar in ax.patches if bar.get_hatch()]
     # DeepSeek-V3 does not fit one H200 even on 8 GPUs in bf16; every other model fits on one.
     assert len(hatched) == 2 and len(ax.patches) == 2 * len(table)
-    ax_ep, ax_tp = part5.plot_weight_split(4, 2, inter_cells=4).axes
+    ax_ep, ax_tp = part6.plot_weight_split(4, 2, inter_cells=4).axes
     owners = lambda ax: [t.get_text() for t in ax.texts if t.get_text() in ("r0", "r1")]  # noqa: E731
     assert owners(ax_ep) == ["r0"] * 8 + ["r1"] * 8
     assert owners(ax_tp) == ["r0", "r0", "r1", "r1"] * 4
@@ -408,7 +408,7 @@ def test_memory_and_weight_split_pictures():
 
 def test_comm_share_picture_has_one_line_per_machine():
     machines = {f"{lat} us": cost.Machine(450.0, lat, 4.27, 672.0) for lat in (0, 30)}
-    fig = part5.plot_comm_share([MODEL_SHAPES["Mixtral-8x7B"], MODEL_SHAPES["DeepSeek-V3"]], machines)
+    fig = part6.plot_comm_share([MODEL_SHAPES["Mixtral-8x7B"], MODEL_SHAPES["DeepSeek-V3"]], machines)
     for ax in fig.axes:
         shares = [line.get_ydata() for line in ax.lines]
         assert len(shares) == 2 and all(((0 <= y) & (y <= 1)).all() for y in shares)

@@ -1,4 +1,4 @@
-"""Part 5 on two GPUs with NCCL: the expert- and tensor-parallel layers against one GPU, in bf16.
+"""Part 6 on two GPUs with NCCL: the expert- and tensor-parallel layers against one GPU, in bf16.
 
 Marked ``gpu2`` and skipped unless two CUDA GPUs are present: ``pytest -m gpu2 tests/test_parallel_gpu.py``.
 The ranks run without NVLink multicast or symmetric memory (``bench.env_for_ranks``).

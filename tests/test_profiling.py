@@ -1,4 +1,4 @@
-"""moe_tutorial.perf.profiling: launch counts that notebooks 01, 02 and 05 print, and memory measurements."""
+"""moe_tutorial.experiments.profiling: launch counts that notebooks 01, 02 and 05 print, and memory measurements."""
 import moe_tutorial  # noqa: F401,I001  (first: picks the runtime before triton is imported)
 
 import sys
@@ -6,8 +6,8 @@ import sys
 import pytest
 import torch
 
-from moe_tutorial.perf import profiling
-from moe_tutorial.indexing import expert_moe_matmul, intermediate_bytes
+from moe_tutorial.experiments import profiling
+from moe_tutorial.indexing import indexing_moe_matmul, intermediate_bytes
 from moe_tutorial.shapes import random_problem
 
 
@@ -57,7 +57,7 @@ def test_layer_problem_insists_every_expert_has_work():
 @pytest.mark.parametrize("M, topk, N, K, E", [(4, 2, 16, 8, 4), (9, 3, 7, 5, 6)])
 def test_allocations_measure_the_intermediate_tensor(M, topk, N, K, E):
     x, weight, ids = random_problem(M, N, K, E, topk)
-    allocated = profiling.allocations(expert_moe_matmul, x, weight, ids)
+    allocated = profiling.allocations(indexing_moe_matmul, x, weight, ids)
     assert allocated["aten::index"] == intermediate_bytes(M, topk, N, K, itemsize=4)
     # The rest of the peak: the output and matmul's copy of x broadcast over topk.
     assert allocated["peak"] == allocated["aten::index"] + 4 * M * topk * (N + K)

@@ -14,7 +14,8 @@ from moe_tutorial.figures import part3
 from moe_tutorial.figures.part2 import H200_MEMORY_BYTES, format_bytes
 from moe_tutorial.kernels.fused_kernel import default_blocks
 from moe_tutorial.kernels.published_kernel import int32_offset
-from moe_tutorial.perf import profiling, report, results, traffic
+from moe_tutorial.experiments import profiling
+from moe_tutorial.perf import report, results, traffic
 from moe_tutorial.shapes import MODEL_SHAPES, get_shape
 
 P1, P2, P3 = "01_loop_baseline", "02_vectorised_indexing", "03_triton_fused_kernel"
@@ -273,7 +274,7 @@ def test_03_every_section_asks_a_prediction():
 def test_03_does_not_blame_two_causes():
     text = markdown(P3)
     assert "hit the GPU's L2 cache instead of HBM, which is a few times faster. That can lift" not in text
-    assert "scripts/h200_part3_cap.py" in text
+    assert "scripts/experiments/h200_part3_cap.py" in text
 
 
 def test_03_fault_3_shown_from_the_data(rows):

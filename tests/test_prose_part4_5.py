@@ -400,7 +400,7 @@ def test_05_small_facts(rows):
 
 
 def test_05_decode_gemms_beat_a_read_of_their_size(rows):
-    from moe_tutorial.perf import limits
+    from moe_tutorial.experiments import limits
 
     rates = limits.read_rates(limits.load_limits())
     line = sorted((mib * 2 ** 20, tbps) for (p, mib), tbps in rates.items() if p == "cold-l2")
@@ -413,7 +413,7 @@ def test_05_decode_gemms_beat_a_read_of_their_size(rows):
 
 
 def test_05_levers_as_described():
-    from moe_tutorial.perf import limits
+    from moe_tutorial.experiments import limits
 
     lim = limits.load_limits()
 

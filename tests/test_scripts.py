@@ -1,12 +1,14 @@
-"""The GPU session scripts under scripts/ still import: they run only on a lent GPU, so nothing
-else would notice when the package they call changes under them."""
+"""The scripts under scripts/, and the GPU session scripts under scripts/experiments/, still import:
+the GPU ones run only on a lent GPU, so nothing else would notice when the package they call changes
+under them."""
 import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPTS = sorted((Path(__file__).resolve().parents[1] / "scripts").glob("*.py"))
+SCRIPTS = sorted((Path(__file__).resolve().parents[1] / "scripts").glob("*.py")) + sorted(
+    (Path(__file__).resolve().parents[1] / "scripts" / "experiments").glob("*.py"))
 
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
@@ -24,7 +26,7 @@ def test_script_imports(path):
 def test_limit_experiments_dry_run_writes_the_data_schema(tmp_path):
     """The script behind moe_tutorial/data/h200_limit_experiments.csv, on a toy shape in the interpreter:
     its rows have the shipped file's columns and the experiments the notebook reads."""
-    from moe_tutorial.perf import limits
+    from moe_tutorial.experiments import limits
 
     path = next(p for p in SCRIPTS if p.name == "h200_limit_experiments.py")
     spec = importlib.util.spec_from_file_location("h200_limit_experiments", path)

@@ -183,6 +183,56 @@ def test_launcher_refuses_a_mismatched_alignment(what):
     assert c.isnan().all(), "nothing was launched"
 
 
+def test_launcher_refuses_inputs_that_require_grad():
+    """launch_sorted_gemm's own message names the buffers as it sees them."""
+    M, N, K, E, topk = 4, 16, 16, 4, 2
+    x, weight, ids = random_problem(M, N, K, E, topk, device=DEVICE, seed=5)
+    c = torch.empty(M * topk, N, device=DEVICE)
+    alignment = align_block_size(ids, CONFIGS[0].block_m, E)
+    for tracked, name in ((x, r"x \(or the activations\)"), (weight, "the expert weights")):
+        args = [x, weight]
+        args[tracked is weight] = tracked.clone().requires_grad_()
+        with pytest.raises(ValueError, match=rf"^{name}: expected a tensor that does not require grad"):
+            launch_sorted_gemm(*args, c, None, alignment, M * topk, topk, CONFIGS[0])
+
+
+def _count_checks(monkeypatch) -> dict:
+    """Spy on the checks behind the sorted kernel's doors: how often each tensor reaches each one."""
+    import moe_tutorial.checks as checks
+    import moe_tutorial.kernels.sorted_kernel as sk
+
+    seen: dict = {}
+
+    def spy(name, real, tensors_of):
+        def wrapper(*args, **kwargs):
+            for t in tensors_of(*args, **kwargs):
+                seen[name, id(t)] = seen.get((name, id(t)), 0) + 1
+            return real(*args, **kwargs)
+        return wrapper
+
+    no_grad = spy("no_grad", checks.check_no_grad, lambda tensors: [t for t in tensors.values() if t is not None])
+    monkeypatch.setattr(checks, "check_no_grad", no_grad)
+    monkeypatch.setattr(sk, "check_no_grad", no_grad)
+    monkeypatch.setattr(sk, "check_alignment", spy("alignment", sk.check_alignment, lambda al, **k: [al]))
+    return seen
+
+
+def test_inputs_are_checked_once_at_the_door(monkeypatch):
+    """sorted_moe_matmul and sorted_moe_layer check each input once; their launches trust them."""
+    seen = _count_checks(monkeypatch)
+    M, N, K, E, topk = 5, 16, 16, 4, 2
+    x, weight, ids = random_problem(M, N, K, E, topk, device=DEVICE, seed=6)
+    weights = torch.rand(M, topk, device=DEVICE)
+    alignment = align_block_size(ids, CONFIGS[0].block_m, E)
+    sorted_moe_matmul(x, weight, ids, weights, config=CONFIGS[0], alignment=alignment)
+    assert seen == {("no_grad", id(x)): 1, ("no_grad", id(weight)): 1, ("no_grad", id(weights)): 1,
+                    ("alignment", id(alignment)): 1}
+    seen.clear()
+    x, w13, w2, weights, ids = layer_problem(M, K, 16, E, topk)
+    sorted_moe_layer(x, w13, w2, weights, ids, configs=(CONFIGS[0], CONFIGS[0]))
+    assert seen == {("no_grad", id(t)): 1 for t in (x, w13, w2, weights)}
+
+
 def _record_descriptors(monkeypatch) -> list:
     """Spy on the launcher's choice of weight path: each launch appends its TMA descriptor or None."""
     import moe_tutorial.kernels.sorted_kernel as sk
@@ -577,8 +627,8 @@ def test_launch_shrinks_a_config_that_does_not_fit(monkeypatch):
     monkeypatch.setattr(sk, "_FITTED", {})
     big = KernelConfig(block_m=16, block_n=128, block_k=256, group_m=8, num_warps=4, num_stages=4)
     a = torch.empty(0, 8)
-    sk.launch_sorted_gemm(a, None, None, None, None, 0, 1, big)
+    sk._launch_fitted(a, None, None, None, None, 0, 1, big)
     assert [(c.num_stages, c.block_k) for c in tried] == [(4, 256), (3, 256), (2, 256), (2, 128), (2, 64)]
     tried.clear()
-    sk.launch_sorted_gemm(a, None, None, None, None, 0, 1, big)   # remembered: one launch
+    sk._launch_fitted(a, None, None, None, None, 0, 1, big)   # remembered: one launch
     assert [(c.num_stages, c.block_k) for c in tried] == [(2, 64)]

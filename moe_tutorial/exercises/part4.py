@@ -6,7 +6,7 @@ from collections import Counter
 import torch
 
 from .. import runtime
-from ..figures.part4 import pid_to_tile  # the kernel's grouped order, in Python
+from ..kernels.sorted_kernel import pid_to_tile  # the kernel's grouped order, in Python
 from ..shapes import random_topk_ids
 from .common import check_first_gemm_fn, hint_by_name, kernel_tolerance
 from .diagnose import ranges

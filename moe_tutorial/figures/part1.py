@@ -8,28 +8,13 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
-from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
+from matplotlib.patches import Rectangle
 
 from .args import check_ids_below, check_int, check_same_shape, fail, id_rows
-from .cells import cell
+from .cells import arrow, box, cell
 from .style import expert_color, impl_color
 
 _GREY = "#d9d9d9"
-
-
-def _box(ax, x, y, w, h, text, color="white", *, fontsize=9, edge="#555555"):
-    """A rounded box centred at ``(x, y)`` with centred text."""
-    ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0.02,rounding_size=0.08",
-                                facecolor=color, edgecolor=edge, lw=1.0))
-    ax.text(x, y, text, ha="center", va="center", fontsize=fontsize)
-
-
-def _arrow(ax, start, end, *, color="#555555", lw=1.2, text=None, text_offset=(0.0, 0.12), fontsize=8):
-    ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=10, color=color, lw=lw,
-                                 shrinkA=0, shrinkB=0))
-    if text:
-        mx, my = (start[0] + end[0]) / 2 + text_offset[0], (start[1] + end[1]) / 2 + text_offset[1]
-        ax.text(mx, my, text, ha="center", va="center", fontsize=fontsize, color=color)
 
 
 def draw_routing(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int):
@@ -64,11 +49,11 @@ def draw_routing(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts
             ax.plot([xe + 0.5, xo - 0.6], [ey[e], ty[m]], color=c, lw=0.8 + 5 * weights[m][j], alpha=0.75,
                     solid_capstyle="butt", zorder=1)
     for m in range(M):
-        _box(ax, xt, ty[m], 1.0, 0.6, f"x{m}", "#f7f7f7")
+        box(ax, xt, ty[m], 1.0, 0.6, f"x{m}", "#f7f7f7")
         terms = " + ".join(f"{weights[m][j]:.2f}·E{e}" for j, e in enumerate(ids[m]))
-        _box(ax, xo + 0.6, ty[m], 2.4, 0.6, f"y{m} = {terms}", "#f7f7f7", fontsize=8)
+        box(ax, xo + 0.6, ty[m], 2.4, 0.6, f"y{m} = {terms}", "#f7f7f7", fontsize=8)
     for e in range(num_experts):
-        _box(ax, xe, ey[e], 1.0, 0.6, f"expert {e}", expert_color(e) if e in used else _GREY)
+        box(ax, xe, ey[e], 1.0, 0.6, f"expert {e}", expert_color(e) if e in used else _GREY)
     top = height + 0.1
     ax.text(xt, top, "tokens", ha="center", fontsize=10)
     ax.text((xt + xe) / 2, top, "top-k routing", ha="center", fontsize=10)
@@ -121,20 +106,20 @@ def draw_gated_mlp():
     w1 and w3 are stored stacked as one ``w13 [2I, K]`` so a single GEMM gives both halves.
     """
     fig, ax = plt.subplots(figsize=(9, 2.6))
-    _box(ax, 0, 1, 0.9, 0.6, "x\n[K]", "#f7f7f7")
-    _box(ax, 2, 1.8, 1.3, 0.6, "w1 (gate)\n[I, K]", "#fde0c5")
-    _box(ax, 2, 0.2, 1.3, 0.6, "w3 (up)\n[I, K]", "#fde0c5")
-    _box(ax, 4, 1.8, 0.9, 0.6, "SiLU", "#e8f1fa")
-    _box(ax, 5.6, 1.0, 0.6, 0.6, "×", "#e8f1fa", fontsize=12)
-    _box(ax, 7.2, 1.0, 1.3, 0.6, "w2 (down)\n[K, I]", "#fde0c5")
-    _box(ax, 8.9, 1.0, 0.9, 0.6, "out\n[K]", "#f7f7f7")
-    _arrow(ax, (0.45, 1.15), (1.35, 1.75))
-    _arrow(ax, (0.45, 0.85), (1.35, 0.25))
-    _arrow(ax, (2.65, 1.8), (3.55, 1.8), text="[I]")
-    _arrow(ax, (4.45, 1.8), (5.3, 1.2), text="[I]", text_offset=(0.15, 0.1))
-    _arrow(ax, (2.65, 0.2), (5.3, 0.8), text="[I]", text_offset=(0.0, -0.2))
-    _arrow(ax, (5.9, 1.0), (6.55, 1.0), text="[I]")
-    _arrow(ax, (7.85, 1.0), (8.45, 1.0), text="[K]")
+    box(ax, 0, 1, 0.9, 0.6, "x\n[K]", "#f7f7f7")
+    box(ax, 2, 1.8, 1.3, 0.6, "w1 (gate)\n[I, K]", "#fde0c5")
+    box(ax, 2, 0.2, 1.3, 0.6, "w3 (up)\n[I, K]", "#fde0c5")
+    box(ax, 4, 1.8, 0.9, 0.6, "SiLU", "#e8f1fa")
+    box(ax, 5.6, 1.0, 0.6, 0.6, "×", "#e8f1fa", fontsize=12)
+    box(ax, 7.2, 1.0, 1.3, 0.6, "w2 (down)\n[K, I]", "#fde0c5")
+    box(ax, 8.9, 1.0, 0.9, 0.6, "out\n[K]", "#f7f7f7")
+    arrow(ax, (0.45, 1.15), (1.35, 1.75))
+    arrow(ax, (0.45, 0.85), (1.35, 0.25))
+    arrow(ax, (2.65, 1.8), (3.55, 1.8), text="[I]")
+    arrow(ax, (4.45, 1.8), (5.3, 1.2), text="[I]", text_offset=(0.15, 0.1))
+    arrow(ax, (2.65, 0.2), (5.3, 0.8), text="[I]", text_offset=(0.0, -0.2))
+    arrow(ax, (5.9, 1.0), (6.55, 1.0), text="[I]")
+    arrow(ax, (7.85, 1.0), (8.45, 1.0), text="[K]")
     ax.add_patch(Rectangle((1.25, -0.25), 1.5, 2.5, fill=False, ls="--", ec="#999999"))
     ax.text(2.0, 2.4, "w13 [2I, K]: one GEMM, then silu_and_mul", ha="center", fontsize=8, color="#666666")
     ax.set_xlim(-0.6, 9.5)

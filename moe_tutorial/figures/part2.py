@@ -10,8 +10,7 @@ import torch
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
 from .args import check_ids_below, fail, id_rows
-from .cells import cell
-from .part1 import _box
+from .cells import box, cell
 from .style import expert_color, impl_color
 
 #: HBM of one H200, the GPU the series measures on (141 GB).
@@ -147,19 +146,19 @@ def draw_round_trip(labels: dict[str, str] | None = None):
         ax.set_ylim(0, 2.85)
         ax.axis("off")
     # Part 2: weight and x live in HBM; selected is written there between the two kernels.
-    _box(top, 1.4, 2.4, 1.2, 0.5, "weight, x", "white", fontsize=8)
-    _box(top, 4.6, 2.4, 1.4, 0.5, "selected", "#fbd5d5", fontsize=8)
-    _box(top, 10.3, 2.4, 1.0, 0.5, "out", "white", fontsize=8)
-    _box(top, 2.4, 0.55, 1.9, 0.7, "index kernel", "#e8f1fa", fontsize=8)
-    _box(top, 7.2, 0.55, 1.9, 0.7, "matmul kernel", "#e8f1fa", fontsize=8)
+    box(top, 1.4, 2.4, 1.2, 0.5, "weight, x", "white", fontsize=8)
+    box(top, 4.6, 2.4, 1.4, 0.5, "selected", "#fbd5d5", fontsize=8)
+    box(top, 10.3, 2.4, 1.0, 0.5, "out", "white", fontsize=8)
+    box(top, 2.4, 0.55, 1.9, 0.7, "index kernel", "#e8f1fa", fontsize=8)
+    box(top, 7.2, 0.55, 1.9, 0.7, "matmul kernel", "#e8f1fa", fontsize=8)
     _trip(top, 1.5, 1.8, "① read the chosen\n    weights" + tag("gather"), grey, read=True)
     _trip(top, 3.1, 4.1, "② write selected" + tag("write"), red, read=False)
     _trip(top, 5.2, 6.6, "③ read selected\n    back" + tag("read_back"), red, read=True)
     _trip(top, 7.9, 9.9, "④ write out" + tag("out"), grey, read=False)
     # Part 3: weight tiles go straight into SRAM and are used there.
-    _box(bottom, 1.4, 2.4, 1.2, 0.5, "weight, x", "white", fontsize=8)
-    _box(bottom, 10.3, 2.4, 1.0, 0.5, "out", "white", fontsize=8)
-    _box(bottom, 5.2, 0.55, 3.4, 0.7, "fused kernel: gather + multiply", "#e8f1fa", fontsize=8)
+    box(bottom, 1.4, 2.4, 1.2, 0.5, "weight, x", "white", fontsize=8)
+    box(bottom, 10.3, 2.4, 1.0, 0.5, "out", "white", fontsize=8)
+    box(bottom, 5.2, 0.55, 3.4, 0.7, "fused kernel: gather + multiply", "#e8f1fa", fontsize=8)
     _trip(bottom, 1.6, 3.9, "① read weight tiles\n    by expert id" + tag("fused"), blue, read=True)
     _trip(bottom, 6.6, 9.9, "② write out" + tag("out"), grey, read=False)
     fig.tight_layout()

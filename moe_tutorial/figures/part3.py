@@ -11,12 +11,14 @@ import io
 import math
 from dataclasses import dataclass
 
+import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.colors import to_rgb
 from matplotlib.patches import Rectangle
 
 from ..perf import traffic
+from ..perf.results import committed_ceilings
 from ..shapes import BATCH_SIZES, HEADLINE_MODELS, get_shape
 from .args import check_ids_below, check_int, check_k_step, check_power_of_two, check_program, fail, id_rows
 from .cells import cell
@@ -346,8 +348,6 @@ def pid_explorer(topk_ids, num_experts: int, N: int, K: int, block_n: int, block
     redrawn whenever a slider moves. The box's ``redraw()`` does it by hand and its
     ``sliders`` dict maps each description to its slider (for tests).
     """
-    import ipywidgets as widgets
-
     # The first redraw, below, checks every argument; the sliders' ranges keep the later ones valid.
     M = len(id_rows("topk_ids", topk_ids))
     check_int("N", N, 1)
@@ -392,8 +392,6 @@ def draw_dot_padding(block_n: int = 16, block_k: int = 16, min_dim: int = 16, *,
     peak, drawn at BLOCK_M = 1 above the HBM-only line it beats (its repeated reads come from the caches).
     """
     if read_tbps is None or matmul_tflops is None:
-        from ..perf.results import committed_ceilings
-
         read, matmul = committed_ceilings()
         read_tbps, matmul_tflops = read_tbps or read, matmul_tflops or matmul
     fig, (ax, ax_r) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [1.2, 1]})

@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
+from ..kernels.sorted_kernel import pid_to_tile
 from ..perf import report
 from .cells import cell
 from .style import PADDING_COLOR, expert_color, impl_style, m_axis
@@ -93,18 +94,6 @@ def plot_sorting(topk_ids: torch.Tensor, alignment, block_m: int):
 # --------------------------------------------------------------------------------------
 # Which tile each program takes
 # --------------------------------------------------------------------------------------
-
-def pid_to_tile(pid: int, num_pid_m: int, num_pid_n: int, group_m: int) -> tuple[int, int]:
-    """``(pid_m, pid_n)`` of program ``pid``: the kernel's grouped ordering, in plain Python.
-
-    Programs walk ``group_m`` row blocks down one column before moving right; ``group_m = 1``
-    is plain row-major order.
-    """
-    pids_per_group = group_m * num_pid_n
-    first_m = (pid // pids_per_group) * group_m
-    group_rows = min(num_pid_m - first_m, group_m)
-    return first_m + (pid % pids_per_group) % group_rows, (pid % pids_per_group) // group_rows
-
 
 def tile_pids(num_pid_m: int, num_pid_n: int, group_m: int) -> np.ndarray:
     """``[num_pid_m, num_pid_n]`` array: the program id that computes each output tile."""

@@ -262,7 +262,7 @@ def plot_read_by_size(rates: dict, rows: list[dict], *, read_tbps: float, impl: 
                       Ms=(1, 8), protocol: str = "cold-l2"):
     """The read-only kernel's TB/s against the bytes it reads, with Part 4's decode calls on top.
 
-    ``rates``: ``{(protocol, MiB): TB/s}`` (:func:`moe_tutorial.perf.limits.read_rates`), a line
+    ``rates``: ``{(protocol, MiB): TB/s}`` (:func:`moe_tutorial.experiments.limits.read_rates`), a line
     for cold-l2 and one for a flush that leaves L2 clean. ``rows``: benchmark rows; each ``impl``
     call at the given ``Ms`` is placed at the bytes the floor counts for it and the rate it moved
     them at (``gbps``), the first GEMM as circles and the layer as squares. ``read_tbps``: the

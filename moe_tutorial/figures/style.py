@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import matplotlib
 
+from ..perf import registry
+
 #: One colour per expert (cycled past 10), so expert e looks the same in every figure.
 EXPERT_COLORS = [
     "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
@@ -19,8 +21,6 @@ def expert_color(e: int) -> str:
 
 def impl_style(impl: str) -> dict:
     """``plot`` keywords of an implementation (colour, line style, label), from the registry."""
-    from ..perf import registry
-
     return registry.style(impl)
 
 

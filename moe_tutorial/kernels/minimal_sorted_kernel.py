@@ -22,15 +22,19 @@ from .align import align_block_size, check_alignment
 
 @triton.jit
 def minimal_sorted_kernel(
-    x_ptr, w_ptr, out_ptr,
+    a_ptr, b_ptr, c_ptr,
     sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
     N, K, num_pairs, topk,
-    stride_xm, stride_xk,
-    stride_we, stride_wn, stride_wk,
-    stride_om, stride_on,
+    stride_am, stride_ak,
+    stride_be, stride_bn, stride_bk,
+    stride_cm, stride_cn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """out[pair, n] = x[pair // topk] . w[expert, n, :] for one [BLOCK_M, BLOCK_N] tile of sorted pairs."""
+    """C[pair, n] = A[pair // topk] . B[expert, n, :] for one [BLOCK_M, BLOCK_N] tile of sorted pairs.
+
+    A is x ``[M, K]``, B the experts' weights ``[E, N, K]``, C the output ``[M * topk, N]``: the
+    production kernel's names for the same pointers.
+    """
     # [which tile]
     pid_m = tl.program_id(axis=0)                    # a block of BLOCK_M sorted pairs, all of one expert
     pid_n = tl.program_id(axis=1)                    # a block of BLOCK_N output features
@@ -45,23 +49,23 @@ def minimal_sorted_kernel(
     token = (pair // topk).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    x_ptrs = x_ptr + token[:, None] * stride_xm + offs_k[None, :] * stride_xk                   # [BLOCK_M, BLOCK_K]
-    w_ptrs = (w_ptr + expert * stride_we + offs_n[None, :].to(tl.int64) * stride_wn
-              + offs_k[:, None] * stride_wk)                                                    # [BLOCK_K, BLOCK_N]
+    a_ptrs = a_ptr + token[:, None] * stride_am + offs_k[None, :] * stride_ak                   # [BLOCK_M, BLOCK_K]
+    b_ptrs = (b_ptr + expert * stride_be + offs_n[None, :].to(tl.int64) * stride_bn
+              + offs_k[:, None] * stride_bk)                                                    # [BLOCK_K, BLOCK_N]
 
     # [the K loop]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k_ok = offs_k < K - k0
-        a = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        b = tl.load(w_ptrs, mask=k_ok[:, None] & (offs_n[None, :] < N), other=0.0)
+        a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=k_ok[:, None] & (offs_n[None, :] < N), other=0.0)
         acc = tl.dot(a, b, acc)                      # [BLOCK_M, BLOCK_K] @ [BLOCK_K, BLOCK_N] on tensor cores
-        x_ptrs += BLOCK_K * stride_xk
-        w_ptrs += BLOCK_K * stride_wk
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
 
     # [scatter the rows]
-    out_ptrs = out_ptr + pair.to(tl.int64)[:, None] * stride_om + offs_n[None, :] * stride_on
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_n[None, :] < N))
+    c_ptrs = c_ptr + pair.to(tl.int64)[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_n[None, :] < N))
 
 
 def default_blocks() -> tuple[int, int, int]:
@@ -105,7 +109,8 @@ def minimal_sorted_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: t
         return out
     if alignment is None:
         alignment = align_block_size(topk_ids, block_m, E)
-    check_alignment(alignment, block_m=block_m, num_pairs=M * topk, num_experts=E, topk_ids=topk_ids)
+    else:
+        check_alignment(alignment, block_m=block_m, num_pairs=M * topk, num_experts=E, topk_ids=topk_ids)
     sorted_ids, expert_ids, num_post = alignment
     flat = out.view(M * topk, N)
     grid = (triton.cdiv(sorted_ids.numel(), block_m), triton.cdiv(N, block_n))

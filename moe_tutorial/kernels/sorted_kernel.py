@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import runtime
 from ..checks import (
@@ -42,6 +43,19 @@ def grouped_tile(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
     pid_m = first_m + (pid % pids_per_group) % group_rows
     pid_n = (pid % pids_per_group) // group_rows
     return pid_m, pid_n
+
+
+def pid_to_tile(pid: int, num_pid_m: int, num_pid_n: int, group_m: int) -> tuple[int, int]:
+    """:func:`grouped_tile` in plain Python, for the figures and the exercise checkers:
+    ``(pid_m, pid_n)`` of program ``pid``. ``group_m = 1`` is plain row-major order.
+
+    Keep the two in step: tests/test_index_math.py checks this against the tiles the kernel's
+    programs really store.
+    """
+    pids_per_group = group_m * num_pid_n
+    first_m = (pid // pids_per_group) * group_m
+    group_rows = min(num_pid_m - first_m, group_m)
+    return first_m + (pid % pids_per_group) % group_rows, (pid % pids_per_group) // group_rows
 
 
 @triton.jit
@@ -88,24 +102,35 @@ def router_weight_epilogue(acc, router_w_ptr, pair, row_ok):
 
 @triton.jit
 def sorted_tile(
-    a_ptr, a_desc, b_ptr, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr, pid_m, pid_n, expert,
+    # What differs between a whole row block and half a one (short tails): A's TMA descriptor
+    # (None unless A_ROWS is "sorted_tma") and how many rows the tile has.
+    a_desc, ROWS: tl.constexpr,
+    # Pointers: A, B (the experts' weights) and its TMA descriptor (None unless B_TMA), C, the
+    # router weights and the sorted pairs.
+    a_ptr, b_ptr, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr,
+    # Which tile: row block, column block, and the expert that owns the row block.
+    pid_m, pid_n, expert,
+    # Sizes
     N, K, num_pairs, a_row_div, stride_b_up, b_rows_per_expert,
-    stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
-    ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GATED: tl.constexpr, ROUTER_WEIGHTS: tl.constexpr, EVEN_K: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
-    A_SORTED: tl.constexpr, A_TMA: tl.constexpr, C_SORTED: tl.constexpr,
+    # Strides
+    stride_am, stride_ak,
+    stride_be, stride_bn, stride_bk,
+    stride_cm, stride_cn,
+    # Meta-parameters: the tile, then what the launch does (see sorted_moe_kernel)
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    A_ROWS: tl.constexpr, B_TMA: tl.constexpr, C_ROWS: tl.constexpr,
+    GATED: tl.constexpr, ROUTER_WEIGHTS: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """The first ROWS rows of row block ``pid_m`` times one expert's ``[BLOCK_N, K]`` slice."""
     # [gather the rows]
     offs_m = pid_m * BLOCK_M + tl.arange(0, ROWS)
     pair = tl.load(sorted_ids_ptr + offs_m)
     row_ok = pair < num_pairs                       # padding rows hold num_pairs
-    if A_SORTED:
+    if A_ROWS == "gathered":
+        a_row = (pair // a_row_div).to(tl.int64)
+    else:
         # A is already in sorted order (the gate/up GEMM wrote it so): row = position, no gather.
         a_row = offs_m.to(tl.int64)
-    else:
-        a_row = (pair // a_row_div).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + a_row[:, None] * stride_am + offs_k[None, :] * stride_ak
 
@@ -120,7 +145,7 @@ def sorted_tile(
     acc_up = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         k_ok = offs_k < K - k * BLOCK_K
-        if A_TMA:
+        if A_ROWS == "sorted_tma":
             # Sorted rows are contiguous, so TMA fetches A too. Padding rows bring whatever is
             # there; each output row depends on its own A row only, and padding rows are never stored.
             a = a_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
@@ -128,11 +153,11 @@ def sorted_tile(
             a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
         else:
             a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        b = load_weight_tile(b_ptrs, b_desc, b_row, k * BLOCK_K, k_ok, USE_TMA, EVEN_K)
+        b = load_weight_tile(b_ptrs, b_desc, b_row, k * BLOCK_K, k_ok, B_TMA, EVEN_K)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
         if GATED:
             # The up rows sit N rows (stride_b_up elements) after the gate rows of the same expert.
-            b_up = load_weight_tile(b_ptrs + stride_b_up, b_desc, b_row + N, k * BLOCK_K, k_ok, USE_TMA, EVEN_K)
+            b_up = load_weight_tile(b_ptrs + stride_b_up, b_desc, b_row + N, k * BLOCK_K, k_ok, B_TMA, EVEN_K)
             acc_up = tl.dot(a, b_up, acc_up, input_precision=DOT_PRECISION)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
@@ -145,8 +170,8 @@ def sorted_tile(
 
     # [scatter the rows]
     offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    # With C_SORTED the rows stay in sorted order, where the down GEMM reads them as whole blocks.
-    if C_SORTED:
+    # With C_ROWS = "sorted" the rows stay in sorted order, where the down GEMM reads them as whole blocks.
+    if C_ROWS == "sorted":
         c_row = offs_m.to(tl.int64)
     else:
         c_row = pair.to(tl.int64)
@@ -156,27 +181,39 @@ def sorted_tile(
 
 @triton.jit
 def sorted_moe_kernel(
+    # Pointers: A, B (the experts' weights) and C; TMA descriptors over A (whole and half row
+    # blocks) and B, None where unused; the router weights; the alignment.
     a_ptr, a_desc, a_desc_half, b_ptr, b_desc, c_ptr, router_w_ptr,
     sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
+    # Sizes
     N, K, num_pairs, max_padded, a_row_div, stride_b_up, b_rows_per_expert,
+    # Strides
     stride_am, stride_ak,
     stride_be, stride_bn, stride_bk,
     stride_cm, stride_cn,
+    # Meta-parameters: the tile and its order...
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    GATED: tl.constexpr, ROUTER_WEIGHTS: tl.constexpr, EVEN_K: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, SHORT_TAILS: tl.constexpr,
-    A_SORTED: tl.constexpr, A_TMA: tl.constexpr, C_SORTED: tl.constexpr,
+    # ... where A's and C's rows are, whether B comes through TMA ...
+    A_ROWS: tl.constexpr, B_TMA: tl.constexpr, C_ROWS: tl.constexpr,
+    # ... and what else the launch does.
+    GATED: tl.constexpr, ROUTER_WEIGHTS: tl.constexpr, SHORT_TAILS: tl.constexpr,
+    EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """C[pair, n] = A[pair // a_row_div] . B[expert(pair), n] for one [BLOCK_M, BLOCK_N] tile.
 
     Pairs are flat indices m * topk + j. For the first GEMM A is x and a_row_div = topk; for
-    the down GEMM A holds one row per pair and a_row_div = 1. With GATED, B has 2N rows
-    (gate then up, the up rows stride_b_up further on) and C = silu(A.B_gate) * (A.B_up).
-    With USE_TMA (Hopper), B tiles come through ``b_desc``, a tensor descriptor over B viewed
-    as ``[E * rows_per_expert, K]``. With SHORT_TAILS, a block whose second half is padding
-    multiplies only its first BLOCK_M // 2 rows. Sorted activations: with C_SORTED, C's rows
-    are the sorted positions (C has max_padded rows); with A_SORTED, A's rows are (no gather),
-    and with A_TMA they come through ``a_desc`` (``a_desc_half`` for half blocks).
+    the down GEMM A holds one row per pair and a_row_div = 1.
+
+    * A_ROWS: "gathered" (row ``pair // a_row_div``, through pointers), or in sorted order
+      (sorted activations: row = sorted position, no gather) through pointers, "sorted", or
+      through TMA, "sorted_tma" (``a_desc``, ``a_desc_half`` for half blocks).
+    * B_TMA (Hopper): B tiles come through ``b_desc``, a tensor descriptor over B viewed as
+      ``[E * b_rows_per_expert, K]``.
+    * C_ROWS: "scattered" (row ``pair``), or "sorted" (row = sorted position; C has
+      max_padded rows).
+    * GATED: B has 2N rows (gate then up, the up rows stride_b_up further on) and
+      C = silu(A.B_gate) * (A.B_up). ROUTER_WEIGHTS: each row times its pair's router weight.
+    * SHORT_TAILS: a block whose second half is padding multiplies only its first BLOCK_M // 2 rows.
     """
     # [which tile]
     num_pid_m = tl.cdiv(max_padded, BLOCK_M)
@@ -190,18 +227,21 @@ def sorted_moe_kernel(
     half_full = False
     if SHORT_TAILS:
         half_full = second_half_is_padding(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
+    # The two calls differ in their first line only: A's descriptor, and the rows of the tile.
     if half_full:
-        sorted_tile(a_ptr, a_desc_half, b_ptr, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr, pid_m, pid_n, expert,
+        sorted_tile(a_desc_half, BLOCK_M // 2,
+                    a_ptr, b_ptr, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr, pid_m, pid_n, expert,
                     N, K, num_pairs, a_row_div, stride_b_up, b_rows_per_expert,
                     stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
-                    BLOCK_M // 2, BLOCK_M, BLOCK_N, BLOCK_K, GATED, ROUTER_WEIGHTS, EVEN_K, DOT_PRECISION, USE_TMA,
-                    A_SORTED, A_TMA, C_SORTED)
+                    BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, A_ROWS=A_ROWS, B_TMA=B_TMA, C_ROWS=C_ROWS,
+                    GATED=GATED, ROUTER_WEIGHTS=ROUTER_WEIGHTS, EVEN_K=EVEN_K, DOT_PRECISION=DOT_PRECISION)
     else:
-        sorted_tile(a_ptr, a_desc, b_ptr, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr, pid_m, pid_n, expert,
+        sorted_tile(a_desc, BLOCK_M,
+                    a_ptr, b_ptr, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr, pid_m, pid_n, expert,
                     N, K, num_pairs, a_row_div, stride_b_up, b_rows_per_expert,
                     stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
-                    BLOCK_M, BLOCK_M, BLOCK_N, BLOCK_K, GATED, ROUTER_WEIGHTS, EVEN_K, DOT_PRECISION, USE_TMA,
-                    A_SORTED, A_TMA, C_SORTED)
+                    BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, A_ROWS=A_ROWS, B_TMA=B_TMA, C_ROWS=C_ROWS,
+                    GATED=GATED, ROUTER_WEIGHTS=ROUTER_WEIGHTS, EVEN_K=EVEN_K, DOT_PRECISION=DOT_PRECISION)
 
 
 def _tma_can_read(t: torch.Tensor) -> bool:
@@ -218,7 +258,6 @@ def _weight_descriptor(b: torch.Tensor, config: KernelConfig):
     E, rows, K = b.shape
     if not _tma_can_read(b) or b.stride(0) != rows * b.stride(1):
         return None
-    from triton.tools.tensor_descriptor import TensorDescriptor
     flat = b.as_strided((E * rows, K), (b.stride(1), 1))
     return TensorDescriptor.from_tensor(flat, [config.block_n, config.block_k])
 
@@ -230,10 +269,31 @@ _FITTED: dict = {}
 def launch_sorted_gemm(a, b, c, router_weights, alignment, num_pairs: int, a_row_div: int,
                        config: KernelConfig, *, gated: bool = False, a_sorted: bool = False,
                        c_sorted: bool = False) -> None:
-    """Launch :func:`sorted_moe_kernel`, shrinking ``config`` if this GPU lacks the shared
-    memory it needs (a table tuned on an H200 may ask for more than a smaller GPU has).
+    """Launch :func:`sorted_moe_kernel` on buffers the caller built (the bench and the tuner do):
+    the checked door to :func:`_launch_fitted`.
 
-    Same arguments as :func:`_launch`; the shrunk configuration is remembered per process.
+    Refuses, with the arguments as :func:`_launch` takes them, an ``alignment`` built for another
+    launch (a ValueError, not a wild read; host-side, no sync), tensors autograd would track
+    (the kernel has no backward), and with ``a_sorted`` / ``c_sorted`` a side with fewer rows
+    than the alignment's sorted positions.
+    """
+    check_alignment(alignment, block_m=config.block_m, num_pairs=num_pairs, num_experts=b.shape[0], device=a.device)
+    check_no_grad({"x (or the activations)": a, "the expert weights": b, "topk_weights": router_weights})
+    max_padded = alignment[0].numel()
+    for name, t, flag in (("a", a, a_sorted), ("c", c, c_sorted)):
+        if flag and t.shape[0] < max_padded:
+            raise ValueError(f"{name}: expected one row per sorted position ({max_padded}) with {name}_sorted, "
+                             f"got {t.shape[0]} rows")
+    _launch_fitted(a, b, c, router_weights, alignment, num_pairs, a_row_div, config, gated=gated,
+                   a_sorted=a_sorted, c_sorted=c_sorted)
+
+
+def _launch_fitted(a, b, c, router_weights, alignment, num_pairs: int, a_row_div: int,
+                   config: KernelConfig, *, gated: bool = False, a_sorted: bool = False,
+                   c_sorted: bool = False) -> None:
+    """:func:`_launch`, shrinking ``config`` if this GPU lacks the shared memory it needs (a table
+    tuned on an H200 may ask for more than a smaller GPU has); the shrunk configuration is
+    remembered per process. Trusts its caller, as :func:`_launch` does.
     """
     key = (config, gated, a.dtype)
     config = _FITTED.get(key, config)
@@ -258,7 +318,6 @@ def _activation_descriptors(a: torch.Tensor, config: KernelConfig):
     """
     if not config.use_tma or config.block_m < 64 or not _tma_can_read(a):
         return None, None
-    from triton.tools.tensor_descriptor import TensorDescriptor
     return (TensorDescriptor.from_tensor(a, [config.block_m, config.block_k]),
             TensorDescriptor.from_tensor(a, [config.block_m // 2, config.block_k]))
 
@@ -269,35 +328,32 @@ def _launch(a, b, c, router_weights, alignment, num_pairs: int, a_row_div: int,
 
     ``a`` ``[rows, K]``, ``b`` ``[E, N or 2N, K]``, ``router_weights`` ``[num_pairs]`` fp32 or
     None, ``alignment`` from :func:`align_block_size` built with ``config.block_m`` for these
-    ``num_pairs`` and ``b``'s experts (checked: a mismatch is a ValueError, not a wild read).
-    Sorted activations: with ``c_sorted`` C's rows are the alignment's sorted positions, with
-    ``a_sorted`` A's rows are; that side then needs ``len(alignment[0])`` rows.
+    ``num_pairs`` and ``b``'s experts. Sorted activations: with ``c_sorted`` C's rows are the
+    alignment's sorted positions, with ``a_sorted`` A's rows are; that side then needs
+    ``len(alignment[0])`` rows. Nothing is checked here: the public functions check their
+    inputs at the door (:func:`launch_sorted_gemm`, :func:`sorted_moe_matmul`,
+    :func:`sorted_moe_layer`).
     """
-    check_alignment(alignment, block_m=config.block_m, num_pairs=num_pairs, num_experts=b.shape[0], device=a.device)
-    # The kernel has no backward: refuse what autograd would track (sorted_moe_layer's x, w13, w2, weights).
-    check_no_grad({"x (or the activations)": a, "the expert weights": b, "topk_weights": router_weights})
     sorted_ids, expert_ids, num_post = alignment
     N, K = c.shape[1], a.shape[1]
     max_padded = sorted_ids.numel()
-    for name, t, flag in (("a", a, a_sorted), ("c", c, c_sorted)):
-        if flag and t.shape[0] < max_padded:
-            raise ValueError(f"{name}: expected one row per sorted position ({max_padded}) with {name}_sorted, "
-                             f"got {t.shape[0]} rows")
     grid = (triton.cdiv(max_padded, config.block_m) * triton.cdiv(N, config.block_n),)
     b_desc = _weight_descriptor(b, config) if config.use_tma else None
     a_desc, a_desc_half = _activation_descriptors(a, config) if a_sorted else (None, None)
     sorted_moe_kernel[grid](
         a, a_desc, a_desc_half, b, b_desc, c, router_weights if router_weights is not None else c,
         sorted_ids, expert_ids, num_post,
-        N, K, num_pairs, max_padded, a_row_div, N * b.stride(1), b.shape[1],
-        a.stride(0), a.stride(1),
-        b.stride(0), b.stride(1), b.stride(2),
-        c.stride(0), c.stride(1),
+        N=N, K=K, num_pairs=num_pairs, max_padded=max_padded, a_row_div=a_row_div,
+        stride_b_up=N * b.stride(1), b_rows_per_expert=b.shape[1],
+        stride_am=a.stride(0), stride_ak=a.stride(1),
+        stride_be=b.stride(0), stride_bn=b.stride(1), stride_bk=b.stride(2),
+        stride_cm=c.stride(0), stride_cn=c.stride(1),
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
-        GATED=gated, ROUTER_WEIGHTS=router_weights is not None, EVEN_K=K % config.block_k == 0,
-        DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
-        USE_TMA=b_desc is not None, SHORT_TAILS=config.short_tails and config.block_m >= 32,
-        A_SORTED=a_sorted, A_TMA=a_desc is not None, C_SORTED=c_sorted,
+        A_ROWS=("sorted_tma" if a_desc is not None else "sorted") if a_sorted else "gathered",
+        B_TMA=b_desc is not None, C_ROWS="sorted" if c_sorted else "scattered",
+        GATED=gated, ROUTER_WEIGHTS=router_weights is not None,
+        SHORT_TAILS=config.short_tails and config.block_m >= 32,
+        EVEN_K=K % config.block_k == 0, DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
 
@@ -321,6 +377,8 @@ def sorted_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: torch.Ten
     Returns:
         ``[M, topk, N]`` in x's dtype, accumulated in fp32.
     """
+    # The door: every input checked once here (x and weight's autograd state included), then
+    # the launch trusts them.
     M, K, N, E, topk = check_matmul_inputs(x, weight, topk_ids, kernel=True)
     if topk_weights is not None:
         check_topk_weights(topk_weights, topk_ids)
@@ -331,9 +389,10 @@ def sorted_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: torch.Ten
     config = config or get_config(M, E, N, K, topk, x.dtype, "plain")
     if alignment is None:
         alignment = align_block_size(topk_ids, config.block_m, E)
-    check_alignment(alignment, block_m=config.block_m, num_pairs=M * topk, num_experts=E, topk_ids=topk_ids)
+    else:
+        check_alignment(alignment, block_m=config.block_m, num_pairs=M * topk, num_experts=E, topk_ids=topk_ids)
     router = None if topk_weights is None else topk_weights.reshape(-1).float().contiguous()
-    launch_sorted_gemm(x, weight, out.view(M * topk, N), router, alignment, M * topk, topk, config)
+    _launch_fitted(x, weight, out.view(M * topk, N), router, alignment, M * topk, topk, config)
     return out
 
 
@@ -348,6 +407,9 @@ def sorted_moe_layer(x, w13, w2, topk_weights, topk_ids, *, configs=None) -> tor
     Args as :func:`moe_tutorial.layer.moe_layer`; ``configs`` an optional pair of
     :class:`KernelConfig` for the two GEMMs. Returns ``[M, K]`` in x's dtype.
     """
+    # The door: every input checked once here, then the launches trust them. The kernels have no
+    # backward: what autograd would track is refused first, as moe_layer always did.
+    check_no_grad({"x": x, "w13": w13, "w2": w2, "topk_weights": topk_weights})
     M, K, inter, E, topk = check_layer_inputs(x, w13, w2, topk_weights, topk_ids)
     check_kernel_dtype("x", x)
     if M == 0:
@@ -364,11 +426,11 @@ def sorted_moe_layer(x, w13, w2, topk_weights, topk_ids, *, configs=None) -> tor
         # Sorted activations: the gate/up GEMM leaves its rows in sorted order (padding rows
         # included, never written), and the down GEMM reads each block of rows as it lies.
         act = x.new_empty(align_up[0].numel(), inter)
-        launch_sorted_gemm(x, w13, act, None, align_up, num_pairs, topk, cfg_up, gated=True, c_sorted=True)
-        launch_sorted_gemm(act, w2, down, router, align_up, num_pairs, 1, cfg_down, a_sorted=True)
+        _launch_fitted(x, w13, act, None, align_up, num_pairs, topk, cfg_up, gated=True, c_sorted=True)
+        _launch_fitted(act, w2, down, router, align_up, num_pairs, 1, cfg_down, a_sorted=True)
     else:
         act = x.new_empty(num_pairs, inter)
-        launch_sorted_gemm(x, w13, act, None, align_up, num_pairs, topk, cfg_up, gated=True)
+        _launch_fitted(x, w13, act, None, align_up, num_pairs, topk, cfg_up, gated=True)
         align_down = align_block_size(topk_ids, cfg_down.block_m, E)
-        launch_sorted_gemm(act, w2, down, router, align_down, num_pairs, 1, cfg_down)
+        _launch_fitted(act, w2, down, router, align_down, num_pairs, 1, cfg_down)
     return topk_sum(down.view(M, topk, K))

@@ -1,4 +1,4 @@
-"""Part 5: the MoE layer on several devices with torch.distributed (NCCL on GPUs, gloo on CPUs).
+"""Part 6: the MoE layer on several devices with torch.distributed (NCCL on GPUs, gloo on CPUs).
 
 One idea per module:
 

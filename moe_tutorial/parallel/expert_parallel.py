@@ -1,4 +1,4 @@
-"""Part 5's expert-parallel layer: each rank holds E / world experts and its own tokens.
+"""Part 6's expert-parallel layer: each rank holds E / world experts and its own tokens.
 
 dispatch (all-to-all) -> Part 4's kernel on the rows this rank's experts received -> combine
 (all-to-all back, sum of each token's rows). Its output on each rank equals the single-process

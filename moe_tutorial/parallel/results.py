@@ -1,6 +1,6 @@
 """The two-GPU measurements shipped with the series, and the link numbers the cost model takes from them.
 
-``moe_tutorial/data/h200x2_ep.csv`` is written by ``scripts/h200x2_ep.py`` (columns in
+``moe_tutorial/data/h200x2_ep.csv`` is written by ``scripts/experiments/h200x2_ep.py`` (columns in
 :data:`moe_tutorial.parallel.bench.FIELDS`). Until it is committed, :func:`load` returns None and
 notebook 06 says so.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..perf.results import read_csv
+from ..perf.results import committed_ceilings, read_csv
 from .cost import Machine
 
 H200X2_RESULTS = Path(__file__).parent.parent / "data" / "h200x2_ep.csv"
@@ -40,8 +40,6 @@ def measured_machine(rows: list[dict], read_tbps: float | None = None,
     """The cost model's :class:`Machine` with the link measured in ``rows`` and the given ceilings
     (default: the committed single-GPU run's, :func:`moe_tutorial.perf.results.committed_ceilings`)."""
     if read_tbps is None or matmul_tflops is None:
-        from ..perf.results import committed_ceilings
-
         read, matmul = committed_ceilings()
         read_tbps, matmul_tflops = read_tbps or read, matmul_tflops or matmul
     latency_us, gbps = link_from(rows)

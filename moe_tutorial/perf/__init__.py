@@ -1,1 +1,5 @@
-"""Measuring the implementations: bytes and FLOPs, timers, the benchmark sweep, the tuner, reports, the CLI."""
+"""Measuring the implementations: bytes and FLOPs, ceilings, timers, the benchmark sweep, the tuner, reports.
+
+The command line that drives them is :mod:`moe_tutorial.cli`; one-off experiments live in
+:mod:`moe_tutorial.experiments`.
+"""

@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from tqdm.auto import tqdm
 
 from .. import runtime
+from ..kernels import configs
 from ..reference import FP8_LAYER_TOLERANCE, reference_moe_layer, reference_moe_matmul, rel_error, tolerance
 from ..routing import route
 from ..shapes import BATCH_SIZES, HEADLINE_MODELS, ModelShape, get_shape
@@ -69,12 +71,12 @@ def default_plan(quick: bool = False) -> BenchPlan:
 
 def has_tuned_config(shape: ModelShape, gemm: str, dtype: torch.dtype) -> bool:
     """True when a tuned table has an entry for this GPU and one of the gemm's problems."""
-    from ..kernels.configs import gpu_name, load_tables, problem_key
-
     E, topk, H, inter = shape.num_experts, shape.topk, shape.hidden, shape.intermediate
-    keys = ([problem_key(E, 2 * inter, H, topk, dtype, "plain")] if gemm == "first" else
-            [problem_key(E, inter, H, topk, dtype, "gated"), problem_key(E, H, inter, topk, dtype, "down")])
-    return any(key in table.get(gpu_name(), {}) for table in load_tables() for key in keys)
+    key = configs.problem_key
+    keys = ([key(E, 2 * inter, H, topk, dtype, "plain")] if gemm == "first" else
+            [key(E, inter, H, topk, dtype, "gated"), key(E, H, inter, topk, dtype, "down")])
+    # Through the module: tests stand in another GPU's name with monkeypatch.
+    return any(k in table.get(configs.gpu_name(), {}) for table in configs.load_tables() for k in keys)
 
 
 def impls_for(plan: BenchPlan, shape: ModelShape, gemm: str) -> tuple[str, ...]:
@@ -295,8 +297,6 @@ def run_bench(plan: BenchPlan, *, csv_path: str | Path | None = None, progress: 
     The implementations of one (shape, M, gemm) are checked, then timed together in both orders
     (:func:`run_group`).
     """
-    from tqdm.auto import tqdm
-
     todo = cases(plan)
     machine = machine_info()
     if ceilings is None:

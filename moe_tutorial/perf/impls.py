@@ -14,12 +14,22 @@ these functions.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
 
 from .. import runtime
+from ..activation import silu_and_mul
+from ..indexing import indexing_moe_matmul, intermediate_bytes
+from ..kernels import sorted_kernel  # its launcher through the module: tests replace it
+from ..kernels.align import SMALL_BATCH_PAIRS, align_block_size, max_padded_rows
+from ..kernels.configs import get_config, heuristic_config
+from ..kernels.fused_kernel import fused_moe_matmul
+from ..kernels.minimal_sorted_kernel import minimal_sorted_moe_matmul
+from ..kernels.sorted_kernel import sorted_moe_layer
+from ..layer import moe_layer
+from ..loop import loop_moe_matmul
 from ..shapes import ModelShape
 
 #: Elements past which int32 offsets wrap.
@@ -75,8 +85,6 @@ def check_indexing_fits(M: int, topk: int, N: int, K: int, itemsize: int, fracti
     A third of the free memory: timing may hold three copies at once (the checked call's, the
     CUDA-graph warm-up's on another stream, and the graph's own pool).
     """
-    from ..indexing import intermediate_bytes
-
     need = intermediate_bytes(M, topk, N, K, itemsize) + M * topk * N * itemsize
     free = free_memory_bytes()
     if need > fraction * free:
@@ -96,17 +104,13 @@ def _rotations(inp: Inputs, fn: Callable) -> list[Callable]:
 # ---------------------------------------------------------------- the first GEMM, [M, topk, N]
 
 def first_loop(inp: Inputs) -> Prepared:
-    from ..loop import loop_moe_matmul
-
     return Prepared(_rotations(inp, lambda x, ids, _: loop_moe_matmul(x, inp.w13, ids)), graphable=False)
 
 
 def first_indexing(inp: Inputs) -> Prepared:
-    from ..indexing import expert_moe_matmul
-
     E, N, K = inp.w13.shape
     check_indexing_fits(inp.M, inp.shape.topk, N, K, inp.w13.element_size())
-    return Prepared(_rotations(inp, lambda x, ids, _: expert_moe_matmul(x, inp.w13, ids)))
+    return Prepared(_rotations(inp, lambda x, ids, _: indexing_moe_matmul(x, inp.w13, ids)))
 
 
 def first_published(inp: Inputs) -> Prepared:
@@ -129,8 +133,6 @@ def first_published(inp: Inputs) -> Prepared:
 
 
 def first_fused(inp: Inputs) -> Prepared:
-    from ..kernels.fused_kernel import fused_moe_matmul
-
     out = inp.xs[0].new_empty(inp.M, inp.shape.topk, inp.w13.shape[1])
     return Prepared(_rotations(inp, lambda x, ids, _: fused_moe_matmul(x, inp.w13, ids, out=out)),
                     buffers=[out])
@@ -139,10 +141,6 @@ def first_fused(inp: Inputs) -> Prepared:
 def first_sorted(inp: Inputs, *, align_inside: bool = False, heuristic: bool = False, config=None) -> Prepared:
     """Part 4's first GEMM with the tuned configuration, the heuristic's (``heuristic``), or
     ``config``; alignment outside the timed calls unless ``align_inside``."""
-    from ..kernels.align import align_block_size
-    from ..kernels.configs import get_config, heuristic_config
-    from ..kernels.sorted_kernel import launch_sorted_gemm
-
     E, N, K = inp.w13.shape
     M, topk = inp.M, inp.shape.topk
     if config is None:
@@ -152,12 +150,13 @@ def first_sorted(inp: Inputs, *, align_inside: bool = False, heuristic: bool = F
     if align_inside:
         def run(x, ids, _):
             alignment = align_block_size(ids, config.block_m, E)
-            launch_sorted_gemm(x, inp.w13, out, None, alignment, M * topk, topk, config)
+            sorted_kernel.launch_sorted_gemm(x, inp.w13, out, None, alignment, M * topk, topk, config)
             return out
         calls = _rotations(inp, run)
     else:
         alignments = [align_block_size(ids, config.block_m, E) for ids in inp.ids]
-        calls = [lambda r=r: launch_sorted_gemm(inp.xs[r], inp.w13, out, None, alignments[r], M * topk, topk, config)
+        calls = [lambda r=r: sorted_kernel.launch_sorted_gemm(inp.xs[r], inp.w13, out, None, alignments[r], M * topk,
+                                                              topk, config)
                  for r in range(len(inp.xs))]
     return Prepared(calls, output=lambda _: out.view(M, topk, N), buffers=[out])
 
@@ -182,12 +181,6 @@ def first_step(step: str):
         raise ValueError(f"step: expected one of {', '.join(FIRST_STEPS)}, got {step!r}")
 
     def prepare(inp: Inputs) -> Prepared:
-        from dataclasses import replace
-
-        from ..kernels.align import align_block_size
-        from ..kernels.configs import get_config, heuristic_config
-        from ..kernels.minimal_sorted_kernel import minimal_sorted_moe_matmul
-
         E, N, K = inp.w13.shape
         M, topk = inp.M, inp.shape.topk
         config = heuristic_config(M, topk, E, "plain", N=N) if step in ("minimal", "+grouped") else \
@@ -222,11 +215,6 @@ def layer_step(step: str):
     rung = LAYER_STEPS.index(step)
 
     def prepare(inp: Inputs) -> Prepared:
-        from ..activation import silu_and_mul
-        from ..kernels.align import SMALL_BATCH_PAIRS, align_block_size, max_padded_rows
-        from ..kernels.configs import get_config
-        from ..kernels.sorted_kernel import launch_sorted_gemm
-
         s = inp.shape
         E, topk, H, inter, M = s.num_experts, s.topk, s.hidden, s.intermediate, inp.M
         pairs = M * topk
@@ -243,13 +231,14 @@ def layer_step(step: str):
             a_up = align_block_size(ids, cfg_up.block_m, E, small_batch_pairs=small)
             a_down = a_up if cfg_down.block_m == cfg_up.block_m else \
                 align_block_size(ids, cfg_down.block_m, E, small_batch_pairs=small)
-            launch_sorted_gemm(x, inp.w13, up, None, a_up, pairs, topk, cfg_up, gated=gated, c_sorted=sorted_act)
+            sorted_kernel.launch_sorted_gemm(x, inp.w13, up, None, a_up, pairs, topk, cfg_up, gated=gated,
+                                             c_sorted=sorted_act)
             act = up if gated else silu_and_mul(up)
             router = w.reshape(-1).float().contiguous()
             if step == "unfused":
-                launch_sorted_gemm(act, inp.w2, down, None, a_down, pairs, 1, cfg_down)
+                sorted_kernel.launch_sorted_gemm(act, inp.w2, down, None, a_down, pairs, 1, cfg_down)
                 return (down.view(M, topk, H) * w[..., None].to(down.dtype)).sum(dim=1)
-            launch_sorted_gemm(act, inp.w2, down, router, a_down, pairs, 1, cfg_down, a_sorted=sorted_act)
+            sorted_kernel.launch_sorted_gemm(act, inp.w2, down, router, a_down, pairs, 1, cfg_down, a_sorted=sorted_act)
             return down.view(M, topk, H).sum(dim=1)
         return Prepared(_rotations(inp, run))
     return prepare
@@ -304,8 +293,6 @@ def first_grouped_mm(inp: Inputs) -> Prepared:
 
 def layer_of(impl: str):
     def prepare(inp: Inputs) -> Prepared:
-        from ..layer import moe_layer
-
         if impl == "indexing":
             E, N13, K = inp.w13.shape
             check_indexing_fits(inp.M, inp.shape.topk, N13, K, inp.w13.element_size())
@@ -315,9 +302,6 @@ def layer_of(impl: str):
 
 
 def layer_sorted_heuristic(inp: Inputs) -> Prepared:
-    from ..kernels.configs import heuristic_config
-    from ..kernels.sorted_kernel import sorted_moe_layer
-
     s = inp.shape
     configs = (heuristic_config(inp.M, s.topk, s.num_experts, "gated", N=s.intermediate),
                heuristic_config(inp.M, s.topk, s.num_experts, "down", N=s.hidden))

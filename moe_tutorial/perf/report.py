@@ -10,6 +10,7 @@ Tables name implementations as the CSV does; pass ``labels`` (e.g.
 from __future__ import annotations
 
 import json
+import textwrap
 
 from ..kernels.align import SMALL_BATCH_PAIRS
 from ..kernels.configs import SHIPPED_DIR, KernelConfig, problem_key
@@ -263,8 +264,6 @@ def ceilings_table(rows: list[dict]) -> str:
 
 def run_summary(rows: list[dict], *, labels: dict | None = None, width: int = 110) -> str:
     """Per bench run (rows sharing a date and protocol): its cases, models and what it timed, by ``labels``."""
-    import textwrap
-
     labels, runs = labels or {}, {}
     for r in rows:
         runs.setdefault((r.get("date") or "", r.get("protocol") or ""), []).append(r)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+from .report import headline_ceilings
+
 DATA_DIR = Path(__file__).parent.parent / "data"
 H200_RESULTS = DATA_DIR / "h200_bench.csv"
 
@@ -75,7 +77,5 @@ def committed_ceilings(protocol: str = "cold-l2") -> tuple[float, float]:
     """``(read-only TB/s, matmul TFLOP/s)`` of the committed H200 run that timed Part 4 under
     ``protocol`` (:func:`moe_tutorial.perf.report.headline_ceilings`): what figures and prose quote
     as "the H200's ceilings", one measurement rather than several."""
-    from .report import headline_ceilings
-
     ceilings = headline_ceilings(load_rows(H200_RESULTS), protocol=protocol)
     return ceilings["read_tbps"], ceilings["matmul_tflops"]

@@ -25,6 +25,7 @@ import time
 from typing import Callable, Sequence
 
 import torch
+import triton
 
 from .. import runtime
 
@@ -226,8 +227,6 @@ def gpu_driver() -> str:
 
 def machine_info() -> dict:
     """The columns that say where a result was measured: gpu, driver, torch, triton, date."""
-    import triton
-
     gpu = torch.cuda.get_device_name() if runtime.ON_GPU else f"cpu ({platform.machine()}, interpreter)"
     return {
         "gpu": gpu,

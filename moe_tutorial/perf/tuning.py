@@ -28,8 +28,14 @@ import triton
 
 from .. import runtime
 from ..kernels import configs
+from ..kernels.align import align_block_size
 from ..kernels.configs import KernelConfig, fp8_heuristic_config, heuristic_config, problem_key
+from ..kernels.sorted_kernel import launch_sorted_gemm
+from ..reference import rel_error
 from ..shapes import ModelShape
+from .bench import free_device_memory, make_inputs, make_weights, rotations
+from .report import format_table
+from .timing import cycle, measure_ms
 from .traffic import experts_touched
 
 VARIANTS = ("plain", "gated", "down")
@@ -192,8 +198,6 @@ class _Problem:
     """Tensors and launches of one (variant, M) problem, on rotated routings."""
 
     def __init__(self, shape: ModelShape, variant: str, M: int, dtype: torch.dtype, w13, w2, seed: int = 0):
-        from .bench import make_inputs, rotations
-
         self.shape, self.variant, self.M = shape, variant, M
         self.N, self.K = problem_dims(shape, variant)
         inp = make_inputs(shape, M, torch.bfloat16 if dtype == torch.float8_e4m3fn else dtype, w13, w2,
@@ -230,8 +234,6 @@ class _Problem:
                         if variant == "gated" else None)
 
     def alignments(self, block_m: int):
-        from ..kernels.align import align_block_size
-
         if block_m not in self._alignments:
             self._alignments[block_m] = [align_block_size(i, block_m, self.shape.num_experts) for i in self.ids]
         return self._alignments[block_m]
@@ -244,8 +246,6 @@ class _Problem:
         return self._sorted_acts[block_m]
 
     def calls(self, config: KernelConfig) -> list[Callable]:
-        from ..kernels.sorted_kernel import launch_sorted_gemm
-
         if self.fp8:
             return self.fp8_calls(config)
 
@@ -292,9 +292,6 @@ class _Problem:
 def tune_problem(problem: _Problem, dtype: torch.dtype, deadline: float, *,
                  measure: Callable | None = None, log: Callable[[str], None] = print) -> TuneResult:
     """Search one problem until ``deadline`` (``time.monotonic()``); the heuristic is always timed."""
-    from ..reference import rel_error
-    from .timing import cycle, measure_ms
-
     # The cold-l2 protocol, as the bench measures: a configuration that wins there wins in the results.
     measure = measure or (lambda fn: measure_ms(fn, protocol="cold-l2", max_seconds=1.0)[0])
     s, M = problem.shape, problem.M
@@ -386,7 +383,6 @@ def tune(shape: ModelShape, batch_sizes, variants=VARIANTS, dtype: torch.dtype =
     """
     if not runtime.ON_GPU and not allow_cpu:
         raise TuneRefused(REFUSAL)
-    from .bench import free_device_memory, make_weights
 
     start = time.monotonic()
     end = start + 60 * max_minutes
@@ -425,8 +421,6 @@ def format_config(c: KernelConfig) -> str:
 
 def results_table(results: list[TuneResult]) -> str:
     """Per problem: the heuristic's time, the best time, the gain and the best configuration."""
-    from .report import format_table
-
     body = [[r.variant, str(r.M), f"{r.heuristic_ms:.4f}", f"{r.best_ms:.4f}", f"{r.gain:.2f}x",
              format_config(r.heuristic), format_config(r.best)] for r in results]
     return format_table(["variant", "M", "heuristic ms", "best ms", "gain", "heuristic", "best"], body)

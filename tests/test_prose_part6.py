@@ -4,7 +4,7 @@ from moe_tutorial.parallel import results
 import pytest
 from prose import assert_says, fmt2
 
-P5 = "06_expert_parallel"
+P6 = "06_expert_parallel"
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +22,7 @@ def ms(rows, model, step, M):
 
 def test_decode_is_fixed_costs(rows):
     m = "Mixtral-8x7B"
-    assert_says(P5, "On Mixtral-8x7B at `M = 1` the EP layer takes {:.2f} ms against {:.2f} ms for one GPU running "
+    assert_says(P6, "On Mixtral-8x7B at `M = 1` the EP layer takes {:.2f} ms against {:.2f} ms for one GPU running "
                     "both ranks' tokens: its dispatch alone takes {:.2f} ms, while an all-to-all of the same bytes "
                     "takes {:.2f} ms", ms(rows, m, "ep_layer", 1), ms(rows, m, "single_gpu", 1),
                 ms(rows, m, "dispatch", 1), ms(rows, m, "a2a_same_bytes", 1))
@@ -30,12 +30,12 @@ def test_decode_is_fixed_costs(rows):
 
 def test_prefill_speedups(rows):
     sp = {m: ms(rows, m, "single_gpu", 16384) / ms(rows, m, "ep_layer", 16384) for m in ("Mixtral-8x7B", "DeepSeek-V3")}
-    assert_says(P5, "At `M = 16384` tokens per rank two GPUs run the layer {}x (Mixtral-8x7B) and {}x "
+    assert_says(P6, "At `M = 16384` tokens per rank two GPUs run the layer {}x (Mixtral-8x7B) and {}x "
                     "(DeepSeek-V3) as fast as one", fmt2(sp["Mixtral-8x7B"]), fmt2(sp["DeepSeek-V3"]))
     tp_faster = [M for M in (1, 8, 64, 256, 1024, 4096, 16384)
                  if ms(rows, "Mixtral-8x7B", "tp_layer", M) < ms(rows, "Mixtral-8x7B", "ep_layer", M)]
     assert len(tp_faster) == 7
-    assert_says(P5, "On Mixtral-8x7B the tensor-parallel layer is faster than ours at every M measured")
+    assert_says(P6, "On Mixtral-8x7B the tensor-parallel layer is faster than ours at every M measured")
 
 
 def test_decode_times_name_their_protocol(rows):
@@ -48,6 +48,6 @@ def test_decode_times_name_their_protocol(rows):
                 if r["model"] == "Mixtral-8x7B" and r["M"] == 1]
     assert ms(rows, "Mixtral-8x7B", "single_gpu", 1) > 3 * layer["ms"]
     assert "synchronize + barrier before each repetition" in rows[0]["protocol"]
-    assert_says(P5, "(These times are not notebook 05's, where Part 4's whole layer takes {:.1f} us for one "
+    assert_says(P6, "(These times are not notebook 05's, where Part 4's whole layer takes {:.1f} us for one "
                     "Mixtral-8x7B token.", layer["ms"] * 1e3)
-    assert_says(P5, "every repetition runs eagerly, after a synchronise and a barrier have left the GPU idle")
+    assert_says(P6, "every repetition runs eagerly, after a synchronise and a barrier have left the GPU idle")

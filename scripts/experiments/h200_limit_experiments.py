@@ -18,7 +18,7 @@ Triton's warp specialisation of the K loop, a decode path (one block per pair, n
 GEMM that adds up each token's experts itself) and a down GEMM that adds its rows into the output
 with fp32 atomics.
 
-Usage: python scripts/h200_limit_experiments.py --out "$OUT" [--round 2] [--models ...] [--batches ...]
+Usage: python scripts/experiments/h200_limit_experiments.py --out "$OUT" [--round 2] [--models ...] [--batches ...]
 Writes ``$OUT/limit_experiments.csv`` and prints one line per timing. ``--dry-run`` runs round 1
 on a toy shape in the interpreter so the script can be tested anywhere.
 """
@@ -30,7 +30,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 

@@ -11,6 +11,20 @@ import sys
 import textwrap
 from pathlib import Path
 
+import matplotlib
+import torch
+
+from . import runtime
+from .figures.perf import save_bench_figures
+from .kernels.configs import user_table_path
+from .perf import tuning
+from .perf.bench import CPU_BATCH_SIZES, CPU_SHAPE, GEMMS, INTERPRETER_NOTE, default_plan, run_bench
+from .perf.registry import BY_NAME, LAYER_IMPLS
+from .perf.report import fraction_table, geomean_table, skipped_reasons
+from .perf.timing import PROTOCOLS
+from .perf.tuning import REFUSAL, VARIANTS, results_table
+from .shapes import BATCH_SIZES, HEADLINE_MODELS, MODEL_SHAPES, ModelShape, get_shape
+
 #: dtype names accepted on the command line.
 DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
           "half": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
@@ -76,8 +90,6 @@ def _tune_dtype(text: str) -> str:
 
 
 def _model_list(text: str):
-    from ..shapes import MODEL_SHAPES, get_shape
-
     if text.strip().lower() == "all":
         return list(MODEL_SHAPES.values())
     try:
@@ -87,8 +99,6 @@ def _model_list(text: str):
 
 
 def _model(text: str):
-    from ..shapes import get_shape
-
     try:
         return get_shape(text)
     except ValueError as e:
@@ -105,12 +115,6 @@ def _text(template: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..shapes import BATCH_SIZES, HEADLINE_MODELS, MODEL_SHAPES
-    from .bench import CPU_BATCH_SIZES, CPU_SHAPE, GEMMS
-    from .registry import BY_NAME, LAYER_IMPLS
-    from .timing import PROTOCOLS
-    from .tuning import VARIANTS
-
     parser = argparse.ArgumentParser(
         prog="moe-tutorial",
         description="Benchmark and tune the MoE implementations of the series 'Fused MoE, from loops to Triton'.",
@@ -249,8 +253,6 @@ def _add_custom_shape(group) -> None:
 
 
 def _custom_shape(parser, args):
-    from ..shapes import ModelShape
-
     given = {k: getattr(args, k) for k in ("E", "N", "K", "topk")}
     if not any(v is not None for v in given.values()):
         return None
@@ -266,11 +268,6 @@ def _custom_shape(parser, args):
 
 def plan_from_args(parser: argparse.ArgumentParser, args):
     """Turn ``bench``'s arguments into a :class:`moe_tutorial.perf.bench.BenchPlan`, or ``parser.error``."""
-    import torch
-
-    from .. import runtime
-    from .bench import default_plan
-
     plan = default_plan(quick=args.quick)
     dtype = getattr(torch, args.dtype) if args.dtype else plan.dtype
     if dtype not in runtime.KERNEL_DTYPES:
@@ -299,14 +296,7 @@ def plan_from_args(parser: argparse.ArgumentParser, args):
 
 
 def run_bench_command(parser, args) -> int:
-    import matplotlib
-
     matplotlib.use("Agg")   # files only; no display needed
-    from .. import runtime
-    from ..figures.perf import save_bench_figures
-    from .bench import INTERPRETER_NOTE, run_bench
-    from .report import fraction_table, geomean_table, skipped_reasons
-
     plan = plan_from_args(parser, args)
     if not runtime.ON_GPU:
         print(INTERPRETER_NOTE)
@@ -353,12 +343,6 @@ def _unwritable(folder: Path) -> str | None:
 
 
 def run_tune_command(parser, args) -> int:
-    import torch
-
-    from .. import runtime
-    from ..kernels.configs import user_table_path
-    from .tuning import REFUSAL, results_table, tune
-
     custom = _custom_shape(parser, args)
     if (args.model is None) == (custom is None):
         parser.error("name one shape to tune: --model NAME, or a custom shape with --E, --N, --K and --topk")
@@ -371,7 +355,7 @@ def run_tune_command(parser, args) -> int:
     print(f"tune: {shape.name} (E={shape.num_experts}, topk={shape.topk}, hidden={shape.hidden}, "
           f"intermediate={shape.intermediate}), variants {','.join(args.variants)}, "
           f"M = {','.join(map(str, args.batch_sizes))}, {args.dtype}, at most {args.max_minutes:g} min; table: {out}")
-    results = tune(shape, args.batch_sizes, args.variants, dtype, out=out, max_minutes=args.max_minutes,
+    results = tuning.tune(shape, args.batch_sizes, args.variants, dtype, out=out, max_minutes=args.max_minutes,
                    seed=args.seed)
     if results:
         same = (f"--models {shape.name}" if args.model else

@@ -2,7 +2,7 @@
 
 Run from the repository root on a GPU machine with Nsight Compute (no Jupyter needed):
 
-    PYTHONPATH=. python scripts/h200_sorted_profile.py --out "$OUT"
+    PYTHONPATH=. python scripts/experiments/h200_sorted_profile.py --out "$OUT"
 
 It profiles the tuned first GEMM (the bench's "sorted" row, alignment outside) at the points
 the H200 results show furthest from the floor, writes every metric Nsight Compute reports to

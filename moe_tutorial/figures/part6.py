@@ -1,4 +1,4 @@
-"""Figures for Part 5: memory per GPU, how the weights are split, who sends which rows where, the
+"""Figures for Part 6 (notebook 06): memory per GPU, how the weights are split, who sends which rows where, the
 count table, and the cost model against the two-GPU measurements.
 
 The drawing functions take plain tensors or rows and return the matplotlib Figure; the notebook

@@ -1,6 +1,6 @@
 """Where Part 4 stops short of the floor, and what was tried: the limit experiments, read back.
 
-``scripts/h200_limit_experiments.py`` measured, on one H200 and under the cold-l2 protocol, the
+``scripts/experiments/h200_limit_experiments.py`` measured, on one H200 and under the cold-l2 protocol, the
 read-only kernel over 25 MiB to 1.9 GB (the floor assumes the 8 GB rate), two reads of a decode
 layer's weights, and each lever tried on Part 4 against Part 4 as it stood in the same run. The
 rows ship as ``moe_tutorial/data/h200_limit_experiments.csv``; notebook 05's appendix reads them
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import statistics
 
-from .report import format_table
-from .results import DATA_DIR, read_csv
+from ..perf.report import format_table
+from ..perf.results import DATA_DIR, read_csv
 
 LIMITS = DATA_DIR / "h200_limit_experiments.csv"
 _INT = {"round", "M", "bytes"}

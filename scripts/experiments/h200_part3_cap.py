@@ -3,7 +3,7 @@
 The bench shows Part 3's fused kernel flat at about 10 TFLOP/s from M = 256 on (Mixtral-8x7B,
 Qwen3-30B-A3B; 6.6 on DeepSeek-V3). Two explanations have been offered: the weights' bytes
 (HBM, or the L2 cache that serves the repeats) and the instructions of ``tl.sum`` on the ordinary
-cores. Each experiment below changes one thing (see :mod:`moe_tutorial.part3_cap`):
+cores. Each experiment below changes one thing (see :mod:`moe_tutorial.experiments.part3_cap`):
 
   dtype    bf16 vs fp32 weights and x, same tile, same routing (Mixtral-8x7B, Qwen3-30B-A3B, M = 1024)
   routing  uniform vs every token on the same topk experts (the three models, M = 1024, bf16)
@@ -14,8 +14,8 @@ cores. Each experiment below changes one thing (see :mod:`moe_tutorial.part3_cap
 Usage, on one GPU (about 2 minutes on an H200; torch and Triton as in the bench), from the
 repository root:
 
-    python scripts/h200_part3_cap.py --out "$OUT"            # experiments + Nsight Compute
-    python scripts/h200_part3_cap.py --out "$OUT" --no-ncu   # experiments only
+    python scripts/experiments/h200_part3_cap.py --out "$OUT"            # experiments + Nsight Compute
+    python scripts/experiments/h200_part3_cap.py --out "$OUT" --no-ncu   # experiments only
 
 It prints a table and the verdict, and writes ``$OUT/h200_part3_cap.csv`` (commit it as
 ``moe_tutorial/data/h200_part3_cap.csv``; notebook 03 reads it) and, with Nsight Compute,
@@ -39,13 +39,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:            # run from anywhere without installing the package
     sys.path.insert(0, str(REPO))
 
 import moe_tutorial  # noqa: E402,F401,I001  (first: picks the runtime before triton is imported)
 from moe_tutorial import runtime  # noqa: E402
-from moe_tutorial.perf import part3_cap  # noqa: E402
+from moe_tutorial.experiments import part3_cap  # noqa: E402
 from moe_tutorial.kernels.fused_kernel import default_blocks, fused_moe_kernel  # noqa: E402
 from moe_tutorial.perf.timing import machine_info, measure_ms  # noqa: E402
 from moe_tutorial.reference import reference_moe_matmul, rel_error  # noqa: E402
@@ -232,7 +232,7 @@ def parse_raw_csv(text: str) -> dict[str, float]:
 
 
 def run_ncu(dtype_name: str, out_dir: Path, common: dict, log=print) -> list[dict]:
-    """Profile one launch under Nsight Compute; rows of :data:`moe_tutorial.part3_cap.NCU_METRICS`."""
+    """Profile one launch under Nsight Compute; rows of :data:`moe_tutorial.experiments.part3_cap.NCU_METRICS`."""
     shape = get_shape(MIXTRAL)
     N, K = shape.first_gemm
     bn, bk = default_blocks(shape.topk, N, K)

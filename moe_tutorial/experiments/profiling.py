@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from ..layer import moe_layer
+from ..routing import route
+
 #: ATen ops that run one kernel on a GPU. Views (``view``, ``slice``, ``expand``, ...),
 #: allocations (``empty``) and dispatch wrappers (``matmul``, ``to``, ``reshape``) are not here:
 #: they launch nothing themselves, and whatever they call that does launch is counted instead.
@@ -115,8 +118,6 @@ def layer_problem(num_experts: int, *, tokens: int = 2048, topk: int = 2, hidden
         ``(x [tokens, hidden], w13 [E, 2*inter, hidden], w2 [E, hidden, inter],
         topk_weights [tokens, topk] fp32, topk_ids [tokens, topk] int32)``.
     """
-    from ..routing import route
-
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(tokens, hidden, generator=g)
     w13 = torch.randn(num_experts, 2 * inter, hidden, generator=g) * hidden ** -0.5
@@ -132,8 +133,6 @@ def layer_problem(num_experts: int, *, tokens: int = 2048, topk: int = 2, hidden
 
 def layer_launches(impl: str, num_experts: int, **problem) -> LaunchCount:
     """Kernel launches of one ``moe_layer(..., impl=impl)`` forward on :func:`layer_problem`."""
-    from ..layer import moe_layer
-
     x, w13, w2, topk_weights, topk_ids = layer_problem(num_experts, **problem)
     return count_launches(moe_layer, x, w13, w2, topk_weights, topk_ids, impl=impl)
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One batched GPU session on a lent H200 (see notes/gpu-notes.md): run from the repository root as
-#   OUT=<folder> bash scripts/h200_run.sh STAGE [STAGE ...]
+#   OUT=<folder> bash scripts/experiments/h200_run.sh STAGE [STAGE ...]
 # Stages: tests (GPU correctness tests), bench-part4 (Part 4, its production steps and
 # torch._grouped_mm under the cold-l2 protocol), bench-rest (Parts 1-3 under cold-l2),
 # bench-rotated (Part 4 and torch._grouped_mm under the rotated protocol); fp8-tests (Part 7's GPU

@@ -1,8 +1,8 @@
-"""Part 5 on two GPUs (two H200s, NVLink multicast off): correctness with NCCL, then timings.
+"""Part 6 on two GPUs (two H200s, NVLink multicast off): correctness with NCCL, then timings.
 
 Usage, from the repository root on a machine with two GPUs:
 
-    python3 scripts/h200x2_ep.py --out "$OUT"
+    python3 scripts/experiments/h200x2_ep.py --out "$OUT"
 
 Three stages, each a fresh pair of processes (so that a crash in one loses nothing of the others),
 each under its own deadline; the whole run stays under ``--budget-s`` (default 270 s):
@@ -32,7 +32,7 @@ import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import moe_tutorial  # noqa: E402,F401,I001  (picks the runtime first)
 from moe_tutorial.parallel import bench  # noqa: E402

@@ -1,6 +1,6 @@
 """Why Part 3's kernel stops near 10 TFLOP/s on an H200: the experiments, the file of their results, what it says.
 
-``scripts/h200_part3_cap.py`` runs the experiments on a GPU and writes :data:`CAP_RESULTS`;
+``scripts/experiments/h200_part3_cap.py`` runs the experiments on a GPU and writes :data:`CAP_RESULTS`;
 notebook 03 reads it with :func:`load` and prints :func:`table` and :func:`explain`. Each
 experiment changes one thing and keeps the rest of the kernel's work as it was:
 
@@ -27,8 +27,9 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from .results import DATA_DIR, read_csv, write_csv
-from .traffic import geomean
+from ..perf.report import format_table
+from ..perf.results import DATA_DIR, H200_RESULTS, committed_ceilings, read_csv, write_csv
+from ..perf.traffic import geomean
 
 #: Where the H200 result is committed (the script writes it under its --out directory).
 CAP_RESULTS = DATA_DIR / "h200_part3_cap.csv"
@@ -108,8 +109,6 @@ def ratios(rows: list[dict], experiment: str, column: str, new, old) -> dict[str
 
 def table(rows: list[dict]) -> str:
     """The timing rows as a text table: what changed, the time, TFLOP/s and the TB/s the programs loaded."""
-    from .report import format_table
-
     body = []
     for r in timed(rows):
         tile = f"{r['block_n']}x{r['block_k']}, {r['num_warps']} warps"
@@ -151,8 +150,6 @@ def _pct(metrics: dict, key: str) -> str:
 
 def hbm_read_tbps() -> float | None:
     """The H200's read-only bandwidth measured by the series' benchmark (the committed run), if any."""
-    from .results import H200_RESULTS, committed_ceilings
-
     return committed_ceilings()[0] if H200_RESULTS.exists() else None
 
 
