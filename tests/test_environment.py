@@ -75,3 +75,13 @@ def test_pip_section_matches_pyproject():
 def test_pip_section_installs_this_package():
     _, pip = conda_and_pip(environment())
     assert "-e ." in pip
+
+
+def test_license_is_an_spdx_string_and_the_build_backend_reads_it():
+    """A TOML table for ``project.license`` stops building in 2027 (setuptools' deprecation); an
+    SPDX expression needs setuptools 77 or later, so the build requirement must say so."""
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert pyproject["project"]["license"] == "Apache-2.0"
+    floors = [re.fullmatch(r"setuptools>=(\d+)(?:\.\d+)*", r) for r in pyproject["build-system"]["requires"]]
+    found = [int(m.group(1)) for m in floors if m]
+    assert found and found[0] >= 77, pyproject["build-system"]["requires"]
