@@ -28,7 +28,7 @@ from ..checks import (
     check_topk_weights,
 )
 from .align import align_block_size, check_alignment
-from .configs import KernelConfig, get_config, shrink
+from .configs import KernelConfig, check_config, get_config, shrink
 from .topk_sum import topk_sum
 
 
@@ -325,6 +325,8 @@ def sorted_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: torch.Ten
     if topk_weights is not None:
         check_topk_weights(topk_weights, topk_ids)
         check_no_grad({"topk_weights": topk_weights})
+    if config is not None:
+        config = check_config(config)           # before the empty-batch return: a bad config is bad anyway
     out = x.new_empty(M, topk, N)
     if M == 0 or N == 0:
         return out
@@ -352,10 +354,13 @@ def sorted_moe_layer(x, w13, w2, topk_weights, topk_ids, *, configs=None) -> tor
     check_kernel_dtype("x", x)
     if M == 0:
         return x.new_empty(0, K)
-    cfg_up, cfg_down = configs or (
-        get_config(M, E, inter, K, topk, x.dtype, "gated"),
-        get_config(M, E, K, inter, topk, x.dtype, "down"),
-    )
+    if configs is None:
+        cfg_up, cfg_down = (get_config(M, E, inter, K, topk, x.dtype, "gated"),
+                            get_config(M, E, K, inter, topk, x.dtype, "down"))
+    elif isinstance(configs, (tuple, list)) and len(configs) == 2:
+        cfg_up, cfg_down = check_config(configs[0], "configs[0]"), check_config(configs[1], "configs[1]")
+    else:
+        raise TypeError(f"configs: expected a pair (gate/up KernelConfig, down KernelConfig), got {configs!r}")
     num_pairs = M * topk
     align_up = align_block_size(topk_ids, cfg_up.block_m, E)
     router = topk_weights.reshape(-1).float().contiguous()
