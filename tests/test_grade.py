@@ -111,5 +111,29 @@ def test_grade_runs_the_checkers_itself_and_is_not_fooled(tmp_path):
     assert "`intermediate_bytes` is the package's own implementation" in result.stdout
     assert "ModuleNotFoundError: No module named 'moe_tutorial.no_such_module'" in result.stdout
     csv = (tmp_path / "grades.csv").read_text().splitlines()
-    assert csv[0] == "notebook,2.1,2.2,2.3,2.4,passed,total" and csv[3] == "mallory,NOT ATTEMPTED,NOT ATTEMPTED," \
-        "NOT ATTEMPTED,NOT ATTEMPTED,0,4", csv
+    assert csv[0] == "notebook,2.1,2.2,2.3,2.4,passed,total,problems" and csv[3] == "mallory,NOT ATTEMPTED," \
+        "NOT ATTEMPTED,NOT ATTEMPTED,NOT ATTEMPTED,0,4,", csv
+
+
+def test_a_bad_submission_costs_its_own_row_never_the_run(tmp_path):
+    """Missing files (an unmatched shell pattern too), a folder, an empty file, text that is not
+    JSON, a notebook without cells: each is one row with its reason; an unwritable --csv is a
+    message after the table, not a traceback."""
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "empty.ipynb").write_text("")
+    (tmp_path / "text.ipynb").write_text("print('hello')\n")
+    nbformat.write(nbformat.v4.new_notebook(), tmp_path / "nocells.ipynb")
+    args = [str(tmp_path / n) for n in ("missing.ipynb", "nomatch/*.ipynb", "folder", "empty.ipynb", "text.ipynb",
+                                         "nocells.ipynb")]
+    result = subprocess.run([sys.executable, "-m", "moe_tutorial.exercises.grade", "--part", "1",
+                             "--csv", str(tmp_path / "no_such_dir" / "grades.csv"), *args],
+                            capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert "Traceback" not in result.stderr + result.stdout, result.stderr
+    rows = {line.split()[0]: line for line in result.stdout.splitlines() if line.strip()}
+    expected = {"missing": "no such file", "nomatch/*": "the shell found no file matching this pattern",
+                "folder": "is a folder, not a notebook", "empty": "not a readable notebook",
+                "text": "not a readable notebook", "nocells": "the notebook has no cells"}
+    for name, why in expected.items():
+        assert name in rows and "0/4" in rows[name] and "(not graded: " in rows[name] and why in rows[name], \
+            (name, result.stdout)
+    assert result.returncode == 1 and "--csv: could not write" in result.stderr, result.stderr

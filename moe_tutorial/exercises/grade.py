@@ -55,6 +55,8 @@ class Report:
     part: int | None = None
     verdicts: dict[str, tuple[str, str]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    #: Why the notebook could not be graded at all (missing, a folder, not a notebook, ...), or "".
+    not_graded: str = ""
 
     @property
     def parts(self) -> set[int]:
@@ -120,16 +122,40 @@ def is_check_cell(source: str) -> bool:
         isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id in _CHECKERS for c in calls)
 
 
+def read_submission(path: Path):
+    """``(notebook, None)``, or ``(None, why it cannot be graded)`` for anything that is not a
+    readable notebook with cells: one bad submission costs its own row, never the class's run."""
+    import nbformat
+
+    if not path.exists():
+        why = f"no such file: {path}"
+        if any(c in str(path) for c in "*?["):
+            why += " (the shell found no file matching this pattern, so it passed the pattern itself)"
+        return None, why
+    if path.is_dir():
+        return None, f"{path} is a folder, not a notebook (name the .ipynb files in it, e.g. {path}/*.ipynb)"
+    try:
+        nb = nbformat.read(path, as_version=4)
+    except Exception as e:                        # empty, not JSON, not a notebook, unreadable
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        return None, f"not a readable notebook ({type(e).__name__}: {first or 'empty file'})"
+    if not nb.get("cells"):
+        return None, "the notebook has no cells"
+    return nb, None
+
+
 def grade_notebook(path: Path, name: str, *, timeout: int = 300, part: int | None = None) -> Report:
     """Execute one notebook without its check cells, then grade every exercise of its part."""
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import DeadKernelError
 
-    nb = nbformat.read(path, as_version=4)
+    nb, why = read_submission(path)
+    if nb is None:
+        return Report(name, part, not_graded=why)
     report = Report(name, part if part is not None else part_of(nb))
     if report.part is None:
-        report.errors.append("cannot tell which part this notebook is for (pass --part)")
+        report.not_graded = "cannot tell which part this notebook is for (pass --part)"
         return report
     graded = copy.deepcopy(nb)
     for cell in graded.cells:
@@ -204,7 +230,8 @@ def table(reports: list[Report]) -> str:
         cells = [SHORT.get(r.verdicts.get(i, ("-",))[0], "-") for i in ids]
         passed, total = r.score()
         lines.append(f"{r.name:<{width}}  " + "  ".join(f"{c:<4}" for c in cells)
-                     + f"  {passed}/{total if total else '?'}" + ("  (cell errors)" if r.errors else ""))
+                     + f"  {passed}/{total if total else '?'}" + ("  (cell errors)" if r.errors else "")
+                     + (f"  (not graded: {r.not_graded})" if r.not_graded else ""))
     return "\n".join(lines)
 
 
@@ -232,13 +259,25 @@ def main(argv=None) -> int:
                 print(f"\n== {r.name}")
                 print("\n".join(fails + [f"cell error: {e}" for e in r.errors]))
     if args.csv:
-        ids = _columns(reports)
-        with open(args.csv, "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(["notebook", *ids, "passed", "total"])
-            for r in reports:
-                writer.writerow([r.name, *[r.verdicts.get(i, ("",))[0] for i in ids], *r.score()])
+        try:
+            write_csv(args.csv, reports)
+        except OSError as e:
+            print(f"\n--csv: could not write {args.csv} ({e.strerror or e}); the table above is complete",
+                  file=sys.stderr)
+            return 1
     return 0
+
+
+def write_csv(path: Path, reports: list[Report]) -> None:
+    """The table as CSV: a row per notebook, the verdict per exercise, passed and total, and the
+    reason a notebook could not be graded, or its cell errors (empty when there were none)."""
+    ids = _columns(reports)
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["notebook", *ids, "passed", "total", "problems"])
+        for r in reports:
+            writer.writerow([r.name, *[r.verdicts.get(i, ("",))[0] for i in ids], *r.score(),
+                             r.not_graded or "; ".join(r.errors)])
 
 
 if __name__ == "__main__":
