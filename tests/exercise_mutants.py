@@ -402,6 +402,10 @@ def route_sorted(router_logits, top_k, renormalize=True):
     Alternative("1.2", "nonzero(as_tuple=True)", (("torch.where(topk_ids == e)",
                                                    "(topk_ids == e).nonzero(as_tuple=True)"),),
                 kind="nonzero instead of where"),
+    Alternative("1.2", "nonzero().T", (("    idx, slot = torch.where(topk_ids == e)      # rows (tokens), "
+                                        "then columns (slots)\n    return idx, slot\n",
+                                        "    return (topk_ids == e).nonzero().T\n"),),
+                kind="a [2, P] tensor that unpacks into the pair"),
     Alternative("1.2", "nonzero columns as int32", (("    idx, slot = torch.where(topk_ids == e)      # rows (tokens), "
                                                     "then columns (slots)\n    return idx, slot\n",
                                                     "    pairs = (topk_ids == e).nonzero().int()\n"

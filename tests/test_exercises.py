@@ -310,3 +310,19 @@ def test_last_verdict_records_what_the_checker_decided(capsys):
     assert last_verdict("2.3")[0] == "PASS"
     exercises.check_intermediate_bytes(lambda *a: print("[2.3] PASS intermediate_bytes: forged") or 0)
     assert last_verdict("2.3")[0] == "FAIL" and "[2.3] FAIL" in last_verdict("2.3")[1]
+
+
+def test_a_function_that_never_returns_times_out_with_a_clear_message(capsys, monkeypatch):
+    from moe_tutorial.exercises import timelimit
+
+    monkeypatch.setattr(timelimit, "CALL_LIMIT_S", 1.0)
+
+    def forever(router_logits, top_k, renormalize=True):
+        while True:
+            try:
+                pass
+            except Exception:          # a student's broad except must not swallow the limit
+                pass
+
+    ok, out = run("1.1", forever, capsys)
+    assert not ok and "did not return within 1 s" in out and "loop that never ends" in out, out

@@ -18,8 +18,10 @@ from typing import Callable
 
 import torch
 
+from . import timelimit
 from .catalog import EXERCISES
 from .guard import Recorder, find_out_of_bounds, memory_guard, poisoned_allocations, poisoned_masked_loads
+from .timelimit import TookTooLong, time_limit
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
@@ -105,8 +107,10 @@ def call_student(fn: Callable, *args, hints: Callable[[str], str] | None = None,
     recorder = recorder if recorder is not None else Recorder()
     default_dtype = torch.get_default_dtype()
     try:
-        with poisoned_allocations(), memory_guard(recorder), poisoned_masked_loads(recorder):
+        with time_limit() as limit, poisoned_allocations(), memory_guard(recorder), poisoned_masked_loads(recorder):
             out = fn(*passed, **kwargs)
+    except TookTooLong as e:
+        raise Fail(timelimit.message(e.args[0] if e.args else limit)) from None
     except NotImplementedError as e:
         if _raised_by(e, fn):
             raise NotAttempted(str(e) or "the function still raises NotImplementedError") from None

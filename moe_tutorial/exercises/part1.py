@@ -114,6 +114,8 @@ def _index_list(t, what: str) -> list[int]:
 
 
 def _expect_pairs(got, ids: torch.Tensor, e: int) -> None:
+    if isinstance(got, torch.Tensor) and got.dim() == 2 and got.shape[0] == 2:
+        got = tuple(got)      # nonzero().T: a [2, P] tensor unpacks into (idx, slot) exactly like the pair
     if not isinstance(got, (tuple, list)) or len(got) != 2:
         raise Fail(f"expected a pair (idx, slot), got {type(got).__name__}")
     idx, slot = _index_list(got[0], "idx"), _index_list(got[1], "slot")
