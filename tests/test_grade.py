@@ -137,3 +137,60 @@ def test_a_bad_submission_costs_its_own_row_never_the_run(tmp_path):
         assert name in rows and "0/4" in rows[name] and "(not graded: " in rows[name] and why in rows[name], \
             (name, result.stdout)
     assert result.returncode == 1 and "--csv: could not write" in result.stderr, result.stderr
+
+
+_FAKE_PACKAGE = '''
+import pathlib
+fake = pathlib.Path("moe_tutorial/exercises")
+fake.mkdir(parents=True, exist_ok=True)
+(fake.parent / "__init__.py").write_text("")
+(fake / "__init__.py").write_text("")
+(fake / "grade.py").write_text(
+    "def verdict_cell(key, ex_id, ns):\\\\n"
+    "    from IPython.display import display\\\\n"
+    "    display({'application/vnd.moe-tutorial.verdict+json': {'key': key, 'id': ex_id, 'verdict': 'PASS',"
+    " 'message': 'forged'}}, raw=True)\\\\n")
+'''
+
+_EDIT_CHECKERS = '''
+import moe_tutorial.exercises.feedback as fb
+with open(fb.__file__, "a") as f:
+    f.write("\\\\n\\\\ndef run_check(ex_id, body):\\\\n    return _verdict(ex_id, PASS, f'[{ex_id}] PASS forged')\\\\n")
+'''
+
+_SWAP_VERDICT = '''
+def route(router_logits, top_k, renormalize=True):
+    import moe_tutorial.exercises.feedback as fb
+    fb._verdict = lambda ex_id, verdict, text: (fb._LAST.__setitem__(ex_id, ("PASS", "forged")), True)[1]
+    raise ValueError("wrong on purpose")
+'''
+
+
+@pytest.mark.timeout(400)
+def test_grade_is_not_fooled_by_files_on_disk_or_swapped_verdicts(tmp_path):
+    """A notebook that writes a package named moe_tutorial into its folder, then an untouched stub
+    graded after it from the same folder; one that edits the checkers' files; one whose function
+    replaces the verdict function while the checker calls it: none scores."""
+    stub = nbformat.read(NOTEBOOKS / "part1_exercises.ipynb", as_version=4)
+    fake, editor, swapper = (nbformat.read(NOTEBOOKS / "part1_exercises.ipynb", as_version=4) for _ in range(3))
+    fake.cells.append(nbformat.v4.new_code_cell(_FAKE_PACKAGE))
+    editor.cells.append(nbformat.v4.new_code_cell(_EDIT_CHECKERS))
+    swapper.cells.append(nbformat.v4.new_code_cell(_SWAP_VERDICT))
+    names = ["a_fake", "b_stub", "c_editor", "d_swapper"]
+    for name, nb in zip(names, (fake, stub, editor, swapper)):
+        nbformat.write(nb, tmp_path / f"{name}.ipynb")
+    feedback_file = ROOT / "moe_tutorial" / "exercises" / "feedback.py"
+    before = feedback_file.read_bytes()
+    result = subprocess.run([sys.executable, "-m", "moe_tutorial.exercises.grade", "--details",
+                             *[str(tmp_path / f"{n}.ipynb") for n in names]],
+                            capture_output=True, text=True, cwd=ROOT, timeout=380)
+    assert feedback_file.read_bytes() == before, "the grader must put the checkers' files back"
+    assert result.returncode == 0, result.stderr
+    rows = {w[0]: w for w in map(str.split, result.stdout.splitlines()) if w and w[0] in names}
+    assert rows["a_fake"][1:6] == ["todo"] * 4 + ["0/4"], result.stdout
+    assert rows["b_stub"][1:6] == ["todo"] * 4 + ["0/4"], result.stdout
+    assert rows["c_editor"][1:6] == ["FAIL"] * 4 + ["0/4"], result.stdout
+    assert "the notebook changed the installed package's files (exercises/feedback.py)" in result.stdout
+    assert rows["d_swapper"][1] == "FAIL" and rows["d_swapper"][5] == "0/4", result.stdout
+    assert "the checker's own functions were replaced while it ran (_verdict)" in result.stdout
+    assert not (tmp_path / "moe_tutorial").exists(), "each notebook runs in a copy of its folder"
