@@ -147,6 +147,10 @@ MUTANTS = [
            phrase="changed its input `router_logits` in place", kind="in place"),
     Mutant("1.1", "ids as floats", (("topk_ids.to(torch.int32)", "topk_ids.float()"),),
            phrase="topk_ids: expected dtype torch.int32, got torch.float32: expert ids are indices", kind="dtype"),
+    Mutant("1.1", "softmax without subtracting the max",
+           (("    probs = torch.softmax(router_logits.float(), dim=-1)",
+             "    e = router_logits.float().exp()\n    probs = e / e.sum(dim=-1, keepdim=True)"),),
+           phrase="Subtract each row's max logit before exp"),
     # ------------------------------------------------------------------ 1.2 expert_pairs
     Mutant("1.2", "(slot, idx)", (("    return idx, slot\n", "    return slot, idx\n"),),
            phrase="you returned (slot, idx)"),
@@ -154,6 +158,8 @@ MUTANTS = [
            phrase="was chosen by"),
     Mutant("1.2", "topk = 2 hard-coded", (("torch.where(topk_ids == e)", "torch.where(topk_ids[:, :2] == e)"),),
            phrase="does your code assume topk = 2?", kind="shape"),
+    Mutant("1.2", "[P, 1] index tensors", (("    return idx, slot\n", "    return idx[:, None], slot[:, None]\n"),),
+           phrase="an extra axis of size 1", kind="shape"),
     Mutant("1.2", "indices as floats", (("    return idx, slot\n", "    return idx.float(), slot.float()\n"),),
            phrase="idx: expected an integer tensor (indices), got torch.float32", kind="dtype"),
     # ------------------------------------------------------------------ 1.3 the loop
@@ -398,6 +404,11 @@ def route_sorted(router_logits, top_k, renormalize=True):
         weights /= weights.sum(dim=-1, keepdim=True)
     return weights, ids[:, :top_k].to(torch.int32)
 '''),
+    Alternative("1.1", "softmax by hand, max subtracted",
+                (("    probs = torch.softmax(router_logits.float(), dim=-1)",
+                  "    s = router_logits.float()\n    e = (s - s.max(dim=-1, keepdim=True).values).exp()\n"
+                  "    probs = e / e.sum(dim=-1, keepdim=True)"),),
+                kind="softmax written out"),
     # ------------------------------------------------------------------ 1.2
     Alternative("1.2", "nonzero(as_tuple=True)", (("torch.where(topk_ids == e)",
                                                    "(topk_ids == e).nonzero(as_tuple=True)"),),
