@@ -45,9 +45,10 @@ def test_a_dict_for_config_says_how_to_build_one():
     with pytest.raises(TypeError, match=r"^config: expected a KernelConfig \(build one with KernelConfig\(\*\*that_dict"
                                         r"\)\), got dict$"):
         mt.sorted_moe_matmul(x, w, ids, config=CFG)
-    with pytest.raises(TypeError, match=r"^configs: expected a pair"):
-        mt.sorted_moe_layer(x, torch.zeros(4, 64, 32), torch.zeros(4, 32, 32), torch.ones(3, 2), ids,
-                            configs=KernelConfig(**CFG))
+    w13, w2 = torch.zeros(4, 64, 32, device=DEVICE), torch.zeros(4, 32, 32, device=DEVICE)
+    with pytest.raises(ValueError, match=r"^config.block_k: expected a power of two of at least 16, got 24$"):
+        mt.sorted_moe_layer(x, w13, w2, torch.ones(3, 2, device=DEVICE), ids,
+                            configs=(KernelConfig(**CFG), KernelConfig(**{**CFG, "block_k": 24})))
 
 
 def test_numpy_integers_in_a_config_are_ints():

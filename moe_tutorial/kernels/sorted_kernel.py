@@ -235,6 +235,7 @@ def launch_sorted_gemm(a, b, c, router_weights, alignment, num_pairs: int, a_row
 
     Same arguments as :func:`_launch`; the shrunk configuration is remembered per process.
     """
+    config = check_config(config)     # the layer's configs too (notebook 04 shows sorted_moe_layer as it was)
     key = (config, gated, a.dtype)
     config = _FITTED.get(key, config)
     while True:
@@ -354,13 +355,10 @@ def sorted_moe_layer(x, w13, w2, topk_weights, topk_ids, *, configs=None) -> tor
     check_kernel_dtype("x", x)
     if M == 0:
         return x.new_empty(0, K)
-    if configs is None:
-        cfg_up, cfg_down = (get_config(M, E, inter, K, topk, x.dtype, "gated"),
-                            get_config(M, E, K, inter, topk, x.dtype, "down"))
-    elif isinstance(configs, (tuple, list)) and len(configs) == 2:
-        cfg_up, cfg_down = check_config(configs[0], "configs[0]"), check_config(configs[1], "configs[1]")
-    else:
-        raise TypeError(f"configs: expected a pair (gate/up KernelConfig, down KernelConfig), got {configs!r}")
+    cfg_up, cfg_down = configs or (
+        get_config(M, E, inter, K, topk, x.dtype, "gated"),
+        get_config(M, E, K, inter, topk, x.dtype, "down"),
+    )
     num_pairs = M * topk
     align_up = align_block_size(topk_ids, cfg_up.block_m, E)
     router = topk_weights.reshape(-1).float().contiguous()
