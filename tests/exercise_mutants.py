@@ -189,6 +189,8 @@ MUTANTS = [
     Mutant("1.4", "gate/up split alternating",
            (("F.silu(h[:, :inter]) * h[:, inter:]", "F.silu(h[:, 0::2]) * h[:, 1::2]"),),
            phrase="gate and up are split the wrong way"),
+    Mutant("1.4", "router weights as a row", (("topk_weights[idx, slot, None]", "topk_weights[None, idx, slot]"),),
+           phrase="do not broadcast in an elementwise operation", kind="shape"),
     Mutant("1.4", "sum starts from empty", (("y = torch.zeros(M, K,", "y = torch.empty(M, K,"),),
            phrase="never written"),
     Mutant("1.4", "renormalised router weights",

@@ -212,8 +212,12 @@ _KNOWN = [
     (re.compile(r"arange's range must be a power of 2|power of 2", re.I),
      "tl.arange(0, n) needs n to be a power of two. With topk = 3 or 6, topk * BLOCK_N is not one: "
      "lay out TOPK_PAD = triton.next_power_of_2(topk) experts and mask the extra columns (topk_idx < topk)."),
-    (re.compile(r"shapes cannot be multiplied|size mismatch|must match the size", re.I),
+    (re.compile(r"shapes cannot be multiplied|size mismatch", re.I),
      "the matrix shapes do not line up: weight[e] is [N, K], x rows are [K]; did you need a transpose (.T)?"),
+    # Checked after the matmul pattern: an elementwise operation, where a transpose is rarely the fix.
+    (re.compile(r"must match the size of tensor", re.I),
+     "two tensors whose shapes do not broadcast in an elementwise operation (*, +, ...): line up their axes, "
+     "e.g. one value per row [n] against an [n, N] block needs v[:, None]; print both shapes."),
     (re.compile(r"index \S+ is out of bounds|out of range", re.I),
      "an index is out of range: check which axis you index with topk_ids (experts) and which with token numbers."),
     (re.compile(r"make_shape_compatible|Cannot broadcast", re.I),
