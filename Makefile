@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup lab test test-fast test-browser lint bench clean
+.PHONY: setup lab test test-fast test-triton-min test-browser lint bench clean
 
 setup: $(STAMP)
 
@@ -27,6 +27,7 @@ lab: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -m "not browser" --nbval --nbval-current-env -p no:cacheprovider
+	$(MAKE) test-triton-min
 	$(MAKE) test-browser
 
 # Lint alone: pyflakes, line length 120, import order (moe_tutorial before triton).
@@ -37,6 +38,28 @@ lint: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest tests -m "not browser"
 
+# pyproject.toml allows a range of Triton releases; .venv has the newest. This pass runs the
+# kernels, the interpreter hooks and notebook 06's gloo demos again in Triton's interpreter with
+# the oldest release the range allows (its lower bound: tests/test_environment.py checks they agree).
+# .venv-triton-min holds that triton alone and reads every other package from .venv.
+TRITON_MIN := 3.4.0
+VENV_MIN   := .venv-triton-min
+MIN_STAMP  := $(VENV_MIN)/.installed-$(TRITON_MIN)
+MIN_TESTS  := tests/test_triton_min.py tests/test_sorted_kernel.py tests/test_fused_kernel.py \
+              tests/test_minimal_sorted_kernel.py tests/test_topk_sum.py tests/test_published_kernel.py \
+              tests/test_interpreter.py tests/test_align.py tests/test_parallel.py
+
+$(MIN_STAMP): $(STAMP)
+	rm -rf $(VENV_MIN)
+	$(PYTHON) -m venv $(VENV_MIN)
+	$(VENV_MIN)/bin/python -m pip install --quiet --no-deps triton==$(TRITON_MIN)
+	$(VENV_MIN)/bin/python scripts/share_site_packages.py $(BIN)/python
+	touch $(MIN_STAMP)
+
+test-triton-min: $(MIN_STAMP)
+	MOE_EXPECT_TRITON=$(TRITON_MIN) $(VENV_MIN)/bin/python -m pytest $(MIN_TESTS) -m "not gpu and not gpu2" \
+	    -p no:cacheprovider -p no:nbval -q
+
 test-browser: $(STAMP)
 	bash scripts/ensure_chromium.sh
 	$(BIN)/python -m pytest tests/browser -m browser -p no:cacheprovider
@@ -45,4 +68,4 @@ bench: $(STAMP)
 	$(BIN)/python -m moe_tutorial bench
 
 clean:
-	rm -rf $(VENV) artifacts .pytest_cache
+	rm -rf $(VENV) $(VENV_MIN) artifacts .pytest_cache

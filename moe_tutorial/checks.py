@@ -1,6 +1,8 @@
 """Input checks shared by every implementation, with errors that name what was wrong."""
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from . import runtime
@@ -11,6 +13,17 @@ _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 def _fail(kind, name: str, expected: str, got) -> None:
     raise kind(f"{name}: expected {expected}, got {got}")
+
+
+def as_int(name: str, value) -> int:
+    """``value`` as a Python int if it is integer-like (``numpy.int64``, a 0-d integer tensor; not
+    a bool), else a TypeError naming ``name``: every size and block argument is read this way."""
+    if isinstance(value, bool) or (isinstance(value, torch.Tensor) and (value.dtype == torch.bool or value.dim())):
+        raise TypeError(f"{name}: expected an int, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected an int, got {value!r}") from None
 
 
 def check_tensor(name: str, t, ndim: int) -> None:
@@ -35,6 +48,9 @@ def check_matmul_inputs(x, weight, topk_ids, *, kernel: bool = False,
     check_tensor("topk_ids", topk_ids, 2)
     M, K = x.shape
     E, N, Kw = weight.shape
+    if E == 0:
+        _fail(ValueError, weight_name, f"at least one expert ({weight_name} is [E, N, K] with E >= 1)",
+              f"shape {tuple(weight.shape)}")
     if Kw != K:
         _fail(ValueError, weight_name, f"last dim equal to x's K={K} ({weight_name} is [E, N, K])",
               f"shape {tuple(weight.shape)}")
@@ -70,13 +86,21 @@ def _capturing(t: torch.Tensor) -> bool:
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
+#: Why a dtype is refused by the kernels, said after the dtypes they take (the reason depends on the dtype).
+_KERNEL_DTYPE_WHY = {
+    torch.bfloat16: " (the interpreter computes bf16 silently wrong; it runs on a GPU)",
+    torch.float16: " (fp16 runs on a GPU; the interpreter takes fp32 only)",
+    torch.float64: " (the kernels have no fp64 path: pass .float(), or use impl='loop' or 'indexing' in fp64)",
+}
+
+
 def check_kernel_dtype(name: str, t: torch.Tensor) -> None:
     """The Triton kernels take fp32 in the interpreter and fp32/fp16/bf16 on a GPU, on the
     runtime's device (:func:`check_kernel_device`)."""
     if t.dtype not in runtime.KERNEL_DTYPES:
-        where = "a CUDA GPU" if runtime.ON_GPU else "the CPU interpreter (bf16 is silently wrong there)"
+        where = "a CUDA GPU" if runtime.ON_GPU else "the CPU interpreter"
         allowed = ", ".join(str(d) for d in runtime.KERNEL_DTYPES)
-        _fail(TypeError, name, f"one of {allowed} on {where}", t.dtype)
+        _fail(TypeError, name, f"one of {allowed} on {where}{_KERNEL_DTYPE_WHY.get(t.dtype, '')}", t.dtype)
     check_kernel_device(name, t)
 
 

@@ -20,7 +20,7 @@ from .kernels.configs import user_table_path
 from .perf import tuning
 from .perf.bench import CPU_BATCH_SIZES, CPU_SHAPE, GEMMS, INTERPRETER_NOTE, default_plan, run_bench
 from .perf.registry import BY_NAME, LAYER_IMPLS
-from .perf.report import fraction_table, geomean_table, skipped_reasons
+from .perf.report import fraction_table, geomean_table, skipped_reasons, time_table
 from .perf.timing import PROTOCOLS
 from .perf.tuning import REFUSAL, VARIANTS, results_table
 from .shapes import BATCH_SIZES, HEADLINE_MODELS, MODEL_SHAPES, ModelShape, get_shape
@@ -295,6 +295,11 @@ def plan_from_args(parser: argparse.ArgumentParser, args):
     return plan
 
 
+#: What the CPU run's table is, printed above it instead of fractions of a floor.
+CPU_TIMES_HEADING = ("milliseconds per call in Triton's CPU interpreter (each implementation ran and matched the "
+                     "float64 reference; no fraction of the floor is printed, since a CPU has no GPU floor):")
+
+
 def run_bench_command(parser, args) -> int:
     matplotlib.use("Agg")   # files only; no display needed
     plan = plan_from_args(parser, args)
@@ -314,12 +319,18 @@ def run_bench_command(parser, args) -> int:
     if not rows:
         print("nothing to run: no implementation applies to the chosen gemm(s)")
         return 0
-    print("\nfraction of the roofline floor reached (1.00 = as fast as the hardware allows):")
-    print(fraction_table(rows))
-    for gemm in plan.gemms:
-        if any(r["gemm"] == gemm for r in rows):
-            print(f"\ngeometric mean over M of the fraction of the floor, {gemm}:")
-            print(geomean_table(rows, gemm))
+    if runtime.ON_GPU:
+        print("\nfraction of the roofline floor reached (1.00 = as fast as the hardware allows):")
+        print(fraction_table(rows))
+        for gemm in plan.gemms:
+            if any(r["gemm"] == gemm for r in rows):
+                print(f"\ngeometric mean over M of the fraction of the floor, {gemm}:")
+                print(geomean_table(rows, gemm))
+    else:
+        # A CPU has no GPU floor: a fraction of the CPU's own "ceilings" (a launch of 0 us, a read
+        # rate that varies 3x between runs) would read as a verdict it is not.
+        print(f"\n{CPU_TIMES_HEADING}")
+        print(time_table(rows))
     reasons = skipped_reasons(rows)
     if reasons:
         print("\nskipped cases:\n" + reasons)

@@ -1,11 +1,10 @@
 """The router: which ``topk`` experts each token goes to, and with what weight."""
 from __future__ import annotations
 
-import operator
-
+import numpy as np
 import torch
 
-from .checks import _capturing, check_holds_values, check_tensor
+from .checks import _capturing, as_int, check_holds_values, check_tensor
 
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -30,7 +29,10 @@ def route(router_logits: torch.Tensor, top_k: int, renormalize: bool = True) -> 
         raise TypeError(f"router_logits: expected a floating-point dtype, got {router_logits.dtype}")
     check_holds_values("router_logits", router_logits)
     num_experts = router_logits.shape[1]
-    top_k = _as_int("top_k", top_k)
+    top_k = as_int("top_k", top_k)
+    if not isinstance(renormalize, (bool, np.bool_)):
+        # A string like "no" is truthy: taken as True it would renormalise against the caller's wish.
+        raise TypeError(f"renormalize: expected True or False, got {renormalize!r}")
     if not 1 <= top_k <= num_experts:
         raise ValueError(f"top_k: expected an int between 1 and E={num_experts}, got {top_k!r}")
     probs = torch.softmax(router_logits.float(), dim=-1)
@@ -41,16 +43,6 @@ def route(router_logits: torch.Tensor, top_k: int, renormalize: bool = True) -> 
     if renormalize:
         topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
     return topk_weights, topk_ids.to(torch.int32)
-
-
-def _as_int(name: str, value) -> int:
-    """``value`` as a Python int if it is integer-like (a 0-d tensor, not a bool), else a TypeError."""
-    if isinstance(value, bool) or (isinstance(value, torch.Tensor) and (value.dtype == torch.bool or value.dim())):
-        raise TypeError(f"{name}: expected an int, got {value!r}")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name}: expected an int, got {value!r}") from None
 
 
 def _refuse_logits(router_logits: torch.Tensor) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +19,6 @@ from types import ModuleType
 import moe_tutorial
 from moe_tutorial.exercises import EXERCISES
 
-import nbformat
-
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks" / "exercises"
 _DIR = Path(tempfile.mkdtemp(prefix="moe_exercise_mutants_"))
 _count = itertools.count()
@@ -27,10 +26,13 @@ _count = itertools.count()
 
 def notebook_code(name: str, tag: str) -> str:
     """The setup cell and every code cell tagged ``tag`` of ``notebooks/exercises/<name>``, as a module."""
-    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    setup = "\n".join(line for line in code[0].source.splitlines() if not line.startswith(("%", "#")))
-    tagged = [c.source for c in code if tag in c.metadata.get("tags", [])]
+    # Read as plain JSON, not with nbformat: the GPU tests (`pytest -m gpu`) use the mutants on
+    # machines where only the package's own dependencies are installed.
+    cells = json.loads((NOTEBOOKS / name).read_text())["cells"]
+    code = [c for c in cells if c["cell_type"] == "code"]
+    source = ["".join(c["source"]) if isinstance(c["source"], list) else c["source"] for c in code]
+    setup = "\n".join(line for line in source[0].splitlines() if not line.startswith(("%", "#")))
+    tagged = [s for c, s in zip(code, source) if tag in c.get("metadata", {}).get("tags", [])]
     return "\n\n\n".join([setup, *tagged]) + "\n"
 
 
@@ -145,6 +147,10 @@ MUTANTS = [
            phrase="changed its input `router_logits` in place", kind="in place"),
     Mutant("1.1", "ids as floats", (("topk_ids.to(torch.int32)", "topk_ids.float()"),),
            phrase="topk_ids: expected dtype torch.int32, got torch.float32: expert ids are indices", kind="dtype"),
+    Mutant("1.1", "softmax without subtracting the max",
+           (("    probs = torch.softmax(router_logits.float(), dim=-1)",
+             "    e = router_logits.float().exp()\n    probs = e / e.sum(dim=-1, keepdim=True)"),),
+           phrase="Subtract each row's max logit before exp"),
     # ------------------------------------------------------------------ 1.2 expert_pairs
     Mutant("1.2", "(slot, idx)", (("    return idx, slot\n", "    return slot, idx\n"),),
            phrase="you returned (slot, idx)"),
@@ -152,6 +158,8 @@ MUTANTS = [
            phrase="was chosen by"),
     Mutant("1.2", "topk = 2 hard-coded", (("torch.where(topk_ids == e)", "torch.where(topk_ids[:, :2] == e)"),),
            phrase="does your code assume topk = 2?", kind="shape"),
+    Mutant("1.2", "[P, 1] index tensors", (("    return idx, slot\n", "    return idx[:, None], slot[:, None]\n"),),
+           phrase="an extra axis of size 1", kind="shape"),
     Mutant("1.2", "indices as floats", (("    return idx, slot\n", "    return idx.float(), slot.float()\n"),),
            phrase="idx: expected an integer tensor (indices), got torch.float32", kind="dtype"),
     # ------------------------------------------------------------------ 1.3 the loop
@@ -176,6 +184,13 @@ MUTANTS = [
            phrase="wrong half"),
     Mutant("1.4", "no silu", (("F.silu(h[:, :inter]) * h[:, inter:]", "h[:, :inter] * h[:, inter:]"),),
            phrase="silu is missing"),
+    Mutant("1.4", "gelu for silu", (("F.silu(h[:, :inter]) * h[:, inter:]", "F.gelu(h[:, :inter]) * h[:, inter:]"),),
+           phrase="the activation is gelu(gate) * up"),
+    Mutant("1.4", "gate/up split alternating",
+           (("F.silu(h[:, :inter]) * h[:, inter:]", "F.silu(h[:, 0::2]) * h[:, 1::2]"),),
+           phrase="gate and up are split the wrong way"),
+    Mutant("1.4", "router weights as a row", (("topk_weights[idx, slot, None]", "topk_weights[None, idx, slot]"),),
+           phrase="do not broadcast in an elementwise operation", kind="shape"),
     Mutant("1.4", "sum starts from empty", (("y = torch.zeros(M, K,", "y = torch.empty(M, K,"),),
            phrase="never written"),
     Mutant("1.4", "renormalised router weights",
@@ -396,10 +411,19 @@ def route_sorted(router_logits, top_k, renormalize=True):
         weights /= weights.sum(dim=-1, keepdim=True)
     return weights, ids[:, :top_k].to(torch.int32)
 '''),
+    Alternative("1.1", "softmax by hand, max subtracted",
+                (("    probs = torch.softmax(router_logits.float(), dim=-1)",
+                  "    s = router_logits.float()\n    e = (s - s.max(dim=-1, keepdim=True).values).exp()\n"
+                  "    probs = e / e.sum(dim=-1, keepdim=True)"),),
+                kind="softmax written out"),
     # ------------------------------------------------------------------ 1.2
     Alternative("1.2", "nonzero(as_tuple=True)", (("torch.where(topk_ids == e)",
                                                    "(topk_ids == e).nonzero(as_tuple=True)"),),
                 kind="nonzero instead of where"),
+    Alternative("1.2", "nonzero().T", (("    idx, slot = torch.where(topk_ids == e)      # rows (tokens), "
+                                        "then columns (slots)\n    return idx, slot\n",
+                                        "    return (topk_ids == e).nonzero().T\n"),),
+                kind="a [2, P] tensor that unpacks into the pair"),
     Alternative("1.2", "nonzero columns as int32", (("    idx, slot = torch.where(topk_ids == e)      # rows (tokens), "
                                                     "then columns (slots)\n    return idx, slot\n",
                                                     "    pairs = (topk_ids == e).nonzero().int()\n"

@@ -15,7 +15,7 @@ so the last line names the culprit.
 import moe_tutorial  # noqa: F401,I001  (first: picks the runtime before triton is imported)
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -137,9 +137,11 @@ def matmul_cases(draw, kernel: bool):
     """``x [M, K]``, ``weight [E, N, K]``, ``topk_ids [M, topk]`` and whether they are valid."""
     why = []
     M, K, N = draw(st.integers(0, 4)), draw(st.integers(0, 6)), draw(st.integers(0, 6))
-    E = draw(st.integers(1, 5))
-    topk = draw(st.integers(1, E)) if draw(rarely_bad()) else draw(st.sampled_from([0, E + 1]))
-    if not 1 <= topk <= E:
+    E = draw(st.integers(1, 5)) if draw(rarely_bad()) or draw(rarely_bad()) else 0     # no experts, rarely
+    topk = draw(st.integers(1, E)) if E and draw(rarely_bad()) else draw(st.sampled_from([0, E + 1]))
+    if E == 0:
+        why.append("no experts (E=0)")
+    elif not 1 <= topk <= E:
         why.append(f"topk={topk} for E={E}")
     dtype = draw(st.sampled_from(FLOATS if not kernel or not draw(rarely_bad()) else runtime.KERNEL_DTYPES))
     if kernel and dtype not in runtime.KERNEL_DTYPES:
@@ -188,7 +190,11 @@ def route_cases(draw):
     as32 = logits.float()
     if bool((as32.isnan() | (as32 == float("inf"))).any() | (as32 == float("-inf")).all(dim=1).any()):
         why.append("a row without a softmax")
-    return Case(dict(router_logits=logits, top_k=top_k, renormalize=draw(st.booleans())), valid=not why, why=why)
+    # renormalize: a bool (numpy's too), rarely something merely truthy or falsy ("no" must not mean True).
+    renormalize = draw(st.sampled_from([True, False, np.bool_(True)] if draw(rarely_bad()) else ["no", 0, None]))
+    if not isinstance(renormalize, (bool, np.bool_)):
+        why.append(f"renormalize={renormalize!r}")
+    return Case(dict(router_logits=logits, top_k=top_k, renormalize=renormalize), valid=not why, why=why)
 
 
 @fuzz_settings("route")
@@ -255,6 +261,8 @@ def align_cases(draw):
     if block_m > MAX_BLOCK_M or block_m & (block_m - 1):
         why.append(f"block_m={block_m}")
     ids = draw(ids_tensor(M, topk, min(E, MAX_EXPERTS), []))         # out-of-range ids are dropped, not refused
+    if draw(st.booleans()):
+        block_m = np.int64(block_m)                                   # numpy integers are ints, as in route
     return Case(dict(topk_ids=ids, block_m=block_m, num_experts=E), valid=not why, why=why)
 
 
@@ -287,16 +295,45 @@ def fuzz_align_block_size(case):
     expect(align_block_size, case, check)
 
 
+#: Configurations for sorted_moe_matmul's ``config=``: None (its own), valid ones (numpy sizes
+#: included), and ones it must refuse by name: a zero or non-power-of-two block, a dict.
+CONFIGS = (None, None, None, dict(block_n=64), dict(block_n=np.int64(16), block_k=np.int32(16)),
+           dict(block_n=0), dict(block_k=24), dict(block_m=8), "a dict")
+
+
+def draw_config(M: int, E: int, N: int, K: int, topk: int, dtype, choice, case: Case):
+    """The ``config=`` of :data:`CONFIGS` entry ``choice``, recording in ``case`` why it is bad."""
+    if choice is None:
+        return None
+    base = get_config(M, E, N, K, topk, dtype, "plain")
+    if choice == "a dict":
+        case.valid = False
+        case.why.append("a dict for config")
+        return base.as_dict()
+    bad = [f"{k}={v}" for k, v in choice.items() if v < 16 or v & (v - 1)]
+    if bad:
+        case.valid = False
+        case.why.append("config " + ", ".join(bad))
+    return replace(base, **choice)
+
+
 @fuzz_settings("sorted_moe_matmul")
-@given(matmul_cases(kernel=True), st.sampled_from([None, "router"]), st.sampled_from([None, "own", "other-block"]))
-def fuzz_sorted_moe_matmul(case, router, alignment):
+@given(matmul_cases(kernel=True), st.sampled_from([None, "router"]), st.sampled_from([None, "own", "other-block"]),
+       st.sampled_from(CONFIGS))
+def fuzz_sorted_moe_matmul(case, router, alignment, config):
     a = case.args
     M, topk = a["topk_ids"].shape
     E = a["weight"].shape[0]
+    if config is not None:
+        a["config"] = draw_config(M, max(E, 1), a["weight"].shape[1], a["x"].shape[1], topk, a["x"].dtype, config,
+                                  case)
+        alignment = None if a["config"] is None or isinstance(a["config"], dict) else alignment
     if router:
         g = torch.Generator().manual_seed(M * 7 + topk)
         a["topk_weights"] = lay(torch.rand(M, topk, generator=g).to(DEV) - 0.25, "transposed")
-    block_m = get_config(M, E, a["weight"].shape[1], a["x"].shape[1], topk, a["x"].dtype, "plain").block_m
+    own = a.get("config")
+    block_m = own.block_m if own is not None and not isinstance(own, dict) else \
+        get_config(M, E, a["weight"].shape[1], a["x"].shape[1], topk, a["x"].dtype, "plain").block_m
     if alignment and case.valid and M * a["weight"].shape[1]:
         a["alignment"] = align_block_size(a["topk_ids"], block_m if alignment == "own" else 2 * block_m, E)
         if alignment == "other-block":

@@ -5,11 +5,14 @@ compared as sets.
 """
 from __future__ import annotations
 
+import re
+
 from moe_tutorial import align_block_size, runtime
 from moe_tutorial.kernels.align import MAX_BLOCK_M, MAX_EXPERTS, max_padded_rows
 from moe_tutorial.kernels.align import check_alignment as check_alignment_matches
 from moe_tutorial.shapes import random_topk_ids
 
+import numpy as np
 import pytest
 import torch
 
@@ -209,7 +212,7 @@ def test_empty_batch():
     assert sorted_ids.numel() == 0 and expert_ids.numel() == 0 and int(num_post) == 0
 
 
-@pytest.mark.parametrize("block_m", [0, 3, 24, -16, 16.0, True, None, 2 * MAX_BLOCK_M, 65536])
+@pytest.mark.parametrize("block_m", [0, 3, 24, -16, 2 * MAX_BLOCK_M, 65536, np.int64(24)])
 @pytest.mark.parametrize("M", [2, 50])                     # one-launch path, multi-launch path
 def test_bad_block_m(block_m, M):
     ids = torch.zeros(M, 2, dtype=torch.int32, device=DEVICE)
@@ -217,12 +220,29 @@ def test_bad_block_m(block_m, M):
         align_block_size(ids, block_m, 4)
 
 
-@pytest.mark.parametrize("num_experts", [0, -1, 2.0, True, MAX_EXPERTS + 1, 65536])
+@pytest.mark.parametrize("num_experts", [0, -1, MAX_EXPERTS + 1, 65536])
 @pytest.mark.parametrize("M", [2, 50])
 def test_bad_num_experts(num_experts, M):
     ids = torch.zeros(M, 2, dtype=torch.int32, device=DEVICE)
     with pytest.raises(ValueError, match=rf"^num_experts: expected an int from 1 to {MAX_EXPERTS}, got"):
         align_block_size(ids, 16, num_experts)
+
+
+@pytest.mark.parametrize("name,value", [("block_m", 16.0), ("block_m", True), ("block_m", None),
+                                        ("num_experts", 2.0), ("num_experts", True), ("num_experts", "4")])
+def test_sizes_that_are_not_ints_are_a_type_error_naming_the_argument(name, value):
+    """Not an int is a TypeError, as ``route`` says for ``top_k``; numpy integers are ints."""
+    ids = torch.zeros(2, 2, dtype=torch.int32, device=DEVICE)
+    args = {"block_m": 16, "num_experts": 4, name: value}
+    with pytest.raises(TypeError, match=rf"^{name}: expected an int, got {re.escape(repr(value))}$"):
+        align_block_size(ids, args["block_m"], args["num_experts"])
+
+
+def test_numpy_integer_sizes_are_taken_as_ints():
+    ids = torch.tensor([[0, 3], [1, 3]], dtype=torch.int32, device=DEVICE)
+    (s1, e1, n1), (s2, e2, n2) = align_block_size(ids, np.int64(16), np.int32(4)), align_block_size(ids, 16, 4)
+    used = int(n2)                       # past num_tokens_post_padded the buffers hold nothing defined
+    assert int(n1) == used and torch.equal(s1[:used], s2[:used]) and torch.equal(e1[:used // 16], e2[:used // 16])
 
 
 @pytest.mark.parametrize("M,topk", [(8, 8), (100, 1)])     # one-launch path, multi-launch path

@@ -75,3 +75,23 @@ def test_pip_section_matches_pyproject():
 def test_pip_section_installs_this_package():
     _, pip = conda_and_pip(environment())
     assert "-e ." in pip
+
+
+def test_license_is_an_spdx_string_and_the_build_backend_reads_it():
+    """A TOML table for ``project.license`` stops building in 2027 (setuptools' deprecation); an
+    SPDX expression needs setuptools 77 or later, so the build requirement must say so."""
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert pyproject["project"]["license"] == "Apache-2.0"
+    floors = [re.fullmatch(r"setuptools>=(\d+)(?:\.\d+)*", r) for r in pyproject["build-system"]["requires"]]
+    found = [int(m.group(1)) for m in floors if m]
+    assert found and found[0] >= 77, pyproject["build-system"]["requires"]
+
+
+def test_the_oldest_triton_allowed_is_the_one_make_test_checks():
+    """`make test-triton-min` runs the kernels with the lower bound of the triton range."""
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    (spec,) = [d for d in deps if d.startswith("triton")]
+    low = re.search(r">=\s*([\d.]+)", spec).group(1)
+    pinned = re.search(r"^TRITON_MIN\s*:=\s*(\S+)", (REPO / "Makefile").read_text(), re.M).group(1)
+    assert pinned.split(".")[:2] == low.split(".")[:2] and pinned.startswith(low), (spec, pinned)
+    assert "$(MAKE) test-triton-min" in (REPO / "Makefile").read_text()

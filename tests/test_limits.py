@@ -53,3 +53,17 @@ def test_read_by_size_figure_places_part4():
     labels = [line.get_label() for line in ax.lines]
     assert "read-only kernel, cold-l2" in labels and "read-only kernel, L2 flushed clean" in labels
     assert sum(label.startswith("Part 4") for label in labels) == 6         # 3 models x (GEMM, layer)
+
+
+def test_a_fraction_of_the_floor_means_one_thing_in_every_row():
+    """fraction_of_floor is floor_ms / ms of the whole GEMM or layer the row times; rows that time a
+    piece of it (the gather alone, the topk sum alone) have neither column."""
+    rows = limits.load_limits()
+    parts = [r for r in rows if limits.is_part(r)]
+    assert {(r["experiment"], r["variant"]) for r in parts} == set(limits.PARTS)
+    assert all(r["floor_ms"] is None and r["fraction_of_floor"] is None and r["ms"] > 0 for r in parts)
+    timed = [r for r in rows if r["fraction_of_floor"] is not None]
+    assert timed and all(not limits.is_part(r) for r in timed)
+    for r in timed:
+        assert abs(r["fraction_of_floor"] - r["floor_ms"] / r["ms"]) < 1e-9 * r["fraction_of_floor"], r
+        assert r["fraction_of_floor"] < 1.1, r          # a whole call cannot beat its floor by more than noise

@@ -353,6 +353,10 @@ def test_expert_parallel_sends_less_than_an_all_reduce_once_world_exceeds_topk(w
             assert ep < tp, (s.name, world)
         elif world < s.topk:
             assert ep > tp, (s.name, world)
+        else:
+            # At world == topk they move the same rows; dispatch adds each row's id and weight
+            # (8 bytes on the hidden * 2 bf16 bytes of each way): EP is exactly 1 + 2 / hidden times TP.
+            assert ep == pytest.approx(tp * (1 + 2 / s.hidden), rel=1e-12), (s.name, world)
 
 
 def test_memory_table():

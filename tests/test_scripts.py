@@ -1,8 +1,10 @@
-"""The scripts under scripts/, and the GPU session scripts under scripts/experiments/, still import:
-the GPU ones run only on a lent GPU, so nothing else would notice when the package they call changes
-under them."""
+"""The scripts under scripts/, and the GPU session scripts under scripts/experiments/, still fit the
+package: the GPU ones run only on a lent GPU, so nothing else would notice when the package they call
+changes under them."""
+import ast
 import importlib.util
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,10 @@ SCRIPTS = sorted((Path(__file__).resolve().parents[1] / "scripts").glob("*.py"))
 
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
-def test_script_imports(path):
+def test_script_imports_and_every_package_name_it_uses_exists(path, capsys):
+    """Importing checks the ``from moe_tutorial... import name`` lines; the names a script reaches
+    through a module (``timing.cold_l2_ms``) are looked up here, and a script with an argument
+    parser must build it (``--help`` exits 0 with a usage line)."""
     spec = importlib.util.spec_from_file_location(f"script_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module          # dataclasses look their module up there
@@ -20,7 +25,18 @@ def test_script_imports(path):
         spec.loader.exec_module(module)      # module level only: each script's work is behind __main__
     finally:
         del sys.modules[spec.name]
-    assert callable(getattr(module, "main", None)) or callable(getattr(module, "strip", None))
+    entry = getattr(module, "main", None) or getattr(module, "strip", None)
+    assert callable(entry), f"{path.name}: expected a main() (or strip()) behind __main__"
+    packages = {name: value for name, value in vars(module).items()
+                if isinstance(value, types.ModuleType) and value.__name__.startswith("moe_tutorial")}
+    missing = [f"{node.value.id}.{node.attr} (line {node.lineno})" for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in packages
+               and not hasattr(packages[node.value.id], node.attr)]
+    assert not missing, f"{path.name} uses names the package no longer has: {missing}"
+    if "argparse" in path.read_text():
+        with pytest.raises(SystemExit) as done:
+            module.main(["--help"])
+        assert done.value.code == 0 and "usage:" in capsys.readouterr().out, path.name
 
 
 def test_limit_experiments_dry_run_writes_the_data_schema(tmp_path):

@@ -354,6 +354,11 @@ _LAYER_VARIANTS = [
      "the activation is silu(gate) * up."),
     ("no silu", dict(act=lambda h: h[..., :h.shape[-1] // 2] * h[..., h.shape[-1] // 2:]),
      "the silu is missing: the activation is silu(gate) * up, not gate * up."),
+    ("gelu", dict(act=lambda h: torch.nn.functional.gelu(h[..., :h.shape[-1] // 2]) * h[..., h.shape[-1] // 2:]),
+     "the activation is gelu(gate) * up: this layer uses silu (x * sigmoid(x)), silu(gate) * up."),
+    ("interleaved split", dict(act=lambda h: silu_and_mul(torch.cat([h[..., 0::2], h[..., 1::2]], -1))),
+     "gate and up are split the wrong way: w13[e] holds the I gate rows first, then the I up rows "
+     "(h[..., :I] and h[..., I:]), not alternating rows."),
     ("slot 0 only", dict(weights="first"),
      "only slot 0 of each token is in your sum: add the outputs of all topk experts of the token."),
     ("mean", dict(weights="mean"),

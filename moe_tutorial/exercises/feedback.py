@@ -18,8 +18,10 @@ from typing import Callable
 
 import torch
 
+from . import timelimit
 from .catalog import EXERCISES
 from .guard import Recorder, find_out_of_bounds, memory_guard, poisoned_allocations, poisoned_masked_loads
+from .timelimit import TookTooLong, time_limit
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
@@ -105,8 +107,10 @@ def call_student(fn: Callable, *args, hints: Callable[[str], str] | None = None,
     recorder = recorder if recorder is not None else Recorder()
     default_dtype = torch.get_default_dtype()
     try:
-        with poisoned_allocations(), memory_guard(recorder), poisoned_masked_loads(recorder):
+        with time_limit() as limit, poisoned_allocations(), memory_guard(recorder), poisoned_masked_loads(recorder):
             out = fn(*passed, **kwargs)
+    except TookTooLong as e:
+        raise Fail(timelimit.message(e.args[0] if e.args else limit)) from None
     except NotImplementedError as e:
         if _raised_by(e, fn):
             raise NotAttempted(str(e) or "the function still raises NotImplementedError") from None
@@ -208,8 +212,12 @@ _KNOWN = [
     (re.compile(r"arange's range must be a power of 2|power of 2", re.I),
      "tl.arange(0, n) needs n to be a power of two. With topk = 3 or 6, topk * BLOCK_N is not one: "
      "lay out TOPK_PAD = triton.next_power_of_2(topk) experts and mask the extra columns (topk_idx < topk)."),
-    (re.compile(r"shapes cannot be multiplied|size mismatch|must match the size", re.I),
+    (re.compile(r"shapes cannot be multiplied|size mismatch", re.I),
      "the matrix shapes do not line up: weight[e] is [N, K], x rows are [K]; did you need a transpose (.T)?"),
+    # Checked after the matmul pattern: an elementwise operation, where a transpose is rarely the fix.
+    (re.compile(r"must match the size of tensor", re.I),
+     "two tensors whose shapes do not broadcast in an elementwise operation (*, +, ...): line up their axes, "
+     "e.g. one value per row [n] against an [n, N] block needs v[:, None]; print both shapes."),
     (re.compile(r"index \S+ is out of bounds|out of range", re.I),
      "an index is out of range: check which axis you index with topk_ids (experts) and which with token numbers."),
     (re.compile(r"make_shape_compatible|Cannot broadcast", re.I),

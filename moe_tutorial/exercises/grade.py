@@ -3,10 +3,12 @@
     python -m moe_tutorial.exercises.grade submissions/*.ipynb
     python -m moe_tutorial.exercises.grade --details --csv grades.csv submissions/*.ipynb
 
-Nothing a notebook prints counts. Each notebook runs top to bottom in its own kernel (its folder
-as working directory, errors allowed so that one broken cell does not hide the rest) with its
-check cells left out. Then, in that kernel, the grader drops every ``moe_tutorial`` module the
-notebook may have imported or patched, imports the checkers afresh and runs the checker of each
+Nothing a notebook prints counts. Each notebook runs top to bottom in its own kernel (a fresh
+temporary copy of its folder as working directory, errors allowed so that one broken cell does not
+hide the rest) with its check cells left out; the installed package's files are compared before
+and after, and put back if the notebook changed them. Then, in that kernel, the grader drops
+every ``moe_tutorial`` module the notebook may have imported or patched, imports the checkers
+afresh and runs the checker of each
 exercise of the notebook's part on the function of the exercise's name (``route`` for 1.1, ...).
 Each verdict comes back as a display output tagged with a key drawn for this run, so text the
 notebook prints, or outputs it forges, are never read. The score is out of the number of
@@ -21,7 +23,9 @@ import copy
 import csv
 import os
 import secrets
+import shutil
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,15 +40,50 @@ _CHECKERS = {ex.checker for ex in EXERCISES.values()}
 _PARTS = sorted({ex.part for ex in EXERCISES.values()})
 
 # Run in the student's kernel, once per exercise, after every cell of the notebook. It first drops
-# the package's modules, so that the checkers it imports are the files on disk, not objects the
-# notebook replaced or patched.
+# the package's modules and puts the installed package's folder first on sys.path (taking out the
+# notebook's own folder, where it may have written a package of that name), so that the checkers it
+# imports are the installed files, not objects the notebook replaced or patched. It checks where
+# the package came from before running any of it: a fake would write its own verdict.
 _GRADE_CELL = """\
-import sys as _moe_sys
+import sys as _moe_sys, os as _moe_os
 for _moe_name in [n for n in _moe_sys.modules if n == "moe_tutorial" or n.startswith("moe_tutorial.")]:
     del _moe_sys.modules[_moe_name]
-import moe_tutorial.exercises.grade as _moe_grade
-_moe_grade.verdict_cell({key!r}, {ex_id!r}, get_ipython().user_ns)
+_moe_sys.path[:] = [{root!r}] + [p for p in _moe_sys.path
+                                 if _moe_os.path.realpath(p or ".") != _moe_os.path.realpath(_moe_os.getcwd())]
+import moe_tutorial as _moe_pkg
+if _moe_os.path.realpath(_moe_os.path.dirname(_moe_pkg.__file__)) != {package!r}:
+    from IPython.display import display as _moe_display
+    _moe_display({{{mime!r}: {{"key": {key!r}, "id": {ex_id!r}, "verdict": "FAIL", "message":
+        "[{ex_id}] FAIL: moe_tutorial was imported from " + str(_moe_pkg.__file__) + ", not from the installed "
+        "package at {package}"}}}}, raw=True)
+else:
+    import moe_tutorial.exercises.grade as _moe_grade
+    _moe_grade.verdict_cell({key!r}, {ex_id!r}, get_ipython().user_ns)
 """
+
+#: The installed package the grader runs: the graded kernels must import this one.
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+
+
+def snapshot(folder: Path = PACKAGE_DIR) -> dict[Path, bytes]:
+    """Every file of the installed package, as bytes: what a notebook must leave unchanged."""
+    return {p: p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+
+
+def restore(before: dict[Path, bytes], folder: Path = PACKAGE_DIR) -> list[str]:
+    """Put the package's files back as ``before`` had them; returns those that had changed
+    (edited, removed or added), relative to the package's folder."""
+    changed = []
+    now = snapshot(folder)
+    for p, data in before.items():
+        if now.get(p) != data:
+            changed.append(str(p.relative_to(folder)))
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(data)
+    for p in now.keys() - before.keys():
+        changed.append(str(p.relative_to(folder)))
+        p.unlink()
+    return sorted(changed)
 
 
 @dataclass
@@ -55,6 +94,8 @@ class Report:
     part: int | None = None
     verdicts: dict[str, tuple[str, str]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    #: Why the notebook could not be graded at all (missing, a folder, not a notebook, ...), or "".
+    not_graded: str = ""
 
     @property
     def parts(self) -> set[int]:
@@ -91,9 +132,23 @@ def verdict_cell(key: str, ex_id: str, namespace: dict) -> None:
         verdict = (feedback.FAIL, head + f"`{ex.function}` is the package's own implementation "
                                          f"({fn.__module__}), not the student's")
     else:
+        # What the verdict depends on, taken before the student's code runs inside the checker: if
+        # any of it is replaced during the call, the verdict is void.
+        checker, store = getattr(checkers, ex.checker), feedback._LAST
+        machinery = {name: getattr(feedback, name)
+                     for name in ("run_check", "_verdict", "last_verdict", "call_student")}
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            getattr(checkers, ex.checker)(fn)
-        verdict = feedback.last_verdict(ex_id) or (feedback.FAIL, head + "the checker gave no verdict")
+            returned = checker(fn)
+        swapped = [name for name, f in machinery.items() if getattr(feedback, name) is not f]
+        if feedback._LAST is not store or getattr(checkers, ex.checker) is not checker:
+            swapped.append("the checker or its verdict store")
+        verdict = store.get(ex_id) or (feedback.FAIL, head + "the checker gave no verdict")
+        if swapped:
+            verdict = (feedback.FAIL,
+                       head + f"the checker's own functions were replaced while it ran ({', '.join(swapped)})")
+        elif (returned is True) != (verdict[0] == feedback.PASS):
+            verdict = (feedback.FAIL,
+                       head + "the checker's verdict and its return value disagree (changed while it ran)")
     display({VERDICT_MIME: {"key": key, "id": ex_id, "verdict": verdict[0], "message": verdict[1]}}, raw=True)
 
 
@@ -120,17 +175,60 @@ def is_check_cell(source: str) -> bool:
         isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id in _CHECKERS for c in calls)
 
 
+def read_submission(path: Path):
+    """``(notebook, None)``, or ``(None, why it cannot be graded)`` for anything that is not a
+    readable notebook with cells: one bad submission costs its own row, never the class's run."""
+    import nbformat
+
+    if not path.exists():
+        why = f"no such file: {path}"
+        if any(c in str(path) for c in "*?["):
+            why += " (the shell found no file matching this pattern, so it passed the pattern itself)"
+        return None, why
+    if path.is_dir():
+        return None, f"{path} is a folder, not a notebook (name the .ipynb files in it, e.g. {path}/*.ipynb)"
+    try:
+        nb = nbformat.read(path, as_version=4)
+    except Exception as e:                        # empty, not JSON, not a notebook, unreadable
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        return None, f"not a readable notebook ({type(e).__name__}: {first or 'empty file'})"
+    if not nb.get("cells"):
+        return None, "the notebook has no cells"
+    return nb, None
+
+
 def grade_notebook(path: Path, name: str, *, timeout: int = 300, part: int | None = None) -> Report:
-    """Execute one notebook without its check cells, then grade every exercise of its part."""
+    """Execute one notebook without its check cells, in a fresh temporary copy of its folder, then
+    grade every exercise of its part; a notebook that changed the installed package's files on
+    disk has them put back and every verdict void."""
+    nb, why = read_submission(path)
+    if nb is None:
+        return Report(name, part, not_graded=why)
+    report = Report(name, part if part is not None else part_of(nb))
+    if report.part is None:
+        report.not_graded = "cannot tell which part this notebook is for (pass --part)"
+        return report
+    with tempfile.TemporaryDirectory(prefix="moe_grade_") as tmp:
+        # A fresh copy of the notebook's folder: what an earlier notebook wrote there is not seen.
+        work = Path(tmp) / "work"
+        shutil.copytree(path.parent, work, ignore=shutil.ignore_patterns(".*", "__pycache__"), symlinks=True)
+        before = snapshot()
+        _execute(nb, report, work, timeout)
+        changed = restore(before)
+    if changed:
+        for ex in for_part(report.part):
+            report.verdicts[ex.id] = ("FAIL", f"[{ex.id}] FAIL {ex.function}\n  the notebook changed the installed "
+                                              f"package's files ({', '.join(changed[:5])}); its verdicts are void "
+                                              "(the files are restored)")
+    return report
+
+
+def _execute(nb, report: Report, work: Path, timeout: int) -> None:
+    """Run ``nb`` without its check cells in ``work`` and put each exercise's verdict in ``report``."""
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import DeadKernelError
 
-    nb = nbformat.read(path, as_version=4)
-    report = Report(name, part if part is not None else part_of(nb))
-    if report.part is None:
-        report.errors.append("cannot tell which part this notebook is for (pass --part)")
-        return report
     graded = copy.deepcopy(nb)
     for cell in graded.cells:
         if cell.cell_type == "code" and is_check_cell(cell.source):
@@ -140,11 +238,12 @@ def grade_notebook(path: Path, name: str, *, timeout: int = 300, part: int | Non
     key = secrets.token_hex(16)
     exercises = for_part(report.part)
     for ex in exercises:
-        graded.cells.append(nbformat.v4.new_code_cell(_GRADE_CELL.format(key=key, ex_id=ex.id)))
+        graded.cells.append(nbformat.v4.new_code_cell(_GRADE_CELL.format(
+            key=key, ex_id=ex.id, mime=VERDICT_MIME, root=str(PACKAGE_DIR.parent), package=str(PACKAGE_DIR))))
 
     client = NotebookClient(graded, timeout=timeout, allow_errors=True, interrupt_on_timeout=True,
                             error_on_timeout={"ename": "Timeout", "evalue": f"the cell ran longer than {timeout} s"},
-                            resources={"metadata": {"path": str(path.parent)}})
+                            resources={"metadata": {"path": str(work)}})
     died = ""
     try:
         client.execute()
@@ -158,7 +257,6 @@ def grade_notebook(path: Path, name: str, *, timeout: int = 300, part: int | Non
             "FAIL", f"[{ex.id}] FAIL {ex.function}\n  no verdict: {why}")
     if died:
         report.errors.append(died)
-    return report
 
 
 def _verdict_from(cell, key: str, ex_id: str) -> tuple[str, str] | None:
@@ -204,7 +302,8 @@ def table(reports: list[Report]) -> str:
         cells = [SHORT.get(r.verdicts.get(i, ("-",))[0], "-") for i in ids]
         passed, total = r.score()
         lines.append(f"{r.name:<{width}}  " + "  ".join(f"{c:<4}" for c in cells)
-                     + f"  {passed}/{total if total else '?'}" + ("  (cell errors)" if r.errors else ""))
+                     + f"  {passed}/{total if total else '?'}" + ("  (cell errors)" if r.errors else "")
+                     + (f"  (not graded: {r.not_graded})" if r.not_graded else ""))
     return "\n".join(lines)
 
 
@@ -232,13 +331,25 @@ def main(argv=None) -> int:
                 print(f"\n== {r.name}")
                 print("\n".join(fails + [f"cell error: {e}" for e in r.errors]))
     if args.csv:
-        ids = _columns(reports)
-        with open(args.csv, "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(["notebook", *ids, "passed", "total"])
-            for r in reports:
-                writer.writerow([r.name, *[r.verdicts.get(i, ("",))[0] for i in ids], *r.score()])
+        try:
+            write_csv(args.csv, reports)
+        except OSError as e:
+            print(f"\n--csv: could not write {args.csv} ({e.strerror or e}); the table above is complete",
+                  file=sys.stderr)
+            return 1
     return 0
+
+
+def write_csv(path: Path, reports: list[Report]) -> None:
+    """The table as CSV: a row per notebook, the verdict per exercise, passed and total, and the
+    reason a notebook could not be graded, or its cell errors (empty when there were none)."""
+    ids = _columns(reports)
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["notebook", *ids, "passed", "total", "problems"])
+        for r in reports:
+            writer.writerow([r.name, *[r.verdicts.get(i, ("",))[0] for i in ids], *r.score(),
+                             r.not_graded or "; ".join(r.errors)])
 
 
 if __name__ == "__main__":

@@ -23,7 +23,13 @@ def _route_cases():
         ("M=7, E=8, top_k=1", torch.randn(7, 8, generator=g).to(dev), 1, False),
         ("M=1, E=6, top_k=1 (one token, one expert)", torch.randn(1, 6, generator=g).to(dev), 1, True),
         ("M=0, E=4, top_k=2 (an empty batch)", torch.randn(0, 4, generator=g).to(dev), 2, True),
+        # exp overflows float32 past about 88: a softmax must subtract each row's max first.
+        (LARGE_LOGITS, (torch.randn(3, 8, generator=g) * 50 + 150).to(dev), 2, True),
     ]
+
+
+#: Label of the route case whose logits overflow exp in float32.
+LARGE_LOGITS = "M=3, E=8, top_k=2, large logits (about 150)"
 
 
 def _route_variant_message(got_w, logits, k, renormalize) -> str:
@@ -74,6 +80,10 @@ def _expect_route(got, logits, k: int, renorm: bool) -> None:
     if w.dtype != torch.float32:
         raise Fail(f"topk_weights: expected dtype torch.float32, got {w.dtype}: do the softmax in float32 "
                    "(router_logits.float()), whatever the logits' dtype")
+    if w.numel() and not bool(torch.isfinite(w.float()).all()) and float(logits.float().abs().max()) > 80:
+        raise Fail(f"topk_weights holds NaN or inf on logits up to {float(logits.float().max()):.0f}: exp() overflows "
+                   "float32 past about 88, so exp(l) / sum(exp(l)) is inf / inf. Subtract each row's max logit "
+                   "before exp (the result is the same), or use torch.softmax, which does")
     hint = _route_variant_message(w, logits, k, renorm)
     for m in range(logits.shape[0]):
         want, have = exp_ids[m].tolist(), ids[m].tolist()
@@ -99,7 +109,7 @@ def check_route(fn) -> bool:
                 got = call_student(fn, logits, k, renormalize=renorm, names=("router_logits", "top_k"))
                 _expect_route(got, logits, k, renorm)
         return (f"right on all {len(cases)} cases (renormalize on and off, E = 60, bfloat16 logits, top_k = 1, "
-                "one token, an empty batch).")
+                "one token, an empty batch, large logits).")
     return run_check("1.1", body)
 
 
@@ -107,13 +117,19 @@ def _index_list(t, what: str) -> list[int]:
     """The entries of a 1-D integer tensor (or a list of Python ints) as a list."""
     if isinstance(t, torch.Tensor):
         expect_integer(t, what)
-        return [int(v) for v in t.flatten().tolist()]
+        if t.dim() != 1:
+            extra = (f": an extra axis of size 1 (take [:, 0], or .squeeze(1)); {what} is used to index x's rows"
+                     if t.dim() == 2 and t.shape[1] == 1 else "")
+            raise Fail(f"{what}: expected a 1-D tensor [P] (one entry per pair), got shape {tuple(t.shape)}{extra}")
+        return [int(v) for v in t.tolist()]
     if isinstance(t, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in t):
         return list(t)
     raise Fail(f"{what}: expected a 1-D integer tensor, got {type(t).__name__}")
 
 
 def _expect_pairs(got, ids: torch.Tensor, e: int) -> None:
+    if isinstance(got, torch.Tensor) and got.dim() == 2 and got.shape[0] == 2:
+        got = tuple(got)      # nonzero().T: a [2, P] tensor unpacks into (idx, slot) exactly like the pair
     if not isinstance(got, (tuple, list)) or len(got) != 2:
         raise Fail(f"expected a pair (idx, slot), got {type(got).__name__}")
     idx, slot = _index_list(got[0], "idx"), _index_list(got[1], "slot")

@@ -31,6 +31,17 @@ LEVERS = (
 )
 
 
+#: Variants that time one piece of what ``floor_ms`` bounds (the gather of x alone, the topk sum
+#: alone), as (experiment, variant): their rows leave ``floor_ms`` and ``fraction_of_floor``
+#: empty, since the floor of the whole GEMM or layer is not theirs.
+PARTS = frozenset({("first-gemm", "gather"), ("layer", "sum-alone")})
+
+
+def is_part(row: dict) -> bool:
+    """True for a row that times a piece of the GEMM or layer (see :data:`PARTS`)."""
+    return (row["experiment"], row["variant"]) in PARTS
+
+
 def load_limits(path=LIMITS) -> list[dict]:
     """The limit experiments' rows, numbers as int/float and empty cells as None."""
     return read_csv(path, _INT, _FLOAT)

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..checks import check_kernel_device, check_tensor
+from ..checks import as_int, check_kernel_device, check_tensor
 
 
 @triton.jit
@@ -256,10 +256,10 @@ def align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int, *,
     if topk_ids.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"topk_ids: expected dtype torch.int32 or torch.int64, got {topk_ids.dtype}")
     check_kernel_device("topk_ids", topk_ids)
-    if isinstance(block_m, bool) or not isinstance(block_m, int) or block_m < 1 or block_m & (block_m - 1) \
-            or block_m > MAX_BLOCK_M:
+    block_m, num_experts = as_int("block_m", block_m), as_int("num_experts", num_experts)   # numpy ints too
+    if block_m < 1 or block_m & (block_m - 1) or block_m > MAX_BLOCK_M:
         raise ValueError(f"block_m: expected a power of two from 1 to {MAX_BLOCK_M}, got {block_m!r}")
-    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or not 1 <= num_experts <= MAX_EXPERTS:
+    if not 1 <= num_experts <= MAX_EXPERTS:
         raise ValueError(f"num_experts: expected an int from 1 to {MAX_EXPERTS}, got {num_experts!r}")
     numel = topk_ids.numel()
     max_padded = max_padded_rows(numel, block_m, num_experts)

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from .. import runtime
+from ..checks import as_int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,6 +35,38 @@ class KernelConfig:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+#: The power-of-two fields of a KernelConfig and their least value: ``tl.dot`` needs every block
+#: dimension of at least 16 (the interpreter does not check it, a GPU does).
+_POW2_FIELDS = {"block_m": 16, "block_n": 16, "block_k": 16, "num_warps": 1}
+
+
+def check_config(config, name: str = "config") -> KernelConfig:
+    """``config`` as a valid :class:`KernelConfig` (numpy integers read as ints, as ``route``
+    reads ``top_k``), or an error naming the field, what it must be and what it was.
+
+    Without this a ``block_n`` of 0 fails as a ZeroDivisionError inside Triton, a ``block_k`` of 24
+    as an interpreter error about ``tl.arange``, and a dict as an AttributeError.
+    """
+    if not isinstance(config, KernelConfig):
+        hint = " (build one with KernelConfig(**that_dict))" if isinstance(config, dict) else ""
+        raise TypeError(f"{name}: expected a KernelConfig{hint}, got {type(config).__name__}")
+    fields = {}
+    for field, least in _POW2_FIELDS.items():
+        value = as_int(f"{name}.{field}", getattr(config, field))
+        if value < least or value & (value - 1):
+            raise ValueError(f"{name}.{field}: expected a power of two of at least {least}, got {value}")
+        fields[field] = value
+    for field in ("group_m", "num_stages"):
+        value = as_int(f"{name}.{field}", getattr(config, field))
+        if value < 1:
+            raise ValueError(f"{name}.{field}: expected an int of at least 1, got {value}")
+        fields[field] = value
+    for field in ("use_tma", "short_tails"):
+        if not isinstance(getattr(config, field), bool):
+            raise TypeError(f"{name}.{field}: expected True or False, got {getattr(config, field)!r}")
+    return replace(config, **fields)
 
 
 #: In the interpreter warps and stages mean nothing and every program costs about a
@@ -60,8 +93,19 @@ def gpu_name() -> str:
 
 @lru_cache(maxsize=None)
 def _load(path: str, mtime: float) -> dict:
-    with open(path) as f:
-        return json.load(f)
+    """One table file; a file that is not a JSON table is an error that names it (a table the
+    tuner was writing when it was stopped, or one edited by hand)."""
+    try:
+        with open(path) as f:
+            table = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"tuned-config table {path}: expected JSON, got an error at line {e.lineno} column "
+                         f"{e.colno} ({e.msg}); fix or delete the file (`python -m moe_tutorial tune` writes "
+                         f"it anew)") from None
+    if not isinstance(table, dict):
+        raise ValueError(f"tuned-config table {path}: expected a JSON object {{gpu: {{problem: {{M: config}}}}}}, "
+                         f"got a {type(table).__name__}")
+    return table
 
 
 def load_tables() -> list[dict]:

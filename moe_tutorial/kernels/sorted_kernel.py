@@ -29,7 +29,7 @@ from ..checks import (
     check_topk_weights,
 )
 from .align import align_block_size, check_alignment
-from .configs import KernelConfig, get_config, shrink
+from .configs import KernelConfig, check_config, get_config, shrink
 from .topk_sum import topk_sum
 
 
@@ -295,6 +295,7 @@ def _launch_fitted(a, b, c, router_weights, alignment, num_pairs: int, a_row_div
     tuned on an H200 may ask for more than a smaller GPU has); the shrunk configuration is
     remembered per process. Trusts its caller, as :func:`_launch` does.
     """
+    config = check_config(config)     # the layer's configs too (notebook 04 shows sorted_moe_layer as it was)
     key = (config, gated, a.dtype)
     config = _FITTED.get(key, config)
     while True:
@@ -383,6 +384,8 @@ def sorted_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: torch.Ten
     if topk_weights is not None:
         check_topk_weights(topk_weights, topk_ids)
         check_no_grad({"topk_weights": topk_weights})
+    if config is not None:
+        config = check_config(config)           # before the empty-batch return: a bad config is bad anyway
     out = x.new_empty(M, topk, N)
     if M == 0 or N == 0:
         return out

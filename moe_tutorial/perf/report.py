@@ -146,6 +146,24 @@ def fraction_table(rows: list[dict], gemm: str | None = None, *, impls=None, dty
     return format_table(["model", "gemm", "impl"] + [f"M={M}" for M in sizes] + ["geomean"], body)
 
 
+def time_table(rows: list[dict], gemm: str | None = None) -> str:
+    """model, gemm, impl, then the milliseconds of one call at each M: what a CPU run has to show.
+
+    Without a GPU the floor is no GPU's, so a fraction of it means nothing; the times only show
+    that each implementation ran (and passed its check) and how slow the interpreter is.
+    """
+    rows = subset(rows, gemm)
+    index, sizes = _index(rows), batch_sizes(rows)
+    gemms = _ordered((r["gemm"] for r in rows), ("first", "layer"))
+    body = []
+    for model in model_order(rows):
+        for g in [g for g in gemms if any(r["model"] == model and r["gemm"] == g for r in rows)]:
+            for impl in impl_order([r for r in rows if r["model"] == model and r["gemm"] == g]):
+                body.append([model, g, impl] + [_cell(index.get((model, g, impl, M)), lambda r: f"{r['ms']:.3g}")
+                                                for M in sizes])
+    return format_table(["model", "gemm", "impl"] + [f"M={M} ms" for M in sizes], body)
+
+
 def floor_geomeans(rows: list[dict], gemm: str = "first", *, dtype: str | None = None,
                    protocol: str | None = None) -> dict:
     """``{(model, impl): value}``: the geometric mean over M of the fraction of the floor.

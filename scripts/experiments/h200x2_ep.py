@@ -94,11 +94,11 @@ def summary(path: Path) -> None:
             print(f"{M:6d} {cells} {speed} {gb[0]} {gb[1]}")
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for h200x2_ep.csv (default $OUT)")
     parser.add_argument("--budget-s", type=float, default=270.0, help="the whole run's time budget")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if torch.cuda.device_count() < 2:
         sys.exit(f"needs 2 CUDA GPUs, found {torch.cuda.device_count()}")
     path = Path(args.out) / "h200x2_ep.csv"
