@@ -386,6 +386,26 @@ MUTANTS = [
            phrase="your router weights were divided by their sum", kind="value"),
     Mutant("4.4", "router load without mask", (("router_ptr + pair, mask=row_ok, other=0.0)", "router_ptr + pair)"),),
            phrase="hint: the router-weight load reached past topk_weights", kind="message"),
+    # ------------------------------------------------------------------ 7.1 quantise one block
+    Mutant("7.1", "scale = amax", (("scale = (amax / 448.0).float()", "scale = amax.float()"),),
+           phrase="should be amax / 448"),
+    Mutant("7.1", "signed max", (("amax = block.abs().max()", "amax = block.max()"),), phrase="largest magnitude",
+           kind="value"),
+    Mutant("7.1", "multiplies by the scale", (("(block / scale)", "(block * scale)"),), phrase="divide by the scale"),
+    Mutant("7.1", "no floor for zero blocks", ((".clamp_min(1e-12)", ""),), phrase="finite, positive", kind="value"),
+    Mutant("7.1", "stays float32", ((".to(torch.float8_e4m3fn)", ""),), phrase="float8_e4m3fn", kind="dtype"),
+    # ------------------------------------------------------------------ 7.2 the scaled K loop
+    Mutant("7.2", "no scales", (("(a @ w.T) * a_scale[:, g, None] * w_scale[col_scale_row, g][None, :]", "(a @ w.T)"),),
+           phrase="never applied"),
+    Mutant("7.2", "no weight scales", ((" * w_scale[col_scale_row, g][None, :]", ""),),
+           phrase="weight-block scales are missing"),
+    Mutant("7.2", "one scale column for all groups", (("a_scale[:, g, None]", "a_scale[:, 0, None]"),),
+           phrase="which scale column", kind="shape"),
+    Mutant("7.2", "every column takes the first weight-block row",
+           (("torch.arange(N) // 128", "torch.zeros(N, dtype=torch.long)"),), phrase="which weight-block row",
+           kind="shape"),
+    Mutant("7.2", "bf16 accumulator", (("dtype=torch.float32)", "dtype=torch.bfloat16)"),), phrase="float32 sums",
+           kind="dtype"),
 ]
 
 

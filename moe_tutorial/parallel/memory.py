@@ -8,13 +8,15 @@ from __future__ import annotations
 from ..shapes import MODEL_SHAPES, ModelShape
 
 #: MoE layers of each model (from its published configuration): layers minus the dense ones that
-#: come first (DeepSeek-V3: 61 layers, the first 3 dense; DeepSeek-V2-Lite: 27, the first dense).
+#: come first (DeepSeek-V3: 61 layers, the first 3 dense; DeepSeek-V2-Lite: 27, the first dense;
+#: Kimi-K2: 61, the first dense).
 MOE_LAYERS: dict[str, int] = {
     "Mixtral-8x7B": 32,
     "Qwen1.5-MoE-A2.7B": 24,
     "DeepSeek-V2-Lite": 26,
     "Qwen3-30B-A3B": 48,
     "DeepSeek-V3": 58,
+    "Kimi-K2": 60,
 }
 
 #: An H200's memory in GB (10^9 bytes), NVIDIA's specification (141 GB of HBM3e).
