@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 from moe_tutorial import cli, runtime
+from moe_tutorial.cli import CPU_TIMES_HEADING
 from moe_tutorial.perf import results
 from moe_tutorial.perf.bench import INTERPRETER_NOTE
-from moe_tutorial.cli import CPU_TIMES_HEADING
 from moe_tutorial.perf.registry import BY_NAME, FIRST_IMPLS, LAYER_IMPLS
 
 import pytest
