@@ -402,8 +402,8 @@ def test_memory_and_weight_split_pictures():
     table = memory.memory_table((1, 8))
     ax = part6.plot_memory(table, (1, 8)).axes[0]
     hatched = [bar for bar in ax.patches if bar.get_hatch()]
-    # DeepSeek-V3 does not fit one H200 even on 8 GPUs in bf16; every other model fits on one.
-    assert len(hatched) == 2 and len(ax.patches) == 2 * len(table)
+    # DeepSeek-V3 and Kimi-K2 do not fit one H200 even on 8 GPUs in bf16; every other model fits on one.
+    assert len(hatched) == 4 and len(ax.patches) == 2 * len(table)
     ax_ep, ax_tp = part6.plot_weight_split(4, 2, inter_cells=4).axes
     owners = lambda ax: [t.get_text() for t in ax.texts if t.get_text() in ("r0", "r1")]  # noqa: E731
     assert owners(ax_ep) == ["r0"] * 8 + ["r1"] * 8

@@ -39,7 +39,8 @@ from moe_tutorial import runtime  # noqa: E402
 from moe_tutorial.kernels.align import align_block_size  # noqa: E402
 from moe_tutorial.kernels.configs import get_config  # noqa: E402
 from moe_tutorial.kernels.sorted_kernel import launch_sorted_gemm  # noqa: E402
-from moe_tutorial.perf import bench, limits  # noqa: E402
+from moe_tutorial.experiments import limits  # noqa: E402
+from moe_tutorial.perf import bench  # noqa: E402
 from moe_tutorial.perf.ceilings import measure_ceilings, read_only_kernel  # noqa: E402
 from moe_tutorial.perf.results import write_csv  # noqa: E402
 from moe_tutorial.perf.timing import machine_info, measure_ms, warm_up_gpu  # noqa: E402
