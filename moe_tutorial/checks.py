@@ -54,13 +54,7 @@ def check_matmul_inputs(x, weight, topk_ids, *, kernel: bool = False,
     if Kw != K:
         _fail(ValueError, weight_name, f"last dim equal to x's K={K} ({weight_name} is [E, N, K])",
               f"shape {tuple(weight.shape)}")
-    if topk_ids.shape[0] != M:
-        _fail(ValueError, "topk_ids", f"{M} rows, one per token of x", f"shape {tuple(topk_ids.shape)}")
-    topk = topk_ids.shape[1]
-    if topk < 1 or topk > E:
-        _fail(ValueError, "topk_ids", f"between 1 and E={E} columns (topk <= number of experts)", f"topk={topk}")
-    if topk_ids.dtype not in _ID_DTYPES:
-        _fail(TypeError, "topk_ids", "dtype torch.int32 or torch.int64", topk_ids.dtype)
+    topk = check_topk_ids(topk_ids, M, E)
     if x.dtype not in _FLOAT_DTYPES:
         _fail(TypeError, "x", "a floating-point dtype", x.dtype)
     if weight.dtype != x.dtype:
@@ -72,12 +66,30 @@ def check_matmul_inputs(x, weight, topk_ids, *, kernel: bool = False,
         check_kernel_dtype("x", x)
         check_no_grad({"x": x, weight_name: weight})
     check_holds_values("x", x)
+    check_ids_in_range(topk_ids, E)
+    return M, K, N, E, topk
+
+
+def check_topk_ids(topk_ids, M: int, E: int) -> int:
+    """``topk_ids`` (a 2-D tensor) has ``M`` rows, between 1 and ``E`` columns, and an integer
+    dtype the kernels read (int32/int64); returns topk."""
+    if topk_ids.shape[0] != M:
+        _fail(ValueError, "topk_ids", f"{M} rows, one per token of x", f"shape {tuple(topk_ids.shape)}")
+    topk = topk_ids.shape[1]
+    if topk < 1 or topk > E:
+        _fail(ValueError, "topk_ids", f"between 1 and E={E} columns (topk <= number of experts)", f"topk={topk}")
+    if topk_ids.dtype not in _ID_DTYPES:
+        _fail(TypeError, "topk_ids", "dtype torch.int32 or torch.int64", topk_ids.dtype)
+    return topk
+
+
+def check_ids_in_range(topk_ids, E: int) -> None:
+    """Every expert id in ``[0, E)`` (one host sync on a GPU; skipped while a graph is captured)."""
     if topk_ids.numel() and not _capturing(topk_ids):
-        lo, hi = torch.stack(torch.aminmax(topk_ids)).tolist()   # one host sync on a GPU
+        lo, hi = torch.stack(torch.aminmax(topk_ids)).tolist()
         if lo < 0 or hi >= E:
             bad = lo if lo < 0 else hi
             _fail(ValueError, "topk_ids", f"expert ids in [0, {E})", f"an id of {bad}")
-    return M, K, N, E, topk
 
 
 def _capturing(t: torch.Tensor) -> bool:

@@ -3,7 +3,15 @@ from __future__ import annotations
 
 import torch
 
-from ..quant import BLOCK, E4M3_MAX, FP8_DTYPE, quantize_activations, quantize_weight
+from ..quant import (
+    BLOCK,
+    E4M3_MAX,
+    FP8_DTYPE,
+    dequantize_activations,
+    dequantize_weight,
+    quantize_activations,
+    quantize_weight,
+)
 from ..reference import rel_error
 from .feedback import Fail, call_student, on, run_check
 
@@ -105,10 +113,8 @@ def check_scaled_matmul(fn) -> bool:
                 if out.dtype != torch.float32:
                     raise Fail(f"expected float32 sums, got {out.dtype} (accumulate in float32: the e4m3 products "
                                "are promoted into float32 every group)")
-                a = aq.double() * as_.double().repeat_interleave(BLOCK, 1)[:, : aq.shape[1]]
-                w_full = ws.double().repeat_interleave(BLOCK, 0)[:N].repeat_interleave(BLOCK, 1)
-                w = wq.double() * w_full[:, : wq.shape[1]]
-                want = a @ w.T
+                a = dequantize_activations(aq, as_)
+                want = a @ dequantize_weight(wq, ws).T
                 err = rel_error(out, want)
                 if err < 1e-5:
                     continue
@@ -120,7 +126,7 @@ def check_scaled_matmul(fn) -> bool:
                 if rel_error(out, once) < 1e-3:
                     raise Fail("the scales were applied once, after the whole K sum: they change every 128 along K, "
                                "so each group's product needs its own")
-                no_w = (aq.double() * as_.double().repeat_interleave(BLOCK, 1)[:, : aq.shape[1]]) @ wq.double().T
+                no_w = a @ wq.double().T
                 if rel_error(out, no_w) < 1e-5:
                     raise Fail("the weight-block scales are missing (the activation scales are there)")
                 raise Fail(f"relative error {err:.2e} against the dequantised product: check which scale column "

@@ -25,7 +25,15 @@ import triton
 import triton.language as tl
 
 from .. import runtime
-from ..checks import _capturing, _fail, check_no_grad, check_tensor, check_topk_weights
+from ..checks import (
+    _fail,
+    check_ids_in_range,
+    check_kernel_device,
+    check_no_grad,
+    check_tensor,
+    check_topk_ids,
+    check_topk_weights,
+)
 from ..quant import BLOCK, FP8_DTYPE, check_fp8_pair
 from .align import align_block_size, check_alignment
 from .configs import KernelConfig, fp8_config
@@ -243,24 +251,9 @@ def out_dtype() -> torch.dtype:
 
 def _check_ids(topk_ids, M: int, E: int) -> int:
     check_tensor("topk_ids", topk_ids, 2)
-    if topk_ids.shape[0] != M:
-        _fail(ValueError, "topk_ids", f"{M} rows, one per token of x", f"shape {tuple(topk_ids.shape)}")
-    if topk_ids.dtype not in (torch.int32, torch.int64):
-        _fail(TypeError, "topk_ids", "dtype torch.int32 or torch.int64", topk_ids.dtype)
-    topk = topk_ids.shape[1]
-    if topk < 1 or topk > E:
-        _fail(ValueError, "topk_ids", f"between 1 and E={E} columns (topk <= number of experts)", f"topk={topk}")
-    if topk_ids.numel() and not _capturing(topk_ids):
-        lo, hi = torch.stack(torch.aminmax(topk_ids)).tolist()
-        if lo < 0 or hi >= E:
-            _fail(ValueError, "topk_ids", f"expert ids in [0, {E})", f"an id of {lo if lo < 0 else hi}")
+    topk = check_topk_ids(topk_ids, M, E)
+    check_ids_in_range(topk_ids, E)
     return topk
-
-
-def _check_device(**tensors) -> None:
-    for name, t in tensors.items():
-        if t.device.type != runtime.DEVICE.type:
-            _fail(ValueError, name, f"a {runtime.DEVICE.type} tensor (where the kernels run)", t.device)
 
 
 def fp8_moe_matmul(x_q: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
@@ -286,7 +279,8 @@ def fp8_moe_matmul(x_q: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tenso
     check_fp8_pair("weight", weight, "weight_scale", weight_scale, rows=BLOCK)
     if x_q.dim() != 2 or weight.dim() != 3:
         _fail(ValueError, "x_q, weight", "[M, K] and [E, N, K]", f"shapes {tuple(x_q.shape)}, {tuple(weight.shape)}")
-    _check_device(x_q=x_q, weight=weight, topk_ids=topk_ids)
+    for name, t in (("x_q", x_q), ("weight", weight), ("topk_ids", topk_ids)):
+        check_kernel_device(name, t)
     M, K = x_q.shape
     E, N, Kw = weight.shape
     if Kw != K:
@@ -380,7 +374,8 @@ def _layer_shapes(x, w13, w2, topk_weights, topk_ids) -> tuple[int, int, int, in
     inter = N13 // 2
     if tuple(w2.shape) != (E, K, inter):
         _fail(ValueError, "w2", f"shape (E, K, I) = {(E, K, inter)}", f"shape {tuple(w2.shape)}")
-    _check_device(x=x, w13=w13, w2=w2, topk_ids=topk_ids)
+    for name, t in (("x", x), ("w13", w13), ("w2", w2), ("topk_ids", topk_ids)):
+        check_kernel_device(name, t)
     topk = _check_ids(topk_ids, M, E)
     check_topk_weights(topk_weights, topk_ids)
     return M, K, inter, E, topk

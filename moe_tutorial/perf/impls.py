@@ -314,8 +314,13 @@ def fp8_experts(inp: Inputs, layer: bool):
     """The case's weights in block FP8, quantised once per case (outside any timing): for the first
     GEMM ``(w13_q, w13_scale)`` blocked as one ``[E, 2I, K]`` weight, for the layer
     ``(w13_q, w13_scale, w2_q, w2_scale)`` with gate and up blocked apart."""
+    from ..kernels.fp8_kernel import check_fp8_runtime
     from ..quant import quantize_w13, quantize_weight
 
+    try:                                        # both FP8 rows need a runtime that runs e4m3
+        check_fp8_runtime()
+    except RuntimeError as e:
+        raise Skip(str(e)) from None
     cache = inp.__dict__.setdefault("_fp8", {})
     if layer not in cache:
         cache.clear()                           # one copy at a time: Kimi-K2's is 16 GB
@@ -334,15 +339,11 @@ def first_fp8(inp: Inputs, config=None) -> Prepared:
     are the floor's); checked against float64 on the dequantised inputs."""
     from ..kernels.align import align_block_size
     from ..kernels.configs import fp8_config
-    from ..kernels.fp8_kernel import check_fp8_runtime, launch_fp8_gemm, out_dtype
+    from ..kernels.fp8_kernel import launch_fp8_gemm, out_dtype
     from ..kernels.fp8_quant import quantize_rows
     from ..quant import dequantize_activations, dequantize_weight
     from ..reference import reference_moe_matmul
 
-    try:
-        check_fp8_runtime()
-    except RuntimeError as e:
-        raise Skip(str(e)) from None
     wq, ws = fp8_experts(inp, layer=False)
     E, N, K = wq.shape
     M, topk = inp.M, inp.shape.topk
@@ -387,13 +388,9 @@ def first_fp8_step(step: str):
 def layer_fp8(inp: Inputs, configs=None) -> Prepared:
     """Part 7's whole FP8 layer (x quantised inside, as an engine runs it); checked against the
     float64 layer that takes the same quantisation steps (reference_fp8_moe_layer)."""
-    from ..kernels.fp8_kernel import check_fp8_runtime, fp8_moe_layer
+    from ..kernels.fp8_kernel import fp8_moe_layer
     from ..reference import reference_fp8_moe_layer
 
-    try:
-        check_fp8_runtime()
-    except RuntimeError as e:
-        raise Skip(str(e)) from None
     q13, s13, q2, s2 = fp8_experts(inp, layer=True)
 
     def reference(rows):

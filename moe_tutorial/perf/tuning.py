@@ -31,6 +31,7 @@ from ..kernels import configs
 from ..kernels.align import align_block_size
 from ..kernels.configs import KernelConfig, fp8_heuristic_config, heuristic_config, problem_key
 from ..kernels.sorted_kernel import launch_sorted_gemm
+from ..quant import dequantize_activations
 from ..reference import rel_error
 from ..shapes import ModelShape
 from .bench import free_device_memory, make_inputs, make_weights, rotations
@@ -282,8 +283,8 @@ class _Problem:
         self.calls(config)[0]()
         out = self.out
         if self.fp8 and self.variant == "gated":      # e4m3 values and their scales, as numbers
-            out = self.out.view(torch.uint8)[:, : self.N].view(torch.float8_e4m3fn).float() * \
-                self.c_scale.repeat_interleave(128, dim=1)[:, : self.N]
+            out = dequantize_activations(self.out.view(torch.uint8)[:, : self.N].view(torch.float8_e4m3fn),
+                                         self.c_scale)
         if not bool(torch.isfinite(out).all()):
             raise ValueError("left elements unwritten (NaN)")
         return out[self.rows].clone()
