@@ -32,6 +32,8 @@ class KernelConfig:
     use_tma: bool = False      # B tiles through a Hopper tensor descriptor (GPU only)
     short_tails: bool = True   # blocks at most half full multiply half as many rows (BLOCK_M >= 32)
     swap_ab: bool = False      # FP8 kernel only: small row blocks computed transposed (C^T = B^T A^T)
+    persistent: bool = False   # one program per SM walks the tiles (kernels/persistent_kernel.py); no short tails
+    warp_specialize: bool = False  # persistent only: producer and consumer warps (Triton, GPU only)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -63,9 +65,12 @@ def check_config(config, name: str = "config") -> KernelConfig:
         if value < 1:
             raise ValueError(f"{name}.{field}: expected an int of at least 1, got {value}")
         fields[field] = value
-    for field in ("use_tma", "short_tails"):
+    for field in ("use_tma", "short_tails", "persistent", "warp_specialize"):
         if not isinstance(getattr(config, field), bool):
             raise TypeError(f"{name}.{field}: expected True or False, got {getattr(config, field)!r}")
+    if config.warp_specialize and not config.persistent:
+        raise ValueError(f"{name}.warp_specialize: only the persistent kernel specialises warps; "
+                         f"set persistent=True too")
     return replace(config, **fields)
 
 

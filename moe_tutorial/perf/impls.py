@@ -24,7 +24,7 @@ from ..activation import silu_and_mul
 from ..indexing import indexing_moe_matmul, intermediate_bytes
 from ..kernels import sorted_kernel  # its launcher through the module: tests replace it
 from ..kernels.align import SMALL_BATCH_PAIRS, align_block_size, max_padded_rows
-from ..kernels.configs import get_config, heuristic_config
+from ..kernels.configs import KernelConfig, get_config, heuristic_config
 from ..kernels.fused_kernel import fused_moe_matmul
 from ..kernels.minimal_sorted_kernel import minimal_sorted_moe_matmul
 from ..kernels.sorted_kernel import sorted_moe_layer
@@ -305,6 +305,25 @@ def layer_sorted_heuristic(inp: Inputs) -> Prepared:
     s = inp.shape
     configs = (heuristic_config(inp.M, s.topk, s.num_experts, "gated", N=s.intermediate),
                heuristic_config(inp.M, s.topk, s.num_experts, "down", N=s.hidden))
+    return Prepared(_rotations(inp, lambda x, ids, w: sorted_moe_layer(x, inp.w13, inp.w2, w, ids, configs=configs)))
+
+
+def persistent_of(config: KernelConfig) -> KernelConfig:
+    """``config`` run by the persistent kernel (short tails have no place there)."""
+    return replace(config, persistent=True, short_tails=False)
+
+
+def first_persistent(inp: Inputs) -> Prepared:
+    """Part 4's first GEMM with the tuned tiles, computed by the persistent grid."""
+    E, N, K = inp.w13.shape
+    return first_sorted(inp, config=persistent_of(get_config(inp.M, E, N, K, inp.shape.topk, inp.dtype, "plain")))
+
+
+def layer_persistent(inp: Inputs) -> Prepared:
+    """Part 4's layer, both GEMMs with the tuned tiles on the persistent grid."""
+    s = inp.shape
+    configs = (persistent_of(get_config(inp.M, s.num_experts, s.intermediate, s.hidden, s.topk, inp.dtype, "gated")),
+               persistent_of(get_config(inp.M, s.num_experts, s.hidden, s.intermediate, s.topk, inp.dtype, "down")))
     return Prepared(_rotations(inp, lambda x, ids, w: sorted_moe_layer(x, inp.w13, inp.w2, w, ids, configs=configs)))
 
 
