@@ -168,8 +168,9 @@ def heuristic_config(M: int, topk: int, E: int, variant: str = "plain", itemsize
     would stream their weights through a handful of SMs. In between, BLOCK_M about twice an
     expert's average rows (the tuner's choice on all three models: routing is uneven, and a
     shorter block makes the busiest experts' weights be read twice). Prefill is compute-bound:
-    the largest tiles, 8 warps, weights through TMA. The result is shrunk until its pipeline
-    fits ``limit`` bytes of shared memory with ``itemsize``-byte elements.
+    the largest tiles, 8 warps, weights through TMA, and for the plain GEMM with 256 rows or more
+    per expert the persistent grid (:mod:`moe_tutorial.kernels.persistent_kernel`). The result
+    is shrunk until its pipeline fits ``limit`` bytes of shared memory with ``itemsize``-byte elements.
     """
     gated = variant == "gated"
     rows_per_expert = max(1, M * topk // E)
@@ -187,6 +188,10 @@ def heuristic_config(M: int, topk: int, E: int, variant: str = "plain", itemsize
     elif gated:
         # Two accumulators: a 128x256 pair spills registers (notes/gpu-notes.md, tuning).
         cfg = KernelConfig(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=4, use_tma=True)
+    elif variant == "plain" and rows_per_expert >= 256:
+        # Many row blocks per expert: the persistent grid won on all three models (notes/gpu-notes.md).
+        cfg = KernelConfig(block_m=128, block_n=256, block_k=64, group_m=8, num_warps=8, num_stages=3, use_tma=True,
+                           persistent=True, short_tails=False)
     else:
         cfg = KernelConfig(block_m=128, block_n=256, block_k=64, group_m=8, num_warps=8, num_stages=3, use_tma=True)
     while smem_bytes(cfg, gated, itemsize) > limit and shrink(cfg) is not None:
