@@ -175,7 +175,8 @@ def first_step(step: str):
     minimal: the minimal kernel (2-D grid in row-major order, pointer loads) with the heuristic's
     tiles, warps and stages; +grouped: the production kernel (grouped order), same tiles, no TMA,
     no short tails; +tuned: the tuned table's tiles, still without TMA and short tails; +tma: the
-    tuned configuration with its TMA choice, without short tails. Alignment outside the timing.
+    tuned configuration with its TMA choice, without short tails. None of them runs the persistent
+    grid, whatever the table says: that is the last step ("persistent"). Alignment outside the timing.
     """
     if step not in FIRST_STEPS:
         raise ValueError(f"step: expected one of {', '.join(FIRST_STEPS)}, got {step!r}")
@@ -185,7 +186,8 @@ def first_step(step: str):
         M, topk = inp.M, inp.shape.topk
         config = heuristic_config(M, topk, E, "plain", N=N) if step in ("minimal", "+grouped") else \
             get_config(M, E, N, K, topk, inp.dtype, "plain")
-        config = replace(config, short_tails=False, use_tma=config.use_tma and step == "+tma")
+        # The persistent grid is the step after these (it has its own row, "persistent").
+        config = replace(config, short_tails=False, persistent=False, use_tma=config.use_tma and step == "+tma")
         if step != "minimal":
             return first_sorted(inp, config=config)
         alignments = [align_block_size(ids, config.block_m, E) for ids in inp.ids]
@@ -221,6 +223,7 @@ def layer_step(step: str):
         gated = rung >= LAYER_STEPS.index("+silu-epilogue")
         small = SMALL_BATCH_PAIRS if rung >= LAYER_STEPS.index("+decode-align") else 0
         cfg_up = get_config(M, E, inter if gated else 2 * inter, H, topk, inp.dtype, "gated" if gated else "plain")
+        cfg_up = replace(cfg_up, persistent=False)     # the plain up GEMM as the table had it before that step
         cfg_down = get_config(M, E, H, inter, topk, inp.dtype, "down")
         sorted_act = step == "+sorted-act" and cfg_down.block_m == cfg_up.block_m
         up_rows = max_padded_rows(pairs, cfg_up.block_m, E) if sorted_act else pairs
