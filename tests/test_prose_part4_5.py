@@ -257,9 +257,25 @@ def test_04_one_launch_topk_sum(rows):
 # 05: the performance chapter
 
 
+def test_05_every_section_asks_a_prediction_before_its_cell():
+    """Like notebook 03, each numbered section of 05 holds a **Predict.** paragraph, and the first
+    markdown cell tells the reader to answer before running (issue 22)."""
+    import re
+
+    text = markdown(P5)
+    assert "**Predict, then run**" in text.split("## 1. ")[0]
+    sections = re.split(r"## \d+\. ", text.split("## Recap")[0])[1:]
+    missing = [s[:40] for s in sections if "**Predict.**" not in s]
+    assert len(sections) == 7 and not missing, f"sections without a prediction: {missing}"
+    cells = json.loads((NOTEBOOKS / f"{P5}.ipynb").read_text())["cells"]
+    for i, c in enumerate(cells):       # a prediction comes before the code that answers it
+        if c["cell_type"] == "markdown" and "**Predict.**" in "".join(c["source"]):
+            assert cells[i + 1]["cell_type"] == "code", "".join(c["source"])[:60]
+
+
 def test_05_floor_by_hand():
     s = get_shape("Mixtral-8x7B")
-    assert_says(P5, "one token of Mixtral-8x7B (top-{} of {} experts, N = {}, K = {})", s.topk, s.num_experts,
+    assert_says(P5, "One token of Mixtral-8x7B (top-{} of {} experts, N = {}, K = {})", s.topk, s.num_experts,
                 *s.first_gemm)
 
 
@@ -274,7 +290,7 @@ def test_05_the_yardstick(rows, ceil):
     q = get_shape("Qwen3-30B-A3B")
     nbytes = traffic.first_gemm_bytes(1, *q.first_gemm, q.num_experts, q.topk)
     read_us = nbytes / (ceil["read_tbps"] * 1e12) * 1e6
-    assert_says(P5, "One launch costs {:.1f} us under this timer.", ceil["launch_us"])
+    assert_says(P5, "One launch costs {:.1f} us under this timer:", ceil["launch_us"])
     assert_says(P5, "M = 1 moves {:.0f} MB, {:.0f} us at the read bandwidth, so the launch is {:.0%} of its floor.",
                 nbytes / 1e6, read_us, ceil["launch_us"] / (read_us + ceil["launch_us"]))
     assert_says(P5, "Before each replay {} MB", timing.FLUSH_BYTES >> 20)
