@@ -108,6 +108,26 @@ def test_04_accurate_about_vllm_and_tma():
     assert (NOTEBOOKS / "exercises" / "part4_exercises.ipynb").exists()
 
 
+#: What notebook 04's map (section 11) states about vLLM, as read in vLLM's source (vllm-project/vllm:
+#: vllm/model_executor/layers/fused_moe/fused_moe.py at 13cb3e4, csrc/moe/moe_align_sum_kernels.cu,
+#: csrc/quantization/cutlass_w8a8/moe/grouped_mm_c3x_sm90.cu). vLLM is not installed here, so these are
+#: recorded once, in this place; re-read the source and update both when the map moves to a newer commit.
+VLLM = dict(commit="13cb3e4", small_align_pairs=1024, small_align_experts=64, swap_rows=64, swap_tile=(128, 16),
+            default_small_block_m=16, split_k=1)
+
+
+def test_04_vllm_map_states_what_the_source_does():
+    v = VLLM
+    assert_says(P4, "(read at commit `{}`:", v["commit"])
+    assert_says(P4, "`get_default_config`, {}-row tiles when M ≤ E", v["default_small_block_m"])
+    assert_says(P4, "`moe_align_block_size` runs one block for fewer than {} pairs and at most {} experts",
+                v["small_align_pairs"], v["small_align_experts"])
+    assert_says(P4, "the launcher sets `SPLIT_K` to {} and the kernel never reads it", v["split_k"])
+    assert_says(P4, "swaps A and B when A has at most {} rows, so the weights fill the tile's {}-row side and the "
+                    "tokens its {}-wide side", v["swap_rows"], *v["swap_tile"])
+    assert "swap_ab" not in markdown(P4).split("## 11.")[0], "the map is where vLLM's swapped operands are placed"
+
+
 def test_04_examples_match_their_cells():
     src = code(P4)
     assert "random_topk_ids(64, 8, 2," in src
