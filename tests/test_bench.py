@@ -145,7 +145,8 @@ def gpu_timers(monkeypatch):
             return timer
         monkeypatch.setattr(timing, "cold_l2_ms", graph_timer("cold-l2", 0.5))
         monkeypatch.setattr(timing, "_rotated_ms", graph_timer("rotated", 0.4))
-        monkeypatch.setattr(timing, "_cold_events_ms", lambda fn, reps, how="read": calls.append(("events", reps)) or 0.7)
+        monkeypatch.setattr(timing, "_cold_events_ms",
+                            lambda fn, reps, how="read": calls.append(("events", reps)) or 0.7)
         return calls
     return use
 

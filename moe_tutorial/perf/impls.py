@@ -331,6 +331,64 @@ def layer_persistent(inp: Inputs) -> Prepared:
     return Prepared(_rotations(inp, lambda x, ids, w: sorted_moe_layer(x, inp.w13, inp.w2, w, ids, configs=configs)))
 
 
+GLUON_TALL_TILES = "the Gluon kernel takes tiles of 64 rows or more (one warpgroup MMA is 64 rows)"
+
+
+def gluon_support(dtype: torch.dtype) -> str | None:
+    """Why the Gluon kernel cannot run this case, or None."""
+    from ..kernels import gluon_kernel
+    if gluon_kernel.UNAVAILABLE:
+        return gluon_kernel.UNAVAILABLE
+    return None if dtype in (torch.bfloat16, torch.float16) else f"the Gluon kernel takes bf16/fp16, not {dtype}"
+
+
+def first_gluon(inp: Inputs) -> Prepared:
+    """The first GEMM with the Gluon kernel (persistent, warp-specialised): x gathered into sorted
+    order (inside the timed call), then one launch; the tuned table's tiles."""
+    from ..kernels.gluon_kernel import gather_sorted_rows, launch_gluon_gemm
+    if reason := gluon_support(inp.dtype):
+        raise Skip(reason)
+    E, N, K = inp.w13.shape
+    M, topk = inp.M, inp.shape.topk
+    config = get_config(M, E, N, K, topk, inp.dtype, "plain")
+    if config.block_m < 64:
+        raise Skip(GLUON_TALL_TILES)
+    out = inp.xs[0].new_empty(M * topk, N)
+    alignments = [align_block_size(ids, config.block_m, E) for ids in inp.ids]
+
+    def run(r):
+        a = gather_sorted_rows(inp.xs[r], alignments[r][0], M * topk, topk)
+        launch_gluon_gemm(a, inp.w13, out, None, alignments[r], M * topk, config)
+    return Prepared([lambda r=r: run(r) for r in range(len(inp.xs))], output=lambda _: out.view(M, topk, N),
+                    buffers=[out])
+
+
+def layer_gluon(inp: Inputs) -> Prepared:
+    """The layer with the down GEMM on the Gluon kernel: Part 4's gate/up GEMM leaves its rows in
+    sorted order, which is what TMA needs; router weights in the Gluon epilogue; then the sum."""
+    from ..kernels.gluon_kernel import launch_gluon_gemm
+    from ..kernels.topk_sum import topk_sum
+    if reason := gluon_support(inp.dtype):
+        raise Skip(reason)
+    s = inp.shape
+    E, topk, H, inter, M = s.num_experts, s.topk, s.hidden, s.intermediate, inp.M
+    cfg_up = get_config(M, E, inter, H, topk, inp.dtype, "gated")
+    cfg_down = replace(get_config(M, E, H, inter, topk, inp.dtype, "down"), block_m=cfg_up.block_m)
+    if cfg_up.block_m < 64:
+        raise Skip(GLUON_TALL_TILES)
+    pairs = M * topk
+
+    def run(x, ids, w):
+        alignment = align_block_size(ids, cfg_up.block_m, E)
+        act = x.new_empty(alignment[0].numel(), inter)
+        sorted_kernel.launch_sorted_gemm(x, inp.w13, act, None, alignment, pairs, topk, cfg_up, gated=True,
+                                         c_sorted=True)
+        down = x.new_empty(pairs, H)
+        launch_gluon_gemm(act, inp.w2, down, w.reshape(-1).float().contiguous(), alignment, pairs, cfg_down)
+        return topk_sum(down.view(M, topk, H))
+    return Prepared(_rotations(inp, run))
+
+
 # ------------------------------------------------------- Part 7: block-scaled FP8 experts
 
 def fp8_experts(inp: Inputs, layer: bool):
