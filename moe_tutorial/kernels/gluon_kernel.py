@@ -166,8 +166,9 @@ if HAVE_GLUON:
 
 def gather_sorted_rows(x: torch.Tensor, sorted_ids: torch.Tensor, num_pairs: int, topk: int) -> torch.Tensor:
     """``[len(sorted_ids), K]``: row ``i`` is x's row of the pair at sorted position ``i``
-    (padding positions take the last pair's row; their outputs are never stored)."""
-    return x.index_select(0, sorted_ids.clamp(max=num_pairs - 1) // topk)
+    (padding positions, and the unwritten ones past ``num_tokens_post_padded``, take row 0 or
+    the last pair's: their outputs are never stored)."""
+    return x.index_select(0, sorted_ids.clamp(0, num_pairs - 1) // topk)
 
 
 def launch_gluon_gemm(a_sorted: torch.Tensor, b: torch.Tensor, c: torch.Tensor, router_weights, alignment,
