@@ -59,9 +59,22 @@ def test_solution_passes(ex_id, solution_modules, capsys):
     assert out.startswith(f"[{ex_id}] PASS {EXERCISES[ex_id].function}: right on"), out
 
 
+def _through_float32(fn):
+    """``fn`` with float16 inputs run in float32 and the result converted back: the package's kernels
+    take float32 only in the interpreter, and the kernel checkers have one float16 problem."""
+    def wrapped(x, weight, *args):
+        if x.dtype != torch.float16:
+            return fn(x, weight, *args)
+        return fn(x.float(), weight.float(), *args).to(torch.float16)
+    return wrapped
+
+
 @pytest.mark.parametrize("ex_id", sorted(PACKAGE_ANSWERS))
 def test_package_implementation_passes(ex_id, capsys):
-    ok, out = run(ex_id, PACKAGE_ANSWERS[ex_id], capsys)
+    fn = PACKAGE_ANSWERS[ex_id]
+    if int(ex_id[0]) in KERNEL_PARTS and ex_id != "4.1" and not runtime.ON_GPU:
+        fn = _through_float32(fn)
+    ok, out = run(ex_id, fn, capsys)
     assert ok, out
 
 

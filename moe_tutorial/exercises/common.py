@@ -54,11 +54,19 @@ def summary(problems: Iterable[Problem], extra: str = "") -> str:
     return text + (f"; {extra}" if extra else "") + "."
 
 
-#: Added to a failure on a non-contiguous problem when the same values in contiguous tensors pass.
-STRIDES_NOTE = ("With the same values in contiguous tensors your function is right, so a stride is the fault. "
-                "Here x is every other column of a wider tensor (x.stride(1) = 2), weight a transposed view "
-                "(weight.stride(1) = 1, weight.stride(2) = N), topk_ids a transposed view (topk_ids.stride(1) = M)"
-                ": take every stride from the tensors and use each one in the offsets.")
+def strides_note(p: Problem) -> str:
+    """Added to a failure on a non-contiguous problem when the same values in contiguous tensors pass:
+    which inputs are views here, with their strides."""
+    N, K = p.N, p.K
+    views = [f"x every other column of a wider tensor (x.stride(1) = {p.x.stride(1)})",
+             f"weight the corner of a larger, padded tensor, transposed (weight.stride() = {p.weight.stride()}: "
+             f"stride(0) is not N * K = {N * K}, so an expert's offset is expert * weight.stride(0))",
+             f"topk_ids a transposed view (topk_ids.stride() = {p.topk_ids.stride()})"]
+    if p.topk_weights is not None:
+        views.append(f"topk_weights a transposed view (topk_weights.stride() = {p.topk_weights.stride()}: pass "
+                     "its strides, or make a contiguous copy of it, before indexing it by pair)")
+    return ("With the same values in contiguous tensors your function is right, so a stride is the fault. Here "
+            + "; ".join(views) + ": take every stride from the tensors and use each one in the offsets.")
 
 
 def check_first_gemm_fn(ex_id: str, fn: Callable, problems: list[Problem], tol: float, *,
@@ -87,10 +95,17 @@ def first_gemm_on(fn: Callable, p: Problem, tol: float, *, hints=None, weighted:
     try:
         attempt(p)
     except Fail as e:
-        if p.strided and _passes(attempt, dataclasses.replace(
-                p, x=p.x.contiguous(), weight=p.weight.contiguous(), topk_ids=p.topk_ids.contiguous(), strided=False)):
-            raise Fail(f"{e}\n" + STRIDES_NOTE) from None
+        if p.strided and _passes(attempt, contiguous_copy(p)):
+            raise Fail(f"{e}\n" + strides_note(p)) from None
         raise
+
+
+def contiguous_copy(p: Problem) -> Problem:
+    """Problem ``p`` with every input a contiguous copy of the same values."""
+    def c(t):
+        return None if t is None else t.contiguous()
+    return dataclasses.replace(p, x=c(p.x), weight=c(p.weight), topk_ids=c(p.topk_ids), w2=c(p.w2),
+                               topk_weights=c(p.topk_weights), strided=False)
 
 
 def _passes(attempt: Callable[[Problem], None], q: Problem) -> bool:
@@ -113,11 +128,11 @@ def check_layer_fn(ex_id: str, fn: Callable, problems: list[Problem]) -> bool:
                 try:
                     attempt(p)
                 except Fail as e:
-                    if p.strided and _passes(attempt, dataclasses.replace(
-                            p, x=p.x.contiguous(), w2=p.w2.contiguous(), strided=False)):
+                    if p.strided and _passes(attempt, contiguous_copy(p)):
                         raise Fail(f"{e}\nWith the same values in contiguous tensors your function is right, so "
-                                   "it assumes a layout: x and w2 here are views with other strides. Index the "
-                                   "tensors (or .reshape them), do not .view or assume their strides.") from None
+                                   "it assumes a layout: x, w2 and topk_weights here are views with other strides. "
+                                   "Index the tensors (or .reshape them), do not .view or assume their "
+                                   "strides.") from None
                     raise
         return summary(problems)
     return run_check(ex_id, body)

@@ -185,8 +185,8 @@ def _wrong_pairs(o, exp, problem: Problem, tol: float, err: float) -> str:
     m, j = (int(i) for i in bad_pair.nonzero()[0])
     e = int(ids[m, j])
     where = f"token {m}'s slot {j}"
-    for detail in (_transposed_detail, _weights_detail, _expert_detail, _token_detail, _moved_detail,
-                   _column_detail, _k_loop_detail, _k_tail_detail, _factor_detail):
+    for detail in (_low_precision_detail, _transposed_detail, _weights_detail, _expert_detail, _token_detail,
+                   _moved_detail, _column_detail, _k_loop_detail, _k_tail_detail, _factor_detail):
         try:
             text = detail(o=o, exp=exp, problem=problem, x=x, weight=weight, scale=scale, ids=ids,
                           bad=bad, bad_pair=bad_pair, thr=thr, m=m, j=j, e=e, where=where)
@@ -198,6 +198,23 @@ def _wrong_pairs(o, exp, problem: Problem, tol: float, err: float) -> str:
     return head + (f".\n{where} (expert {e}), column {n}: expected {exp[m, j, n].item():.5g}, "
                    f"got {o[m, j, n].item():.5g}. "
                    f"Wrong columns of this pair: {ranges(bad[m, j].nonzero().flatten())}.")
+
+
+def _low_precision_detail(*, o, exp, problem, x, weight, scale, ids, **_):
+    """A sum kept in x's 16-bit dtype: every error within a few roundings of the running sum's size."""
+    dtype = problem.x.dtype
+    if dtype not in (torch.float16, torch.bfloat16):
+        return ""
+    # |x| @ |w|: how large a partial sum of each output can get, whatever the order of the terms.
+    reach = torch.einsum("mk,mjnk->mjn", x.abs(), weight[ids].abs()) * scale.abs()[..., None]
+    eps = torch.finfo(dtype).eps
+    if not ((o - exp).abs() <= 4 * eps * reach).all():
+        return ""
+    name = str(dtype).replace("torch.", "")
+    return (f"every error is within a few {name} roundings of the partial sums, which here can reach "
+            f"{reach.max().item():.0f} while the results are about {exp.abs().mean().item():.0f}: the sum is kept "
+            f"in {name}. Accumulate in float32 (acc = tl.zeros(..., dtype=tl.float32), acc = tl.dot(a, b, acc) or "
+            "acc += ...) and convert to x's dtype only in the store.")
 
 
 def _transposed_detail(*, o, exp, thr, **_):
@@ -382,6 +399,8 @@ def _layer_variant(problem: Problem, act=silu_and_mul, weights: str = "as given"
         w = w / topk
     elif weights == "renormalised":
         w = w / w.sum(-1, keepdim=True)
+    elif weights == "abs":      # no cancellation: how large the slots' terms and their partial sums get
+        return (down.view(M, topk, -1) * w[..., None]).abs().sum(1)
     return (down.view(M, topk, -1) * w[..., None]).sum(1)
 
 
@@ -411,6 +430,15 @@ def expect_layer(out, problem: Problem, tol: float) -> None:
     rms = exp.pow(2).mean().sqrt().item()
     thr = max(20 * tol, 1e-4) * rms
     rows = ((o - exp).abs() > thr).any(1).nonzero().flatten().tolist()
+    if problem.x.dtype in (torch.float16, torch.bfloat16):
+        # The slots' terms, each as large as it gets: a sum (or products) kept in x's dtype errs by their roundings.
+        terms = _layer_variant(problem, weights="abs")
+        if ((o - exp).abs() <= 4 * torch.finfo(problem.x.dtype).eps * terms).all():
+            raise Fail(f"{head}: every error is within a few {problem.x.dtype} roundings of the slots' terms "
+                       f"(here up to {terms.max().item():.3g}, while the results are about "
+                       f"{exp.abs().mean().item():.2g}): the products or the sum over the slots are kept in "
+                       f"{problem.x.dtype}. Multiply by topk_weights.float() and sum in float32 (y = torch.zeros(..., "
+                       "dtype=torch.float32)), then convert with .to(x.dtype) at the end.")
     if not rows:
         raise Fail(f"{head}: small errors everywhere; accumulate the sum in float32.")
     m = rows[0]
