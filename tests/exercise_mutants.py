@@ -131,6 +131,8 @@ _P4_DOT_AND_WEIGHTS = '''        acc = tl.dot(a, b, acc)
         acc = acc * w[:, None]
 '''
 _P4_ROUTER = "router = out if topk_weights is None else topk_weights.reshape(-1).float().contiguous()"
+_P4_B_LOAD = ("        b = tl.load(w_ptr + expert * stride_we + n[None, :] * stride_wn + k[:, None] * stride_wk,\n"
+              "                    mask=(k[:, None] < K) & (n[None, :] < N), other=0.0)")
 
 MUTANTS = [
     # ------------------------------------------------------------------ 1.1 route
@@ -220,6 +222,9 @@ MUTANTS = [
            phrase="wrong order"),
     Mutant("2.1", "first slot only", (("return weight[topk_ids.long()]", "return weight[topk_ids.long()[:, 0]]"),),
            phrase="wrong shape"),
+    Mutant("2.1", "each expert's weights transposed", (("return weight[topk_ids.long()]",
+                                                        "return weight.transpose(1, 2)[topk_ids.long()]"),),
+           phrase="= [M, topk, K, N]: each expert's weights are transposed", kind="message"),
     # ------------------------------------------------------------------ 2.2 the vectorised matmul
     Mutant("2.2", "every token uses x[0]", (("x[:, None, :, None]", "x[:1, None, :, None]"),),
            phrase="applied to token 0's row of x"),
@@ -319,6 +324,14 @@ MUTANTS = [
              "        acc = tl.sum(x[:, None] * w, axis=0)\n    tl.store(out_ptr + pid_m * stride_om + topk_idx * "
              "stride_ot + n * stride_on, acc, mask=n_ok)"),),
            phrase="replaces acc instead of adding to it", kind="shape"),
+    Mutant("3.2", "x's masked lanes loaded as NaN",
+           ((_P3_X_LOAD, _P3_X_LOAD.replace("other=0.0", 'other=float("nan")')),),
+           phrase="yet your code wrote them", kind="message"),
+    Mutant("3.2", "program ids swapped", (("    pid_m = tl.program_id(axis=0)\n    pid_n = tl.program_id(axis=1)\n"
+                                           "    FUSED_N: tl.constexpr = TOPK * BLOCK_N",
+                                           "    pid_m = tl.program_id(axis=1)\n    pid_n = tl.program_id(axis=0)\n"
+                                           "    FUSED_N: tl.constexpr = TOPK * BLOCK_N"),),
+           phrase="The program ids are swapped: pid_m must be tl.program_id(axis=0)", kind="message"),
     # ------------------------------------------------------------------ 3.3 any topk
     Mutant("3.3", "TOPK_PAD = topk", (("TOPK_PAD=triton.next_power_of_2(topk)", "TOPK_PAD=topk", 2),),
            phrase="power of two"),
@@ -392,6 +405,13 @@ MUTANTS = [
     Mutant("4.3", "B loaded without other=", (("mask=(k[:, None] < K) & (n[None, :] < N), other=0.0)",
                                                "mask=(k[:, None] < K) & (n[None, :] < N))"),),
            phrase="loads `w_ptr`", kind="masked lane"),
+    Mutant("4.3", "weight read transposed", ((_P4_B_LOAD, _P4_B_LOAD.replace(
+        "n[None, :] * stride_wn + k[:, None] * stride_wk", "n[None, :] * stride_wk + k[:, None] * stride_wn")),),
+           phrase="your kernel reads each expert's weight transposed", kind="message"),
+    Mutant("4.3", "weight read transposed, masks swapped too", ((_P4_B_LOAD, _P4_B_LOAD.replace(
+        "n[None, :] * stride_wn + k[:, None] * stride_wk", "n[None, :] * stride_wk + k[:, None] * stride_wn").replace(
+        "mask=(k[:, None] < K) & (n[None, :] < N)", "mask=(k[:, None] < N) & (n[None, :] < K)")),),
+           phrase="your kernel reads each expert's weight transposed", kind="message"),
     Mutant("4.3", "expert offset expert * N * K", (("b = tl.load(w_ptr + expert * stride_we + n[None, :]",
                                                      "b = tl.load(w_ptr + expert * N * K + n[None, :]"),),
            phrase="stride(0) is not N * K", kind="shape"),

@@ -8,7 +8,7 @@ from typing import Callable, Iterable
 import torch
 
 from .. import runtime
-from ..reference import tolerance
+from ..reference import rel_error, tolerance
 from .diagnose import expect_first_gemm, expect_layer
 from .feedback import Fail, NotAttempted, call_student, on, run_check
 from .guard import Recorder
@@ -97,7 +97,40 @@ def first_gemm_on(fn: Callable, p: Problem, tol: float, *, hints=None, weighted:
     except Fail as e:
         if p.strided and _passes(attempt, contiguous_copy(p)):
             raise Fail(f"{e}\n" + strides_note(p)) from None
+        if hints is not None and p.N != p.K:
+            transposed = _transposed_weight(fn, weighted)
+            if transposed:
+                # What the failure said about the K loop or the mask follows from the swap: say the swap instead.
+                raise Fail(str(e).splitlines()[0] + "\n" + transposed) from None
         raise
+
+
+#: The kernels' square probe: N = K, so a weight read transposed stays in range and shows as x @ weight[e].
+_SQUARE = dict(M=3, N=16, K=16, E=4, topk=2, seed=61)
+
+
+def _transposed_weight(fn: Callable, weighted: bool) -> str:
+    """A kernel that swaps the weight's N and K strides reads out of range, or a K loop that seems to stop
+    early, when N != K. On a square problem the same kernel computes x @ weight[e]: if it does, say so."""
+    from .problems import random_first_gemm
+
+    q = random_first_gemm(**_SQUARE, weighted=weighted)
+    args = (q.x, q.weight, q.topk_ids) + ((q.topk_weights,) if weighted else ())
+    try:
+        out = call_student(fn, *args, names=FIRST_GEMM_NAMES[:len(args)])
+    except (Fail, NotAttempted):
+        return ""
+    # weight[e] used as if it were [K, N]: out[m, j, n] = sum_k x[m, k] * weight[e, k, n].
+    swapped = torch.einsum("mk,mjkn->mjn", q.x.double(), q.weight.double()[q.topk_ids.long()])
+    if q.topk_weights is not None:
+        swapped = swapped * q.topk_weights.double()[..., None]
+    if not isinstance(out, torch.Tensor) or out.shape != swapped.shape or \
+            rel_error(out.detach().double(), swapped) > 1e-3:
+        return ""
+    return ("your kernel reads each expert's weight transposed: on a problem with N = K = 16, where that stays in "
+            "range, your output is x @ weight[e] instead of x @ weight[e].T. weight is [E, N, K]: element (n, k) "
+            "of expert e is at expert * stride_we + n * stride_wn + k * stride_wk (stride_wn = weight.stride(1) "
+            "moves along N, stride_wk = weight.stride(2) along K), and your offsets swap the two.")
 
 
 def contiguous_copy(p: Problem) -> Problem:

@@ -210,7 +210,7 @@ _SORTED_HINTS = [
      "no rows at all: return before loading anything for them."),
     (("weight", "weights", "w", "b", "w1", "w13", "wt"),
      "a weight load out of range: blocks past num_tokens_post_padded have expert -1, so exit early for "
-     "them; the offset is expert * stride_be + n * stride_bn + k * stride_bk, masked with k < K."),
+     "them; the offset is expert * stride_we + n * stride_wn + k * stride_wk, masked with k < K."),
     (("sorted", "expert", "ids", "id", "num", "post"),
      "the grid covers cdiv(len(sorted_token_ids), BLOCK_M) blocks: row and block indices must stay below that."),
 ]
