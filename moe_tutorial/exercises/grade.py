@@ -47,8 +47,8 @@ _PARTS = sorted({ex.part for ex in EXERCISES.values()})
 # Run in the student's kernel, once per exercise, after every cell of the notebook. It first drops
 # the package's modules and puts the installed package's folder first on sys.path (taking out the
 # notebook's own folder, where it may have written a package of that name), clears the import
-# system's cached finders and points the bytecode cache at a fresh folder of the grader's (a .pyc
-# planted in the package's __pycache__ is never read), so that the checkers it imports are the
+# system's cached finders and points the bytecode cache at a folder it makes (a .pyc planted in the
+# package's __pycache__ is never read), so that the checkers it imports are the
 # installed source files, not objects the notebook replaced or patched. It checks that every
 # moe_tutorial module came from the installed package before running any of it: a fake would
 # write its own verdict.
@@ -59,7 +59,16 @@ for _moe_name in [n for n in _moe_sys.modules if n == "moe_tutorial" or n.starts
 _moe_sys.path[:] = [{root!r}] + [p for p in _moe_sys.path
                                  if _moe_os.path.realpath(p or ".") != _moe_os.path.realpath(_moe_os.getcwd())]
 _moe_sys.path_importer_cache.clear()        # finders the notebook's imports cached, for its own folder too
-_moe_sys.pycache_prefix = {pycache!r}       # bytecode compiled afresh here, never read from the package's folder
+# Bytecode compiled afresh into a folder made now, under a name the notebook's code could not know
+# (kept for this notebook's next grading cells under an attribute named after the run's key), never
+# read from the package's __pycache__.
+_moe_pyc = getattr(_moe_sys, "_moe_grade_pyc_{key}", None)
+if _moe_pyc is None:
+    import tempfile as _moe_tempfile
+    _moe_pyc = _moe_tempfile.mkdtemp(dir={pycache!r})
+    setattr(_moe_sys, "_moe_grade_pyc_{key}", _moe_pyc)
+_moe_sys.pycache_prefix = _moe_pyc
+_moe_sys.dont_write_bytecode = False
 import moe_tutorial as _moe_pkg
 import moe_tutorial.exercises.grade as _moe_grade
 _moe_files = {{str(getattr(m, "__file__", None)) for n, m in list(_moe_sys.modules.items())
@@ -272,7 +281,9 @@ def grade_notebook(path: Path, name: str, *, timeout: int = 300, part: int | Non
         before = snapshot()
         try:
             with read_only() as report.read_only:
-                _execute(nb, report, work, timeout, Path(tmp) / "pycache")
+                pycache = Path(tmp) / "pycache"     # the grading cells make their bytecode folder in it
+                pycache.mkdir()
+                _execute(nb, report, work, timeout, pycache)
         finally:
             changed = restore(before)
     if changed:
@@ -285,7 +296,7 @@ def grade_notebook(path: Path, name: str, *, timeout: int = 300, part: int | Non
 
 def _execute(nb, report: Report, work: Path, timeout: int, pycache: Path) -> None:
     """Run ``nb`` without its check cells in ``work`` and put each exercise's verdict in ``report``;
-    the grading cells compile the package into the fresh bytecode cache ``pycache``."""
+    the grading cells compile the package into a bytecode cache they make inside ``pycache``."""
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import DeadKernelError
