@@ -688,9 +688,9 @@ def grouped_divmod(pid, num_pid_m, num_pid_n, group_m):
                                               "BLOCK_M, BLOCK_N, BLOCK_K = 32, 16, 64"),),
                 kind="other block sizes"),
     # ------------------------------------------------------------------ 4.4
-    # A's rows scaled in float32: scaled float16 rows would be rounded before the sum.
+    # A's rows scaled in float32 (and multiplied in full fp32, not tf32): scaled 16-bit rows would be rounded.
     Alternative("4.4", "scaling A's rows", ((_P4_DOT_AND_WEIGHTS, '''        if ROUTER_WEIGHTS:
-            acc = tl.dot(a.to(tl.float32) * w[:, None], b.to(tl.float32), acc)
+            acc = tl.dot(a.to(tl.float32) * w[:, None], b.to(tl.float32), acc, input_precision="ieee")
         else:
             acc = tl.dot(a, b, acc)
 '''), ("    token = pair // TOPK\n    for k0 in range(0, K, BLOCK_K):",
