@@ -11,7 +11,7 @@ import torch
 from ..checks import check_kernel_dtype, check_tensor
 from ..kernels.sorted_kernel import sorted_moe_layer
 from .dispatch import Dispatched, combine, dispatch
-from .groups import dtype_code, require_group
+from .groups import check_same_on_all_ranks, dtype_code, gather_rows, require_group
 from .sharding import experts_per_rank
 
 
@@ -68,6 +68,11 @@ def expert_parallel_layer(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, 
         ``[M, K]`` in x's dtype: the rows the single-process layer gives for these tokens.
     """
     _, world = require_group(group)
+    check_tensor("x", x, 2)
+    # num_experts first, on every rank: a rank given another E would otherwise find its own w13 of the
+    # wrong size and blame it, alone, while the others wait in the exchange.
+    check_same_on_all_ranks(gather_rows(torch.tensor([num_experts], dtype=torch.int64, device=x.device), group),
+                            ["num_experts"])
     per, inter = check_local_weights(x, w13, w2, num_experts, world)
     same = {"w13.shape[0] (experts per rank)": per, "w2.shape[2] (intermediate size I)": inter,
             "x.dtype": dtype_code(x.dtype)}
