@@ -386,12 +386,13 @@ def test_05_reading_the_table(rows, ceil):
 
 def test_05_runs_and_protocols(rows, ceil):
     runs = {(r["date"], r["protocol"]) for r in rows}
-    assert len(runs) == 3 and sorted(p for _, p in runs) == ["cold-l2", "cold-l2", "rotated"]
-    assert_says(P5, "One GPU, three runs of `bench`")
+    assert len(runs) == 4 and sorted(p for _, p in runs) == ["cold-l2", "cold-l2", "cold-l2", "rotated"]
+    assert_says(P5, "One GPU, four runs of `bench`")
     rotated = report.headline_ceilings(rows, "sorted", protocol="rotated")
     assert_says(P5, "one launch costs {:.1f} us there, against {:.1f} us cold.", rotated["launch_us"],
                 ceil["launch_us"])
-    assert_says(P5, "its floor counts {:.2f} us for one)", rotated["launch_us"])
+    assert_says(P5, "Part of that is its floor, which counts {:.2f} us for one launch (its launches overlap) where "
+                    "cold-l2's counts {:.1f} us.", rotated["launch_us"], ceil["launch_us"])
     geo = {p: report.floor_geomeans(rows, "first", protocol=p) for p in ("cold-l2", "rotated")}
     mean_diff = max(abs(geo["cold-l2"][k] - v) for k, v in geo["rotated"].items())
     point = {p: {(r["model"], r["M"]): r["fraction_of_floor"]
@@ -399,9 +400,8 @@ def test_05_runs_and_protocols(rows, ceil):
     worst = max((abs(point["cold-l2"][k] - v), *k) for k, v in point["rotated"].items())
     assert_says(P5, "On the geometric means the two protocols agree within {}. Point by point they differ more, by up "
                     "to {} ({}, M = {})", fmt2(mean_diff), fmt2(worst[0]), worst[1], worst[2])
-    assert all(point["rotated"][m, 1] > point["cold-l2"][m, 1] for m in HEADLINE_MODELS), \
-        "rotated no longer reads higher at M = 1 on every model (notebook 05, appendix C)"
-    assert any(point["rotated"][m, M] < point["cold-l2"][m, M] for m in HEADLINE_MODELS for M in LARGE)
+    lower = sum(point["rotated"][k] < point["cold-l2"][k] for k in point["rotated"])
+    assert_says(P5, "and the rotated protocol reads lower at {} of the {} points.", lower, len(point["rotated"]))
 
 
 def test_04_small_facts(rows):
@@ -441,12 +441,13 @@ def test_05_decode_gemms_beat_a_read_of_their_size(rows):
     from moe_tutorial.experiments import limits
 
     rates = limits.read_rates(limits.load_limits())
-    line = sorted((mib * 2 ** 20, tbps) for (p, mib), tbps in rates.items() if p == "cold-l2-zero")
+    line = sorted((mib * 2 ** 20, tbps) for (p, mib), tbps in rates.items() if p == "clean-flush")
     for r in report.subset(rows, "first", impls=("sorted",), protocol="cold-l2"):
         if r["M"] in (1, 8):
             nbytes = r["gbps"] * 1e9 * r["ms"] * 1e-3
             assert r["gbps"] / 1e3 >= np.interp(nbytes, *zip(*line)), (r["model"], r["M"])
-    assert_says(P5, "Every gate/up GEMM at M = 1 and 8 sits above the read-only kernel's line")
+    assert_says(P5, "Every gate/up GEMM at M = 1 and 8 (timed with the clean flush) sits above the read-only kernel's "
+                    "clean-flush line")
     assert all(rates["clean-flush", mib] > rates["cold-l2-zero", mib] for p, mib in rates if p == "clean-flush")
 
 
@@ -479,7 +480,7 @@ def test_04_names_the_run_of_its_ceilings():
 
 def test_05_timer_in_brief_then_in_the_appendix():
     assert_says(P5, "the median of {} replays (details in appendix C)", timing.COLD_REPLAYS)
-    assert_says(P5, "Before each replay {} MB, more than the H200's L2 cache holds, are zeroed",
-                timing.FLUSH_BYTES >> 20)
+    assert_says(P5, "Before each replay {} MB, more than the H200's L2 cache holds, are {}",
+                timing.FLUSH_BYTES >> 20, {"read": "read", "zero": "zeroed"}[timing.FLUSHES["cold-l2"]])
     text = markdown(P5)
     assert text.index("**The timer (the cold-l2 protocol).**") > text.index("## Appendix C")
