@@ -484,3 +484,26 @@ def test_05_timer_in_brief_then_in_the_appendix():
                 timing.FLUSH_BYTES >> 20, {"read": "read", "zero": "zeroed"}[timing.FLUSHES["cold-l2"]])
     text = markdown(P5)
     assert text.index("**The timer (the cold-l2 protocol).**") > text.index("## Appendix C")
+
+
+# --------------------------------------------------------------------------------------
+# 04, section 12: the persistent grid and the Gluon kernel
+
+
+def test_04_persistent_step():
+    from moe_tutorial.figures import persistent
+
+    rows = results.load_rows(results.H200_RESULTS)
+    gains = persistent.persistent_gains(rows, HEADLINE_MODELS)
+    many = {k: v for k, v in gains.items() if k[1] * get_shape(k[0]).topk // get_shape(k[0]).num_experts >= 256}
+    few = {k: v for k, v in gains.items() if k not in many}
+    best = max(many, key=many.get)
+    assert_says(P4, "where an expert has 256 rows or more it gains {} to {} (most on {} at M = {});",
+                x(min(many.values())), x(max(many.values())), best[0], best[1])
+    assert_says(P4, "with fewer rows, where there are few tiles per SM to walk, it is {} to {}.",
+                x(min(few.values())), x(max(few.values())))
+    assert persistent.tile_schedule(10, 4)[1] == [1, 5, 9]
+    gluon = report.floor_geomeans(results.load_rows(results.DATA_DIR / "h200_gluon_bench.csv"), "first")
+    assert_says(P4, "its first GEMM reaches {} of the floor against the persistent `tl` kernel's {}",
+                " / ".join(fmt2(gluon[m, "gluon"]) for m in HEADLINE_MODELS),
+                " / ".join(fmt2(gluon[m, "persistent"]) for m in HEADLINE_MODELS))
