@@ -354,3 +354,21 @@ def test_fp8_kernel_flavours_compile_and_agree_on_gpu(block_m, block_k, swap, tm
     tw, ti = mt.route(torch.randn(M, E, device="cuda", generator=g), topk)
     y = fp8_moe_layer(x, q13, s13, q2, s2, tw, ti, configs=(cfg, cfg))
     assert rel_error(y, reference_fp8_moe_layer(x.float(), q13, s13, q2, s2, tw, ti)) < FP8_LAYER_TOLERANCE
+
+
+def test_persistent_grid_gives_the_same_layer():
+    """Part 4's persistent grid in the FP8 kernel: every tile once, the same result to the bit."""
+    import dataclasses
+
+    from moe_tutorial.kernels.configs import CPU_FP8_CONFIG
+
+    g = torch.Generator().manual_seed(4)
+    M, K, inter, E, topk = 20, 256, 128, 4, 2
+    x = torch.randn(M, K, generator=g)
+    w13q, w13s = quant.quantize_w13(torch.randn(E, 2 * inter, K, generator=g) / 16)
+    w2q, w2s = quant.quantize_weight(torch.randn(E, K, inter, generator=g) / 16)
+    tw, ids = torch.topk(torch.softmax(torch.randn(M, E, generator=g), -1), topk)
+    one = (CPU_FP8_CONFIG, CPU_FP8_CONFIG)
+    walk = tuple(dataclasses.replace(c, persistent=True) for c in one)
+    assert torch.equal(fp8_moe_layer(x, w13q, w13s, w2q, w2s, tw, ids, configs=one),
+                       fp8_moe_layer(x, w13q, w13s, w2q, w2s, tw, ids, configs=walk))

@@ -36,8 +36,9 @@ from ..checks import (
 )
 from ..quant import BLOCK, FP8_DTYPE, check_fp8_pair
 from .align import align_block_size, check_alignment
-from .configs import KernelConfig, fp8_config
+from .configs import KernelConfig, fp8_config, sm_count
 from .fp8_quant import E4M3_MAX_C, MIN_AMAX_C, quantize_group, quantize_rows
+from .persistent_kernel import INTERPRETER_PROGRAMS, persistent_grid
 from .sorted_kernel import _tma_can_read, grouped_tile
 from .topk_sum import topk_sum
 
@@ -76,35 +77,18 @@ def quantize_epilogue(acc, col_ok, E4M3_MAX: tl.constexpr, MIN_AMAX: tl.constexp
 
 
 @triton.jit
-def fp8_moe_kernel(
-    # pointers: A, B and C with their scales; router weights; the alignment
-    a_ptr, a_scale_ptr, b_ptr, b_desc, b_scale_ptr, c_ptr, c_scale_ptr, router_w_ptr,
-    sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
-    # sizes
-    N, K, num_pairs, max_padded, a_row_div, up_scale_rows, b_rows_per_expert,
-    # strides
+def fp8_tile(
+    pid_m, pid_n, expert_ids_ptr,
+    a_ptr, a_scale_ptr, b_ptr, b_desc, b_scale_ptr, c_ptr, c_scale_ptr, router_w_ptr, sorted_ids_ptr,
+    N, K, num_pairs, a_row_div, up_scale_rows, b_rows_per_expert,
     stride_am, stride_ak, stride_asm, stride_ask,
     stride_be, stride_bn, stride_bk, stride_bse, stride_bsn, stride_bsk,
     stride_cm, stride_cn, stride_csm,
-    # meta-parameters
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GATED: tl.constexpr, ROUTER_WEIGHTS: tl.constexpr, SORTED_ROWS: tl.constexpr,
     QUANT_OUT: tl.constexpr, SWAP_AB: tl.constexpr, USE_TMA: tl.constexpr,
 ):
-    """C[pair, n] = A[pair // a_row_div] . B[expert(pair), n], e4m3 operands, block scales, fp32 sums.
-
-    As :func:`moe_tutorial.kernels.sorted_kernel.sorted_moe_kernel`, with: ``a_scale`` ``[rows,
-    ceil(K/128)]``, ``b_scale`` ``[E, rows of B / 128, ceil(K/128)]`` (with GATED the up rows' scales
-    start ``up_scale_rows`` rows on). SORTED_ROWS is Part 4's sorted-activations layout for both
-    sides of the layer: the gate/up GEMM writes C's rows at their sorted positions, the down GEMM
-    reads A's rows there (``a_row_div`` = 0 marks the reading side). With QUANT_OUT (BLOCK_N = 128)
-    C is e4m3 and ``c_scale`` ``[rows, ceil(N/128)]`` receives one scale per row and tile.
-    """
-    # [which tile]
-    num_pid_m = tl.cdiv(max_padded, BLOCK_M)
-    pid_m, pid_n = grouped_tile(tl.program_id(axis=0), num_pid_m, tl.cdiv(N, BLOCK_N), GROUP_M)
-    if pid_m * BLOCK_M >= tl.load(num_post_ptr):
-        return
+    """One [BLOCK_M, BLOCK_N] tile of :func:`fp8_moe_kernel`: row block ``pid_m``, column block ``pid_n``."""
     expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
 
     # [gather the rows]
@@ -173,6 +157,60 @@ def fp8_moe_kernel(
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
+@triton.jit
+def fp8_moe_kernel(
+    # pointers: A, B and C with their scales; router weights; the alignment
+    a_ptr, a_scale_ptr, b_ptr, b_desc, b_scale_ptr, c_ptr, c_scale_ptr, router_w_ptr,
+    sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
+    # sizes
+    N, K, num_pairs, max_padded, a_row_div, up_scale_rows, b_rows_per_expert,
+    # strides
+    stride_am, stride_ak, stride_asm, stride_ask,
+    stride_be, stride_bn, stride_bk, stride_bse, stride_bsn, stride_bsk,
+    stride_cm, stride_cn, stride_csm,
+    # meta-parameters
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    GATED: tl.constexpr, ROUTER_WEIGHTS: tl.constexpr, SORTED_ROWS: tl.constexpr,
+    QUANT_OUT: tl.constexpr, SWAP_AB: tl.constexpr, USE_TMA: tl.constexpr,
+    PERSISTENT: tl.constexpr,
+):
+    """C[pair, n] = A[pair // a_row_div] . B[expert(pair), n], e4m3 operands, block scales, fp32 sums.
+
+    As :func:`moe_tutorial.kernels.sorted_kernel.sorted_moe_kernel`, with: ``a_scale`` ``[rows,
+    ceil(K/128)]``, ``b_scale`` ``[E, rows of B / 128, ceil(K/128)]`` (with GATED the up rows' scales
+    start ``up_scale_rows`` rows on). SORTED_ROWS is Part 4's sorted-activations layout for both
+    sides of the layer: the gate/up GEMM writes C's rows at their sorted positions, the down GEMM
+    reads A's rows there (``a_row_div`` = 0 marks the reading side). With QUANT_OUT (BLOCK_N = 128)
+    C is e4m3 and ``c_scale`` ``[rows, ceil(N/128)]`` receives one scale per row and tile.
+    PERSISTENT: Part 4's persistent grid (:mod:`moe_tutorial.kernels.persistent_kernel`), each
+    program walking the real tiles.
+    """
+    # [which tile]
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    if PERSISTENT:
+        num_pid_m = tl.cdiv(tl.load(num_post_ptr), BLOCK_M)
+        for t in tl.range(tl.program_id(axis=0), num_pid_m * num_pid_n, tl.num_programs(axis=0)):
+            pid_m, pid_n = grouped_tile(t, num_pid_m, num_pid_n, GROUP_M)
+            fp8_tile(pid_m, pid_n, expert_ids_ptr,
+                     a_ptr, a_scale_ptr, b_ptr, b_desc, b_scale_ptr, c_ptr, c_scale_ptr, router_w_ptr,
+                     sorted_ids_ptr, N, K, num_pairs, a_row_div, up_scale_rows, b_rows_per_expert,
+                     stride_am, stride_ak, stride_asm, stride_ask,
+                     stride_be, stride_bn, stride_bk, stride_bse, stride_bsn, stride_bsk,
+                     stride_cm, stride_cn, stride_csm,
+                     BLOCK_M, BLOCK_N, BLOCK_K, GATED, ROUTER_WEIGHTS, SORTED_ROWS, QUANT_OUT, SWAP_AB, USE_TMA)
+    else:
+        pid_m, pid_n = grouped_tile(tl.program_id(axis=0), tl.cdiv(max_padded, BLOCK_M), num_pid_n, GROUP_M)
+        # max_padded is a host-side bound; blocks past the real end have nothing to do.
+        if pid_m * BLOCK_M < tl.load(num_post_ptr):
+            fp8_tile(pid_m, pid_n, expert_ids_ptr,
+                     a_ptr, a_scale_ptr, b_ptr, b_desc, b_scale_ptr, c_ptr, c_scale_ptr, router_w_ptr,
+                     sorted_ids_ptr, N, K, num_pairs, a_row_div, up_scale_rows, b_rows_per_expert,
+                     stride_am, stride_ak, stride_asm, stride_ask,
+                     stride_be, stride_bn, stride_bk, stride_bse, stride_bsn, stride_bsk,
+                     stride_cm, stride_cn, stride_csm,
+                     BLOCK_M, BLOCK_N, BLOCK_K, GATED, ROUTER_WEIGHTS, SORTED_ROWS, QUANT_OUT, SWAP_AB, USE_TMA)
+
+
 # ------------------------------------------------------------------ checks and the launcher
 
 #: Triton releases whose e4m3 ``tl.dot`` was checked: natively on a GPU (FP8 tensor cores need
@@ -226,7 +264,11 @@ def launch_fp8_gemm(a, a_scale, b, b_scale, c, alignment, num_pairs: int, a_row_
     if BLOCK % config.block_k:
         raise ValueError(f"config: block_k must divide {BLOCK} (one scale per K step), got {config.block_k}")
     max_padded = sorted_ids.numel()
-    grid = (triton.cdiv(max_padded, config.block_m) * triton.cdiv(N, config.block_n),)
+    max_tiles = triton.cdiv(max_padded, config.block_m) * triton.cdiv(N, config.block_n)
+    if config.persistent:
+        grid = persistent_grid(INTERPRETER_PROGRAMS if runtime.INTERPRETED else sm_count(), max_tiles)
+    else:
+        grid = (max_tiles,)
     b_desc = _fp8_weight_descriptor(b, config)
     up_scale_rows = b_scale.shape[1] // 2 if gated else 0
     fp8_moe_kernel[grid](
@@ -240,7 +282,7 @@ def launch_fp8_gemm(a, a_scale, b, b_scale, c, alignment, num_pairs: int, a_row_
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
         GATED=gated, ROUTER_WEIGHTS=router_weights is not None, SORTED_ROWS=sorted_rows,
         QUANT_OUT=c_scale is not None, SWAP_AB=config.swap_ab, USE_TMA=b_desc is not None,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        PERSISTENT=config.persistent, num_warps=config.num_warps, num_stages=config.num_stages,
     )
 
 

@@ -480,3 +480,21 @@ def layer_fp8(inp: Inputs, configs=None) -> Prepared:
                                        inp.weights[0][rows], local)
     return Prepared(_rotations(inp, lambda x, ids, w: fp8_moe_layer(x, q13, s13, q2, s2, w, ids, configs=configs)),
                     reference=reference)
+
+
+def first_fp8_persistent(inp: Inputs) -> Prepared:
+    """Part 7's first GEMM with its configuration on the persistent grid (issue: the same
+    machinery at prefill)."""
+    from ..kernels.configs import fp8_config
+    E, N, K = inp.w13.shape
+    return first_fp8(inp, config=replace(fp8_config(inp.M, E, N, K, inp.shape.topk, "plain"), persistent=True))
+
+
+def layer_fp8_persistent(inp: Inputs) -> Prepared:
+    """Part 7's layer with both GEMMs on the persistent grid."""
+    from ..kernels.configs import fp8_config
+    s = inp.shape
+    up = replace(fp8_config(inp.M, s.num_experts, s.intermediate, s.hidden, s.topk, "gated"), persistent=True)
+    down = replace(fp8_config(inp.M, s.num_experts, s.hidden, s.intermediate, s.topk, "down"), persistent=True,
+                   block_m=up.block_m)                  # one alignment for both GEMMs
+    return layer_fp8(inp, configs=(up, down))
