@@ -185,23 +185,21 @@ def fp8_moe_kernel(
     PERSISTENT: Part 4's persistent grid (:mod:`moe_tutorial.kernels.persistent_kernel`), each
     program walking the real tiles.
     """
-    # [which tile]
+    # [which tile] One tile per program, or (PERSISTENT) every num_programs-th of the real tiles.
     num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_post = tl.load(num_post_ptr)
+    first = tl.program_id(axis=0)
     if PERSISTENT:
-        num_pid_m = tl.cdiv(tl.load(num_post_ptr), BLOCK_M)
-        for t in tl.range(tl.program_id(axis=0), num_pid_m * num_pid_n, tl.num_programs(axis=0)):
-            pid_m, pid_n = grouped_tile(t, num_pid_m, num_pid_n, GROUP_M)
-            fp8_tile(pid_m, pid_n, expert_ids_ptr,
-                     a_ptr, a_scale_ptr, b_ptr, b_desc, b_scale_ptr, c_ptr, c_scale_ptr, router_w_ptr,
-                     sorted_ids_ptr, N, K, num_pairs, a_row_div, up_scale_rows, b_rows_per_expert,
-                     stride_am, stride_ak, stride_asm, stride_ask,
-                     stride_be, stride_bn, stride_bk, stride_bse, stride_bsn, stride_bsk,
-                     stride_cm, stride_cn, stride_csm,
-                     BLOCK_M, BLOCK_N, BLOCK_K, GATED, ROUTER_WEIGHTS, SORTED_ROWS, QUANT_OUT, SWAP_AB, USE_TMA)
+        num_pid_m = tl.cdiv(num_post, BLOCK_M)
+        end, step = num_pid_m * num_pid_n, tl.num_programs(axis=0)
     else:
-        pid_m, pid_n = grouped_tile(tl.program_id(axis=0), tl.cdiv(max_padded, BLOCK_M), num_pid_n, GROUP_M)
+        num_pid_m = tl.cdiv(max_padded, BLOCK_M)
+        end = first + 1
+        step = end - first                           # 1, as a tensor like the other branch's
+    for t in tl.range(first, end, step):
+        pid_m, pid_n = grouped_tile(t, num_pid_m, num_pid_n, GROUP_M)
         # max_padded is a host-side bound; blocks past the real end have nothing to do.
-        if pid_m * BLOCK_M < tl.load(num_post_ptr):
+        if pid_m * BLOCK_M < num_post:
             fp8_tile(pid_m, pid_n, expert_ids_ptr,
                      a_ptr, a_scale_ptr, b_ptr, b_desc, b_scale_ptr, c_ptr, c_scale_ptr, router_w_ptr,
                      sorted_ids_ptr, N, K, num_pairs, a_row_div, up_scale_rows, b_rows_per_expert,
@@ -209,7 +207,6 @@ def fp8_moe_kernel(
                      stride_be, stride_bn, stride_bk, stride_bse, stride_bsn, stride_bsk,
                      stride_cm, stride_cn, stride_csm,
                      BLOCK_M, BLOCK_N, BLOCK_K, GATED, ROUTER_WEIGHTS, SORTED_ROWS, QUANT_OUT, SWAP_AB, USE_TMA)
-
 
 # ------------------------------------------------------------------ checks and the launcher
 
