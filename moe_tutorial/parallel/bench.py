@@ -306,17 +306,18 @@ def _timing_steps(M: int, shape: ModelShape, E: int, dtype, rank: int, world: in
     x, tw, ti, starts = make_batch([M] * world, E, shape.topk, K, dtype, seed=M)
     lo, hi = starts[rank], starts[rank + 1]
     xr, twr, tir = x[lo:hi], tw[lo:hi], ti[lo:hi]
-    d = dispatch(xr, twr, tir, E)
+    d = dispatch(xr, twr, tir, E, method="all_to_all")
     out = local_experts(d, *ep)
     counts = d.plan.counts
     remote = max(int(counts[r].sum() - counts[r, r]) for r in range(world))     # rows of the busiest sender
     send_rows = torch.randn(int(counts[rank].sum()), K, device=x.device).to(dtype)
     recv_rows = x.new_empty(int(counts[:, rank].sum()), K)
     return {
-        "dispatch": (lambda: dispatch(xr, twr, tir, E), remote * (K * itemsize + 8)),
+        "dispatch": (lambda: dispatch(xr, twr, tir, E, method="all_to_all"), remote * (K * itemsize + 8)),
         "experts": (lambda: local_experts(d, *ep), 0),
         "combine": (lambda: combine(out, d.plan), remote * K * itemsize),
-        "ep_layer": (lambda: expert_parallel_layer(xr, *ep, twr, tir, num_experts=E), remote * (2 * K * itemsize + 8)),
+        "ep_layer": (lambda: expert_parallel_layer(xr, *ep, twr, tir, num_experts=E, method="all_to_all"),
+                     remote * (2 * K * itemsize + 8)),
         "a2a_same_bytes": (lambda: dist.all_to_all_single(recv_rows, send_rows, d.plan.recv_counts, d.plan.send_counts),
                            remote * K * itemsize),
         "tp_layer": (lambda: tensor_parallel_layer(x, *tp, tw, ti, check_ranks=False),
