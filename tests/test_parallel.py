@@ -9,6 +9,7 @@ import moe_tutorial as mt  # noqa: F401,I001  (first: picks the runtime before a
 
 import math
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -609,3 +610,48 @@ def test_static_layer_replays_new_routings(world):
             assert r["ok"] and not r["graphed"], r
             assert r["capacity"] == max(tokens)
     assert [r["M"] for r in (o[0] for o in outs)] == tokens
+
+
+def exchange_bench_on_cpu(csv_path: str) -> list[dict]:
+    from moe_tutorial.parallel import exchange_bench
+
+    far = time.time() + 120
+    rows = exchange_bench.timing_rank(TINY, csv_path, far, (1, 3), None, torch.float32, reps=1)
+    rows += exchange_bench.timing_rank(TINY, None, 0.0, (2,), None, torch.float32, reps=1)
+    return rows
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_exchange_bench_runs_every_step_and_writes_the_csv(tmp_path, world):
+    """The GPU script's timing program on a tiny shape: every step of both methods, the replay check."""
+    from moe_tutorial.parallel import exchange_bench
+
+    path = tmp_path / "graphs.csv"
+    rows = launch(exchange_bench_on_cpu, world, str(path), timeout_s=120)[0]
+    saved = results.load(path)
+    assert len(saved) == len([r for r in rows if r["M"] != 2])
+    want = {(m, s) for m in ("all_gather", "all_to_all") for s in exchange_bench.METHOD_STEPS}
+    want |= {("", "tp_layer"), ("", "single_gpu"), ("all_gather", "check_graph_replay")}
+    for M in (1, 3):
+        got = {(r["method"] or "", r["step"]) for r in saved if r["M"] == M}
+        assert got == want, sorted(got ^ want)
+    bad = [r for r in saved if r["status"] != "ok"]
+    assert not bad, bad
+    assert all(r["rel_error"] <= 1e-5 for r in saved if r["step"] == "check_graph_replay")
+    assert all(r["ms"] > 0 for r in saved if not r["step"].startswith("check"))
+    by = {(r["M"], r["method"], r["step"]): r for r in saved}
+    # The all-gather moves (world - 1) * M packed rows out and as many rows of K back.
+    row_bytes = exchange_bench.packed_layout(TINY.hidden, TINY.topk, torch.float32)[2]
+    assert by[(3, "all_gather", "dispatch_combine")]["bytes"] == (world - 1) * 3 * (row_bytes + TINY.hidden * 4)
+    assert by[(3, "all_gather", "a2a_x2_same_bytes")]["bytes"] == by[(3, "all_gather", "dispatch_combine")]["bytes"]
+    assert by[(3, "all_to_all", "a2a_x2_same_bytes")]["bytes"] == by[(3, "all_to_all", "dispatch_combine")]["bytes"]
+    assert saved[0]["world"] == world and saved[0]["gpu"].startswith("cpu") and saved[0]["date"]
+    assert {r["status"] for r in rows if r["M"] == 2} == {"skipped: time budget"}
+    if world == 2:                                   # the GPU script's summary reads this CSV
+        import importlib.util
+
+        script = Path(__file__).resolve().parents[1] / "scripts" / "experiments" / "h200_ep_graphs.py"
+        spec = importlib.util.spec_from_file_location("h200_ep_graphs", script)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        module.summary(path)

@@ -71,16 +71,16 @@ def machine_columns(world: int) -> dict:
             "protocol": PROTOCOL}
 
 
-def append_row(path, row: dict) -> None:
-    """Append one row to the CSV at ``path`` (header first when the file is new)."""
+def append_row(path, row: dict, fields: list[str] = FIELDS) -> None:
+    """Append one row to the CSV at ``path`` with columns ``fields`` (header first when the file is new)."""
     path = Path(path)
     new = not path.exists() or path.stat().st_size == 0
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         if new:
             writer.writeheader()
-        writer.writerow({k: row.get(k, "") for k in FIELDS})
+        writer.writerow({k: row.get(k, "") for k in fields})
 
 
 def all_ranks_ok(ok: bool) -> bool:
