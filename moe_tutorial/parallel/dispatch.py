@@ -165,7 +165,7 @@ def dispatch(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
              **(same_on_all_ranks or {})}
     if method == "all_to_all":
         check_ids_in_range(topk_ids, num_experts)
-        return _dispatch_all_to_all(x, topk_weights, topk_ids, per, rank, world, agree, group)
+        return dispatch_all_to_all(x, topk_weights, topk_ids, per, rank, world, agree, group)
     if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0):
         raise ValueError(f"capacity: expected a non-negative int, got {capacity!r}")
     if check_ranks and not capturing(x):
@@ -178,7 +178,7 @@ def dispatch(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
         # The no-drop guarantee: a rank sends each of its tokens once, so capacity >= M is all it needs.
         raise ValueError(f"capacity: expected at least this rank's {M} tokens (a token beyond it would be dropped), "
                          f"got {capacity}")
-    return _dispatch_all_gather(x, topk_weights, topk_ids, per, rank, world, capacity, group)
+    return dispatch_all_gather(x, topk_weights, topk_ids, per, rank, world, capacity, group)
 
 
 def _checked_capacity(M: int, capacity: int | None, agree: dict, device, group) -> int:
@@ -214,7 +214,7 @@ def _views(buf: torch.Tensor, hidden: int, topk: int, dtype: torch.dtype):
             buf[:, meta + 4 * topk:meta + 8 * topk].view(torch.float32))
 
 
-def _dispatch_all_gather(x, topk_weights, topk_ids, per: int, rank: int, world: int, capacity: int,
+def dispatch_all_gather(x, topk_weights, topk_ids, per: int, rank: int, world: int, capacity: int,
                          group) -> Dispatched:
     """Pack, all-gather, make the ids local. No device value is read: every shape is a host int."""
     M, K = x.shape
@@ -240,7 +240,7 @@ def _dispatch_all_gather(x, topk_weights, topk_ids, per: int, rank: int, world: 
     return Dispatched(rx, local, rw, plan)
 
 
-def _dispatch_all_to_all(x, topk_weights, topk_ids, per: int, rank: int, world: int, agree: dict,
+def dispatch_all_to_all(x, topk_weights, topk_ids, per: int, rank: int, world: int, agree: dict,
                          group) -> Dispatched:
     """Count, exchange the counts (the host reads them), permute by destination, all-to-all."""
     M, K = x.shape
@@ -283,7 +283,7 @@ def combine(expert_out: torch.Tensor, plan: DispatchPlan | GatherPlan, *, group=
         raise ValueError(f"expert_out: expected {plan.received} rows, one per row this rank received, "
                          f"got shape {tuple(expert_out.shape)}")
     if plan.method == "all_gather":
-        return _combine_reduce_scatter(expert_out, plan, group)
+        return combine_reduce_scatter(expert_out, plan, group)
     K = expert_out.shape[1]
     # [send back]
     back = expert_out.new_empty(plan.order.numel(), K)
@@ -294,7 +294,7 @@ def combine(expert_out: torch.Tensor, plan: DispatchPlan | GatherPlan, *, group=
     return pairs.view(plan.num_tokens, plan.topk, K).sum(dim=1)
 
 
-def _combine_reduce_scatter(expert_out: torch.Tensor, plan: GatherPlan, group) -> torch.Tensor:
+def combine_reduce_scatter(expert_out: torch.Tensor, plan: GatherPlan, group) -> torch.Tensor:
     """One reduce-scatter (sum): each rank's partial sums of every token, added, back to its owner."""
     out = expert_out.new_empty(plan.capacity, expert_out.shape[1])
     if plan.capacity:
