@@ -10,8 +10,10 @@ in the middle of a collective.
 Timing protocol (:data:`PROTOCOL`): every repetition starts with a device synchronize and a
 barrier, so all ranks enter together; CUDA events on each rank bracket the call (a CPU clock
 without a GPU); a repetition's time is the slowest rank's (an all-reduce of MAX), and a case's
-time the median of its repetitions after the warm-up ones. Dispatch reads the counts on the host,
-which a CUDA graph cannot capture, so nothing here uses graphs.
+time the median of its repetitions after the warm-up ones. The timed exchange is the
+host-synchronised one (``method="all_to_all"``): its dispatch reads the counts on the host, which a
+CUDA graph cannot capture, so nothing here uses graphs. The correctness checks run the layer's
+default, the fixed-capacity exchange. :mod:`.exchange_bench` times both exchanges under graph replay.
 """
 from __future__ import annotations
 

@@ -23,6 +23,16 @@ Bytes per rank, each way: all_gather sends ``(world - 1) * C`` rows of K values,
 ``M * topk * (world - 1) / world`` on average. The all-gather moves no more while world <= topk
 (two GPUs: Mixtral-8x7B M rows against M, DeepSeek-V3 M against 4 M); on more GPUs than topk a
 de-duplicated all-to-all (each token once to each rank that holds one of its experts) moves less.
+
+Both run on gloo as on NCCL: gloo implements ``all_gather_into_tensor`` and
+``reduce_scatter_tensor`` (checked with torch 2.13's CPU build), so a laptop runs the very code a
+GPU does. Why plain collectives first, not the other options: torch's symmetric memory
+(``torch.distributed._symmetric_memory``, device-side splits) and a Triton kernel that writes rows
+straight into a peer's buffer both need symmetric allocations that gloo has no equivalent of, so
+the CPU path would be another program; a fixed-capacity all-gather captures in a CUDA graph with
+stock NCCL, needs no new kernel, and at ``world <= topk`` sends no more bytes. Whether a
+device-split exchange beats it is a question for the two-GPU data: the bench times two
+``all_to_all_single`` calls of the same bytes beside it (``exchange_bench``).
 """
 from __future__ import annotations
 
@@ -200,11 +210,15 @@ def _checked_capacity(M: int, capacity: int | None, agree: dict, device, group) 
 
 def packed_layout(hidden: int, topk: int, dtype: torch.dtype) -> tuple[int, int, int]:
     """``(x_bytes, meta_offset, row_bytes)`` of one packed row: x's K values, then topk int32 ids
-    and topk fp32 weights at a 4-byte boundary, the row padded to 16 bytes (each part can then be
-    viewed in its own dtype, and rows start aligned)."""
+    and topk fp32 weights at a 4-byte boundary, the row padded to 64 bytes.
+
+    Each part can then be viewed in its own dtype, and the row stride of the x view is a multiple
+    of 16 elements (for 2- and 4-byte dtypes), which Triton needs to know to load A's rows with
+    wide vector loads in the experts' first GEMM.
+    """
     x_bytes = hidden * torch.empty(0, dtype=dtype).element_size()
     meta = -(-x_bytes // 4) * 4
-    return x_bytes, meta, -(-(meta + 8 * topk) // 16) * 16
+    return x_bytes, meta, -(-(meta + 8 * topk) // 64) * 64
 
 
 def _views(buf: torch.Tensor, hidden: int, topk: int, dtype: torch.dtype):

@@ -63,14 +63,27 @@ def machine_columns(world: int) -> dict:
     return {**machine_info(), "nccl": nccl, "world": world}
 
 
+def host_group():
+    """A gloo group of the same ranks, for barriers and the timings' max; None if gloo cannot start
+    here (the default group then does that work, and the protocol says so)."""
+    if dist.get_backend() == "gloo":
+        return None                              # the default group is gloo already
+    try:
+        return dist.new_group(backend="gloo")
+    except Exception:  # noqa: BLE001  (e.g. no network interface gloo can use)
+        return None
+
+
 class Timer:
     """Times calls by :data:`GRAPH_PROTOCOL` or :data:`EAGER_PROTOCOL` (``time.perf_counter`` on the CPU)."""
 
     def __init__(self, host_group, reps: int = REPS, warmup: int = WARMUP):
         # Host-side barriers and the max over ranks go through ``host_group``, a gloo group, so
-        # that between two replays of a graph holding NCCL collectives no other NCCL call runs.
+        # that between two replays of a graph holding NCCL collectives no other NCCL call runs
+        # (None: the default group).
         self.host, self.reps, self.warmup = host_group, reps, warmup
         self.on_gpu = torch.cuda.is_available()
+        self.nccl_barrier = self.on_gpu and host_group is None
 
     def __call__(self, fn: Callable, graph: bool = True) -> tuple[float, str]:
         """``(median ms, protocol)``: ``graph=False`` for a call that waits on the host; a graph
@@ -94,8 +107,10 @@ class Timer:
                 fn()
         times = [self._once(run) for _ in range(self.reps)]
         del g
-        slowest = torch.tensor(times, dtype=torch.float64)
+        slowest = torch.tensor(times, dtype=torch.float64, device="cuda" if self.nccl_barrier else "cpu")
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=self.host)
+        if self.nccl_barrier:
+            protocol = protocol.replace("gloo barrier", "NCCL barrier")
         return statistics.median(slowest.tolist()), protocol
 
     def _once(self, run: Callable) -> float:
@@ -165,7 +180,7 @@ def timing_rank(model, csv_path: str | None, deadline: float, batch_sizes=BATCH_
         ok, err = False, _last_line()
     if not all_ranks_ok(ok):
         return [_emit(csv_path, rank, {**cols, "step": "ep_layer", "status": f"error: {err or 'another rank'}"})]
-    host = dist.new_group(backend="gloo")
+    host = host_group()
     for M in batch_sizes:
         timer = Timer(host, reps or (REPS if M < LARGE_M else REPS_LARGE))
         cases = _cases(M, shape, E, dtype, rank, world, (w13, w2), ep, tp)
