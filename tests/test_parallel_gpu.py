@@ -25,12 +25,9 @@ SMALL_DEEPSEEK = ModelShape("small DeepSeek-V3-like", 256, 8, 512, 256)
 
 
 def _replay(world: int, tokens: list[int]) -> list[dict]:
-    rows = []
-    for s in (SMALL_MIXTRAL, SMALL_DEEPSEEK):
-        outs = launch(graphs.graph_replay_rank, world, tokens, s.num_experts, s.topk, s.hidden, s.intermediate,
-                      "bfloat16", backend="nccl", timeout_s=300, collective_timeout_s=60, env=bench.env_for_ranks())
-        rows += [dict(r, model=s.name) for by_rank in outs for r in by_rank]
-    return rows
+    outs = launch(graphs.graph_replay_shapes_rank, world, [SMALL_MIXTRAL, SMALL_DEEPSEEK], tokens, "bfloat16",
+                  backend="nccl", timeout_s=300, collective_timeout_s=60, env=bench.env_for_ranks())
+    return [r for by_rank in outs for r in by_rank]
 
 
 def _check_replays(rows: list[dict], world: int, tokens: list[int]) -> None:

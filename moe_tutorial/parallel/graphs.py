@@ -128,3 +128,14 @@ def _err(y: torch.Tensor, ref: torch.Tensor) -> float:
     if y.shape != ref.shape:
         return float("inf")
     return rel_error(y, ref) if ref.numel() else 0.0
+
+
+def graph_replay_shapes_rank(shapes: Sequence, tokens_per_rank: Sequence[int], dtype_name: str = "bfloat16",
+                             routings=ROUTINGS) -> list[dict]:
+    """:func:`graph_replay_rank` for each :class:`moe_tutorial.shapes.ModelShape` of ``shapes`` in
+    one launch (one process start and one NCCL set-up for all); each row also names its ``model``."""
+    rows = []
+    for s in shapes:
+        rows += [dict(r, model=s.name) for r in graph_replay_rank(tokens_per_rank, s.num_experts, s.topk, s.hidden,
+                                                                 s.intermediate, dtype_name, routings)]
+    return rows

@@ -40,12 +40,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import moe_tutorial  # noqa: E402,F401,I001  (picks the runtime first)
 from moe_tutorial.parallel import bench, exchange_bench, graphs  # noqa: E402
 from moe_tutorial.parallel.launch import launch  # noqa: E402
-from moe_tutorial.shapes import ModelShape  # noqa: E402
+from moe_tutorial.shapes import BATCH_SIZES, ModelShape  # noqa: E402
 
 import torch  # noqa: E402
 
 MODELS = ("Mixtral-8x7B", "DeepSeek-V3")
 SMALL = (ModelShape("small Mixtral-like", 8, 2, 1024, 2048), ModelShape("small DeepSeek-V3-like", 256, 8, 512, 256))
+
+
+#: The ranks' backend (the CPU test of this script sets "gloo").
+BACKEND = "nccl"
 
 
 def run_stage(name: str, fn, world: int, args: tuple, deadline: float):
@@ -59,7 +63,7 @@ def run_stage(name: str, fn, world: int, args: tuple, deadline: float):
     try:
         # The timings' barriers run over a gloo group: all ranks are on this host, so loopback.
         env = {**bench.env_for_ranks(), "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
-        out = launch(fn, world, *args, backend="nccl", timeout_s=limit, collective_timeout_s=60, echo=True, env=env)
+        out = launch(fn, world, *args, backend=BACKEND, timeout_s=limit, collective_timeout_s=60, echo=True, env=env)
         print(f"== {name}: done in {time.time() - t0:.0f} s", flush=True)
         return out
     except Exception as exc:  # noqa: BLE001  (the next stage still runs; the CSV keeps what was measured)
@@ -67,23 +71,25 @@ def run_stage(name: str, fn, world: int, args: tuple, deadline: float):
         return None
 
 
-def replay_stage(world: int, path: Path, deadline: float) -> None:
-    """Stage 1 for each small shape; the replays' errors go to the CSV as check rows."""
+def replay_stage(world: int, path: Path, deadline: float, shapes=SMALL, dtype_name: str = "bfloat16") -> None:
+    """Stage 1, all ``shapes`` in one launch; the replays' errors go to the CSV as check rows."""
     tokens = [37] if world == 1 else [37] + [20] * (world - 1)
-    for s in SMALL:
-        out = run_stage(f"graph replay, {s.name}", graphs.graph_replay_rank, world,
-                        (tokens, s.num_experts, s.topk, s.hidden, s.intermediate, "bfloat16"), deadline)
-        common = {**exchange_bench.machine_columns(world), "model": s.name, "E": s.num_experts, "K": s.hidden,
-                  "I": s.intermediate, "topk": s.topk, "dtype": "bfloat16", "method": "all_gather",
-                  "protocol": "captured once, replayed with each routing; eager layers beside"}
-        for by_rank in out or []:
-            for r in by_rank:
-                for kind in ("graph", "all_gather", "all_to_all"):
-                    err = r[f"rel_error_{kind}"]
-                    bench.append_row(path, {**common, "M": r["M"], "capacity": r["capacity"],
-                                            "step": f"check_{kind}_{r['case']} (rank {r['rank']})", "rel_error": err,
-                                            "status": "ok" if err <= r["tol"] and r["graphed"] else "wrong"},
-                                     exchange_bench.FIELDS)
+    out = run_stage("graph replay, small shapes", graphs.graph_replay_shapes_rank, world,
+                    (list(shapes), tokens, dtype_name), deadline)
+    machine = exchange_bench.machine_columns(world)
+    by_name = {s.name: s for s in shapes}
+    for by_rank in out or []:
+        for r in by_rank:
+            s = by_name[r["model"]]
+            common = {**machine, "model": s.name, "E": s.num_experts, "K": s.hidden, "I": s.intermediate,
+                      "topk": s.topk, "dtype": dtype_name, "method": "all_gather",
+                      "protocol": "captured once, replayed with each routing; eager layers beside"}
+            for kind in ("graph", "all_gather", "all_to_all"):
+                err = r[f"rel_error_{kind}"]
+                ok = err <= r["tol"] and (r["graphed"] or not torch.cuda.is_available())
+                bench.append_row(path, {**common, "M": r["M"], "capacity": r["capacity"],
+                                        "step": f"check_{kind}: {r['case']} (rank {r['rank']})", "rel_error": err,
+                                        "status": "ok" if ok else "wrong"}, exchange_bench.FIELDS)
 
 
 def summary(path: Path) -> None:
@@ -129,6 +135,8 @@ def main(argv=None) -> None:
                         "at most 2)")
     parser.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for the CSV (default $OUT)")
     parser.add_argument("--budget-s", type=float, default=230.0, help="the whole run's time budget")
+    parser.add_argument("--sizes", default=",".join(str(m) for m in BATCH_SIZES),
+                        help="tokens per rank to time, comma-separated (default %(default)s)")
     args = parser.parse_args(argv)
     world = args.gpus or min(2, torch.cuda.device_count())
     if world < 1 or torch.cuda.device_count() < world:
@@ -139,10 +147,11 @@ def main(argv=None) -> None:
     start, budget = time.time(), args.budget_s
     print(f"{world} x {torch.cuda.get_device_name()}, torch {torch.__version__}; budget {budget:.0f} s; "
           f"writing {path}", flush=True)
-    replay_stage(world, path, start + 0.2 * budget)
-    for model, share in zip(MODELS, (0.55, 0.95)):
-        run_stage(f"timings, {model}", exchange_bench.timing_rank, world, (model, str(path), start + share * budget),
-                  start + share * budget)
+    sizes = tuple(int(m) for m in args.sizes.split(","))
+    replay_stage(world, path, start + 0.25 * budget)
+    for model, share in zip(MODELS, (0.6, 0.95)):
+        run_stage(f"timings, {model}", exchange_bench.timing_rank, world,
+                  (model, str(path), start + share * budget, sizes), start + share * budget)
     summary(path)
     print(f"\ntotal {time.time() - start:.0f} s; results in {path}")
 
