@@ -662,3 +662,29 @@ def test_exchange_bench_runs_every_step_and_writes_the_csv(tmp_path, world):
         checks = [r for r in results.load(path) if r["step"].startswith("check_") and "rank" in r["step"]]
         assert len(checks) == 3 * 2 * len(graphs.ROUTINGS) and all(r["status"] == "ok" for r in checks), checks
         module.summary(path)
+
+
+@pytest.mark.parametrize("R,topk", [(5, 2), (40, 2), (24, 4)])       # 80 and 96 pairs: the three-launch alignment
+def test_local_moe_layer_skips_other_ranks_slots(R, topk):
+    """One process: slots with ids outside [0, E_local) add exactly nothing, whatever their rows held."""
+    from moe_tutorial.kernels.topk_sum import local_topk_sum
+    from moe_tutorial.parallel import local_moe_layer
+
+    g = torch.Generator().manual_seed(R + topk)
+    E, K, inter = 3, 16, 8
+    x = torch.randn(R, K, generator=g)
+    w13, w2 = torch.randn(E, 2 * inter, K, generator=g) * 0.3, torch.randn(E, K, inter, generator=g) * 0.3
+    tw = torch.rand(R, topk, generator=g)
+    ids = torch.randint(-4, E + 3, (R, topk), generator=g, dtype=torch.int32)   # about half of them not here
+    ids[0] = -1                                                                  # a token with no local slot
+    here = (ids >= 0) & (ids < E)
+    ref = reference_moe_layer(x, w13, w2, tw * here, torch.where(here, ids, 0))  # weight 0: contributes nothing
+    y = local_moe_layer(x, w13, w2, tw, ids)
+    assert y.shape == (R, K) and rel_error(y, ref) <= 1e-5
+    assert torch.equal(y[0], torch.zeros(K))
+    # The sum reads no row of a slot that is not here: NaN there changes nothing.
+    rows = torch.randn(R, topk, K, generator=g)
+    rows[~here] = float("nan")
+    assert torch.allclose(local_topk_sum(rows, ids, E), torch.where(here[..., None], rows, 0).sum(1), atol=1e-5)
+    with pytest.raises(ValueError, match=r"ids: expected shape \(5, 2\)"):
+        local_topk_sum(rows[:5, :2], ids[:4, :2], E)

@@ -96,12 +96,16 @@ class Timer:
                 fn()
         elif graph:
             try:
-                g = _capture(fn, self.warmup)
-                run = g.replay
+                g, why = _capture(fn, self.warmup), ""
             except Exception:  # noqa: BLE001  (reported in the row's protocol)
                 torch.cuda.synchronize()
-                protocol = "eager (graph capture failed: " + _last_line()[:80] + "); " + _COMMON
-                run = fn
+                g, why = None, _last_line()[:80]
+            # A graph holding a collective must be replayed on every rank or on none (NCCL's rule).
+            if self._everywhere(g is not None):
+                run = g.replay
+            else:
+                g, run = None, fn
+                protocol = f"eager (graph capture failed: {why or 'on another rank'}); " + _COMMON
         else:
             for _ in range(self.warmup):
                 fn()
@@ -112,6 +116,11 @@ class Timer:
         if self.nccl_barrier:
             protocol = protocol.replace("gloo barrier", "NCCL barrier")
         return statistics.median(slowest.tolist()), protocol
+
+    def _everywhere(self, ok: bool) -> bool:
+        flag = torch.tensor([int(ok)], device="cuda" if self.nccl_barrier else "cpu")
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.host)
+        return bool(flag.item())
 
     def _once(self, run: Callable) -> float:
         if not self.on_gpu:
