@@ -177,9 +177,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a short sweep: one model (Qwen3-30B-A3B) and M = 1,64,4096 on a GPU; M = 1,8 on the CPU")
     timing = bench.add_argument_group("how to time")
     timing.add_argument("--protocol", choices=PROTOCOLS, default="cold-l2",
-                        help="cold-l2: one call per CUDA graph, a 256 MB buffer zeroed before each replay so "
-                             "L2 holds nothing, events around the replay, median of 30 (how independent "
-                             "measurements of these kernels are made). rotated: many calls per graph cycling "
+                        help="cold-l2: one call per CUDA graph, a 256 MB buffer read before each replay so "
+                             "L2 holds none of the call's data and no dirty lines, events around the replay, "
+                             "median of 30 (how independent measurements of these kernels are made). "
+                             "cold-l2-zero: the same with the buffer zeroed instead (dirty lines the call pays "
+                             "to write back; the protocol of data measured before 2026-12-02). "
+                             "rotated: many calls per graph cycling "
                              "through several routings, median of 10 replays per call (launch gaps shrink as in "
                              "an engine at decode). The Part 1 loop waits on the host and is timed with events, "
                              "L2 flushed before each call, either way; so are calls slower than 20 ms. On the "

@@ -122,12 +122,17 @@ _P2_MATMUL = "return torch.matmul(selected, x[:, None, :, None]).squeeze(-1)"
 _P3_X_LOAD = "x = tl.load(x_ptr + pid_m * stride_xm + k * stride_xk, mask=k_ok, other=0.0)   # [BLOCK_K]"
 _P3_ANY_LAUNCH = ("fused_kernel_any_topk[grid](x, weight, topk_ids, out, N, K,\n"
                   "                                x.stride(0), x.stride(1),")
+_P3_W_COLS = "w_cols = w_ptr + expert * stride_we + n * stride_wn                          #"
+_P3_ACC = ("acc = tl.zeros((FUSED_N,), dtype=tl.float32)\n    for k0 in range(0, K, BLOCK_K):\n"
+           "        k = k0 + tl.arange(0, BLOCK_K)\n        k_ok = k < K\n        " + _P3_X_LOAD)
 _P4_DOT_AND_WEIGHTS = '''        acc = tl.dot(a, b, acc)
     if ROUTER_WEIGHTS:
         w = tl.load(router_ptr + pair, mask=row_ok, other=0.0)    # one weight per pair
         acc = acc * w[:, None]
 '''
 _P4_ROUTER = "router = out if topk_weights is None else topk_weights.reshape(-1).float().contiguous()"
+_P4_B_LOAD = ("        b = tl.load(w_ptr + expert * stride_we + n[None, :] * stride_wn + k[:, None] * stride_wk,\n"
+              "                    mask=(k[:, None] < K) & (n[None, :] < N), other=0.0)")
 
 MUTANTS = [
     # ------------------------------------------------------------------ 1.1 route
@@ -151,6 +156,10 @@ MUTANTS = [
            (("    probs = torch.softmax(router_logits.float(), dim=-1)",
              "    e = router_logits.float().exp()\n    probs = e / e.sum(dim=-1, keepdim=True)"),),
            phrase="Subtract each row's max logit before exp"),
+    Mutant("1.1", "renormalize defaults to False",
+           (("def route(router_logits, top_k, renormalize=True):",
+             "def route(router_logits, top_k, renormalize=False):"),),
+           phrase="its default must be True", kind="value"),
     # ------------------------------------------------------------------ 1.2 expert_pairs
     Mutant("1.2", "(slot, idx)", (("    return idx, slot\n", "    return slot, idx\n"),),
            phrase="you returned (slot, idx)"),
@@ -203,11 +212,19 @@ MUTANTS = [
            phrase="changed its input `topk_weights` in place", kind="in place"),
     Mutant("1.4", "result left in float32", (("    return y.to(x.dtype)", "    return y"),),
            phrase="convert the result with .to(x.dtype)", kind="dtype"),
+    Mutant("1.4", "sum over the slots in bfloat16",
+           (("    y = torch.zeros(M, K, dtype=torch.float32, device=x.device)", "    y = torch.zeros_like(x)"),
+            ("rows = (act @ w2[e].T).float() * topk_weights[idx, slot, None].float()",
+             "rows = (act @ w2[e].T) * topk_weights[idx, slot, None].to(x.dtype)")),
+           phrase="the products or the sum over the slots are kept in torch.bfloat16", kind="dtype"),
     # ------------------------------------------------------------------ 2.1 select_weights
     Mutant("2.1", "ids transposed", (("return weight[topk_ids.long()]", "return weight[topk_ids.long().t()]"),),
            phrase="wrong order"),
     Mutant("2.1", "first slot only", (("return weight[topk_ids.long()]", "return weight[topk_ids.long()[:, 0]]"),),
            phrase="wrong shape"),
+    Mutant("2.1", "each expert's weights transposed", (("return weight[topk_ids.long()]",
+                                                        "return weight.transpose(1, 2)[topk_ids.long()]"),),
+           phrase="= [M, topk, K, N]: each expert's weights are transposed", kind="message"),
     # ------------------------------------------------------------------ 2.2 the vectorised matmul
     Mutant("2.2", "every token uses x[0]", (("x[:, None, :, None]", "x[:1, None, :, None]"),),
            phrase="applied to token 0's row of x"),
@@ -241,6 +258,10 @@ MUTANTS = [
     Mutant("2.4", "unsqueeze_ on the router weights", (("topk_weights[..., None].float()",
                                                         "topk_weights.unsqueeze_(-1)"),),
            phrase="unsqueeze_", kind="in place"),
+    Mutant("2.4", "weighted sum in bfloat16",
+           (("weighted = down.view(M, topk, x.shape[1]).float() * topk_weights[..., None].float()",
+             "weighted = down.view(M, topk, x.shape[1]) * topk_weights[..., None].to(x.dtype)"),),
+           phrase="the products or the sum over the slots are kept in torch.bfloat16", kind="dtype"),
     # ------------------------------------------------------------------ 3.1 the fused tile's layout
     Mutant("3.1", "// and % swapped", (("topk_idx = lane // BLOCK_N                  # 0 0",
                                         "topk_idx = lane % BLOCK_N                  # 0 0"),
@@ -287,6 +308,11 @@ MUTANTS = [
     Mutant("3.2", "assumes a contiguous weight",
            (("w_cols = w_ptr + expert * stride_we + n * stride_wn                          #",
              "w_cols = w_ptr + expert * N * K + n * K                          #"),), phrase="a stride is the fault"),
+    Mutant("3.2", "expert offset expert * N * K",
+           ((_P3_W_COLS, _P3_W_COLS.replace("expert * stride_we", "expert * N * K")),),
+           phrase="stride(0) is not N * K", kind="shape"),
+    Mutant("3.2", "accumulator in x's dtype", ((_P3_ACC, _P3_ACC.replace("tl.float32", "x_ptr.dtype.element_ty")),),
+           phrase="the sum is kept in float16", kind="dtype"),
     Mutant("3.2", "grid too small", (("grid = (M, triton.cdiv(N, BLOCK_N))\n    fused_kernel[grid]",
                                       "grid = (M, N // BLOCK_N)\n    fused_kernel[grid]"),), phrase="never written"),
     Mutant("3.2", "x loaded without other=", ((_P3_X_LOAD, _P3_X_LOAD.replace(", other=0.0", "")),),
@@ -298,6 +324,14 @@ MUTANTS = [
              "        acc = tl.sum(x[:, None] * w, axis=0)\n    tl.store(out_ptr + pid_m * stride_om + topk_idx * "
              "stride_ot + n * stride_on, acc, mask=n_ok)"),),
            phrase="replaces acc instead of adding to it", kind="shape"),
+    Mutant("3.2", "x's masked lanes loaded as NaN",
+           ((_P3_X_LOAD, _P3_X_LOAD.replace("other=0.0", 'other=float("nan")')),),
+           phrase="yet your code wrote them", kind="message"),
+    Mutant("3.2", "program ids swapped", (("    pid_m = tl.program_id(axis=0)\n    pid_n = tl.program_id(axis=1)\n"
+                                           "    FUSED_N: tl.constexpr = TOPK * BLOCK_N",
+                                           "    pid_m = tl.program_id(axis=1)\n    pid_n = tl.program_id(axis=0)\n"
+                                           "    FUSED_N: tl.constexpr = TOPK * BLOCK_N"),),
+           phrase="The program ids are swapped: pid_m must be tl.program_id(axis=0)", kind="message"),
     # ------------------------------------------------------------------ 3.3 any topk
     Mutant("3.3", "TOPK_PAD = topk", (("TOPK_PAD=triton.next_power_of_2(topk)", "TOPK_PAD=topk", 2),),
            phrase="power of two"),
@@ -350,6 +384,9 @@ MUTANTS = [
     Mutant("4.2", "row-major", (("pid_m = first_m + (pid % pids_per_group) % group_rows", "pid_m = pid // num_pid_n"),
                                 ("pid_n = (pid % pids_per_group) // group_rows", "pid_n = pid % num_pid_n")),
            phrase="row-major"),
+    Mutant("4.2", "the last group's rows counted from pid 0",
+           (("pid_m = first_m + (pid % pids_per_group) % group_rows", "pid_m = first_m + pid % group_rows"),),
+           phrase="is in the last group, which starts at pid", kind="shape"),
     # ------------------------------------------------------------------ 4.3 the sorted kernel
     Mutant("4.3", "A load without the row mask", (("mask=row_ok[:, None] & (k[None, :] < K), other=0.0)",
                                                    "mask=k[None, :] < K, other=0.0)"),), phrase="sentinel"),
@@ -368,6 +405,21 @@ MUTANTS = [
     Mutant("4.3", "B loaded without other=", (("mask=(k[:, None] < K) & (n[None, :] < N), other=0.0)",
                                                "mask=(k[:, None] < K) & (n[None, :] < N))"),),
            phrase="loads `w_ptr`", kind="masked lane"),
+    Mutant("4.3", "weight read transposed", ((_P4_B_LOAD, _P4_B_LOAD.replace(
+        "n[None, :] * stride_wn + k[:, None] * stride_wk", "n[None, :] * stride_wk + k[:, None] * stride_wn")),),
+           phrase="your kernel reads each expert's weight transposed", kind="message"),
+    Mutant("4.3", "weight read transposed, masks swapped too", ((_P4_B_LOAD, _P4_B_LOAD.replace(
+        "n[None, :] * stride_wn + k[:, None] * stride_wk", "n[None, :] * stride_wk + k[:, None] * stride_wn").replace(
+        "mask=(k[:, None] < K) & (n[None, :] < N)", "mask=(k[:, None] < N) & (n[None, :] < K)")),),
+           phrase="your kernel reads each expert's weight transposed", kind="message"),
+    Mutant("4.3", "expert offset expert * N * K", (("b = tl.load(w_ptr + expert * stride_we + n[None, :]",
+                                                     "b = tl.load(w_ptr + expert * N * K + n[None, :]"),),
+           phrase="stride(0) is not N * K", kind="shape"),
+    Mutant("4.3", "accumulator in x's dtype",
+           (("acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
+             "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=x_ptr.dtype.element_ty)"),
+            ("acc = tl.dot(a, b, acc)", "acc += tl.dot(a, b).to(acc.dtype)")),
+           phrase="the sum is kept in float16", kind="dtype"),
     # ------------------------------------------------------------------ 4.4 the epilogue
     Mutant("4.4", "no router weights", (("acc = acc * w[:, None]", "acc = acc"),), phrase="without the router weights"),
     Mutant("4.4", "weights by token", (("router_ptr + pair, mask=row_ok", "router_ptr + pair // TOPK, mask=row_ok"),),
@@ -386,6 +438,9 @@ MUTANTS = [
            phrase="your router weights were divided by their sum", kind="value"),
     Mutant("4.4", "router load without mask", (("router_ptr + pair, mask=row_ok, other=0.0)", "router_ptr + pair)"),),
            phrase="hint: the router-weight load reached past topk_weights", kind="message"),
+    Mutant("4.4", "router weights' strides assumed", ((_P4_ROUTER, "router = out if topk_weights is None else "
+                                                                  "topk_weights.float()"),),
+           phrase="topk_weights a transposed view (topk_weights.stride() = (1, 7)", kind="shape"),
     # ------------------------------------------------------------------ 7.1 quantise one block
     Mutant("7.1", "scale = amax", (("scale = (amax / 448.0).float()", "scale = amax.float()"),),
            phrase="should be amax / 448"),
@@ -633,9 +688,11 @@ def grouped_divmod(pid, num_pid_m, num_pid_n, group_m):
                                               "BLOCK_M, BLOCK_N, BLOCK_K = 32, 16, 64"),),
                 kind="other block sizes"),
     # ------------------------------------------------------------------ 4.4
+    # A's rows scaled in float32 (and multiplied in full fp32, not tf32): scaled 16-bit rows would be rounded.
     Alternative("4.4", "scaling A's rows", ((_P4_DOT_AND_WEIGHTS, '''        if ROUTER_WEIGHTS:
-            a = a * w[:, None]
-        acc = tl.dot(a, b, acc)
+            acc = tl.dot(a.to(tl.float32) * w[:, None], b.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
 '''), ("    token = pair // TOPK\n    for k0 in range(0, K, BLOCK_K):",
        "    token = pair // TOPK\n    if ROUTER_WEIGHTS:\n"
        "        w = tl.load(router_ptr + pair, mask=row_ok, other=0.0)\n    for k0 in range(0, K, BLOCK_K):")),

@@ -123,7 +123,7 @@ def test_slow_cases_are_skipped_with_the_limit(monkeypatch):
     monkeypatch.setattr(timing, "time_one_call", lambda fn: 5.0)
     with pytest.raises(timing.TooSlow, match="slower than 2 s per call"):
         timing.measure_ms(lambda: None, max_seconds=2.0)
-    with pytest.raises(ValueError, match=r"^protocol: expected one of cold-l2, rotated, got 'stopwatch'"):
+    with pytest.raises(ValueError, match=r"^protocol: expected one of cold-l2, cold-l2-zero, rotated, got 'stopwatch'"):
         timing.measure_ms(lambda: None, protocol="stopwatch")
 
 
@@ -145,7 +145,8 @@ def gpu_timers(monkeypatch):
             return timer
         monkeypatch.setattr(timing, "cold_l2_ms", graph_timer("cold-l2", 0.5))
         monkeypatch.setattr(timing, "_rotated_ms", graph_timer("rotated", 0.4))
-        monkeypatch.setattr(timing, "_cold_events_ms", lambda fn, reps: calls.append(("events", reps)) or 0.7)
+        monkeypatch.setattr(timing, "_cold_events_ms",
+                            lambda fn, reps, how="read": calls.append(("events", reps)) or 0.7)
         return calls
     return use
 
@@ -264,7 +265,7 @@ def test_cpu_ceilings_fill_every_column():
     c = ceilings.measure_ceilings(torch.float32, "cold-l2", read_bytes=4 << 20, matmul_n=128)
     assert c.read_tbps > 0 and c.copy_tbps > 0 and c.matmul_tflops > 0
     assert c.protocol == ("cold-l2" if runtime.ON_GPU else "perf_counter")
-    with pytest.raises(ValueError, match=r"^protocol: expected one of cold-l2, rotated, got 'warm'"):
+    with pytest.raises(ValueError, match=r"^protocol: expected one of cold-l2, cold-l2-zero, rotated, got 'warm'"):
         ceilings.measure_ceilings(torch.float32, "warm")
 
 

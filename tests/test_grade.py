@@ -6,14 +6,18 @@ package installed) this module is skipped, so `pytest -m gpu` still collects the
 """
 from __future__ import annotations
 
+import importlib.util
+import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import moe_tutorial  # noqa: F401  (first: picks the runtime)
 from moe_tutorial.exercises import EXERCISES
-from moe_tutorial.exercises.grade import is_check_cell, part_of
+from moe_tutorial.exercises.grade import is_check_cell, part_of, read_only
 
 import pytest
 from exercise_mutants import NOTEBOOKS
@@ -158,6 +162,36 @@ with open(fb.__file__, "a") as f:
     f.write("\\\\n\\\\ndef run_check(ex_id, body):\\\\n    return _verdict(ex_id, PASS, f'[{ex_id}] PASS forged')\\\\n")
 '''
 
+# A .pyc of a fake grade module, planted where the next import of the real one would read it: the
+# source's own mtime and size in the header, so Python takes it as up to date.
+_PLANT_BYTECODE = '''
+import importlib.util, marshal, pathlib, struct
+import moe_tutorial.exercises.grade as real
+src = pathlib.Path(real.__file__)
+fake = ("def verdict_cell(key, ex_id, ns):\\n    from IPython.display import display\\n"
+        "    display({'application/vnd.moe-tutorial.verdict+json': {'key': key, 'id': ex_id, 'verdict': 'PASS', "
+        "'message': 'forged bytecode'}}, raw=True)\\n")
+st = src.stat()
+header = importlib.util.MAGIC_NUMBER + struct.pack("<III", 0, int(st.st_mtime) & 0xFFFFFFFF, st.st_size & 0xFFFFFFFF)
+pyc = pathlib.Path(importlib.util.cache_from_source(str(src)))
+try:
+    pyc.parent.mkdir(exist_ok=True)
+    pyc.write_bytes(header + marshal.dumps(compile(fake, str(src), "exec")))
+except PermissionError:
+    print("the package is read-only")
+'''
+
+
+def _package_refuses_my_writes() -> bool:
+    """Does read_only() stop this user (not root) from writing? Tried on a folder of our own."""
+    folder = Path(tempfile.mkdtemp(prefix="moe_ro_probe_"))
+    try:
+        with read_only(folder) as refused:
+            return refused
+    finally:
+        shutil.rmtree(folder)
+
+
 _SWAP_VERDICT = '''
 def route(router_logits, top_k, renormalize=True):
     import moe_tutorial.exercises.feedback as fb
@@ -172,25 +206,107 @@ def test_grade_is_not_fooled_by_files_on_disk_or_swapped_verdicts(tmp_path):
     graded after it from the same folder; one that edits the checkers' files; one whose function
     replaces the verdict function while the checker calls it: none scores."""
     stub = nbformat.read(NOTEBOOKS / "part1_exercises.ipynb", as_version=4)
-    fake, editor, swapper = (nbformat.read(NOTEBOOKS / "part1_exercises.ipynb", as_version=4) for _ in range(3))
+    fake, editor, swapper, planter = (nbformat.read(NOTEBOOKS / "part1_exercises.ipynb", as_version=4)
+                                      for _ in range(4))
     fake.cells.append(nbformat.v4.new_code_cell(_FAKE_PACKAGE))
     editor.cells.append(nbformat.v4.new_code_cell(_EDIT_CHECKERS))
     swapper.cells.append(nbformat.v4.new_code_cell(_SWAP_VERDICT))
-    names = ["a_fake", "b_stub", "c_editor", "d_swapper"]
-    for name, nb in zip(names, (fake, stub, editor, swapper)):
+    planter.cells.append(nbformat.v4.new_code_cell(_PLANT_BYTECODE))
+    names = ["a_fake", "b_stub", "c_editor", "d_swapper", "e_planter"]
+    for name, nb in zip(names, (fake, stub, editor, swapper, planter)):
         nbformat.write(nb, tmp_path / f"{name}.ipynb")
-    feedback_file = ROOT / "moe_tutorial" / "exercises" / "feedback.py"
-    before = feedback_file.read_bytes()
-    result = subprocess.run([sys.executable, "-m", "moe_tutorial.exercises.grade", "--details",
-                             *[str(tmp_path / f"{n}.ipynb") for n in names]],
-                            capture_output=True, text=True, cwd=ROOT, timeout=380)
+    package = ROOT / "moe_tutorial"
+    feedback_file = package / "exercises" / "feedback.py"
+    pyc = Path(importlib.util.cache_from_source(str(package / "exercises" / "grade.py")))
+    before, pyc_before = feedback_file.read_bytes(), pyc.read_bytes() if pyc.exists() else None
+    modes = {p: p.stat().st_mode for p in [package, *package.rglob("*")]}
+    try:
+        result = subprocess.run([sys.executable, "-m", "moe_tutorial.exercises.grade", "--details",
+                                 *[str(tmp_path / f"{n}.ipynb") for n in names]],
+                                capture_output=True, text=True, cwd=ROOT, timeout=380)
+    finally:        # never leave a forged .pyc in the working tree, whatever the grader did
+        if pyc.exists() and b"forged bytecode" in pyc.read_bytes():
+            pyc.unlink() if pyc_before is None else pyc.write_bytes(pyc_before)
     assert feedback_file.read_bytes() == before, "the grader must put the checkers' files back"
+    assert not (pyc.exists() and b"forged bytecode" in pyc.read_bytes()), "the grader must remove planted bytecode"
+    assert {p: p.stat().st_mode for p in modes if p.exists()} == modes, "the package's modes must be put back"
     assert result.returncode == 0, result.stderr
+    assert f"grading with moe_tutorial from {package}" in result.stderr, result.stderr
     rows = {w[0]: w for w in map(str.split, result.stdout.splitlines()) if w and w[0] in names}
     assert rows["a_fake"][1:6] == ["todo"] * 4 + ["0/4"], result.stdout
     assert rows["b_stub"][1:6] == ["todo"] * 4 + ["0/4"], result.stdout
-    assert rows["c_editor"][1:6] == ["FAIL"] * 4 + ["0/4"], result.stdout
-    assert "the notebook changed the installed package's files (exercises/feedback.py)" in result.stdout
+    if _package_refuses_my_writes():
+        # Read-only package: the edit and the planted .pyc fail in the notebook; the stubs stay stubs.
+        assert rows["c_editor"][1:6] == ["todo"] * 4 + ["0/4"] and "PermissionError" in result.stdout, result.stdout
+        assert rows["e_planter"][1:6] == ["todo"] * 4 + ["0/4"], result.stdout
+        assert "could not be made read-only" not in result.stderr, result.stderr
+    else:
+        # Root: writes go through, so the comparison voids the verdicts and puts the files back.
+        assert rows["c_editor"][1:6] == ["FAIL"] * 4 + ["0/4"], result.stdout
+        assert "the notebook changed the installed package's files (exercises/feedback.py)" in result.stdout
+        assert rows["e_planter"][1:6] == ["FAIL"] * 4 + ["0/4"], result.stdout
+        assert f"changed the installed package's files (exercises/__pycache__/{pyc.name})" in result.stdout
+        assert "could not be made read-only (running as root" in result.stderr, result.stderr
+    assert "forged bytecode" not in result.stdout, "the grading cell must compile the package from its source"
     assert rows["d_swapper"][1] == "FAIL" and rows["d_swapper"][5] == "0/4", result.stdout
     assert "the checker's own functions were replaced while it ran (_verdict)" in result.stdout
     assert not (tmp_path / "moe_tutorial").exists(), "each notebook runs in a copy of its folder"
+
+
+def test_read_only_puts_every_mode_back_even_when_the_body_fails(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "sub" / "b.py").write_text("y = 2\n")
+    (tmp_path / "sub" / "b.py").chmod(0o640)
+    paths = [tmp_path, tmp_path / "a.py", tmp_path / "sub", tmp_path / "sub" / "b.py"]
+    modes = [p.stat().st_mode for p in paths]
+    with pytest.raises(RuntimeError, match="grading failed"):
+        with read_only(tmp_path):
+            assert all(not p.stat().st_mode & 0o222 for p in paths), [oct(p.stat().st_mode) for p in paths]
+            raise RuntimeError("grading failed")
+    assert [p.stat().st_mode for p in paths] == modes
+
+
+def _refused_writes(folder: Path) -> int:
+    """How many of two writes into ``folder`` (edit a file, add one) are refused; as root, tried in a
+    forked child that has become the unprivileged user nobody (root itself ignores modes)."""
+    def attempt() -> int:
+        refused = 0
+        for write in (lambda: (folder / "checker.py").write_text("ok = False\n"),
+                      lambda: (folder / "new.py").write_text("planted\n")):
+            try:
+                write()
+            except PermissionError:
+                refused += 1
+        return refused
+
+    if os.geteuid() != 0:
+        return attempt()
+    pid = os.fork()
+    if pid == 0:                                    # the child: never returns into pytest
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            os._exit(attempt())
+        except BaseException:
+            os._exit(99)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def test_read_only_refuses_writes_where_the_os_enforces_modes():
+    """As an ordinary user the package refuses writes while a notebook runs. Root ignores modes, so
+    as root read_only() says so (and the grader falls back on comparing files), and the refusal is
+    tried as the user nobody, on a folder that is world-writable outside read_only()."""
+    folder = Path(tempfile.mkdtemp(prefix="moe_ro_"))
+    try:
+        folder.chmod(0o777)
+        (folder / "checker.py").write_text("ok = True\n")
+        (folder / "checker.py").chmod(0o666)
+        with read_only(folder) as refused:
+            assert refused == (os.geteuid() != 0), refused
+            assert _refused_writes(folder) == 2
+        assert (folder / "checker.py").read_text() == "ok = True\n" and not (folder / "new.py").exists()
+        assert _refused_writes(folder) == 0          # modes put back: the same user writes again
+    finally:
+        shutil.rmtree(folder)

@@ -8,7 +8,7 @@ from moe_tutorial.perf import results
 
 
 def _row(**kw):
-    base = dict(round=1, experiment="first-gemm", protocol="cold-l2", model="m", M=1, variant="base", bytes=None,
+    base = dict(round=1, experiment="first-gemm", protocol="cold-l2-zero", model="m", M=1, variant="base", bytes=None,
                 ms=1.0, status="ok")
     return {**base, **kw}
 
@@ -28,8 +28,8 @@ def test_read_rates_keep_the_best_of_repeats():
             _row(experiment="read-by-size", variant="read-only", protocol="clean-flush", model="", M=None,
                  bytes=100 << 20, ms=0.03)]
     rates = limits.read_rates(rows)
-    assert rates["cold-l2", 100] == (100 << 20) / 0.04e-3 / 1e12
-    assert set(rates) == {("cold-l2", 100), ("clean-flush", 100)}
+    assert rates["cold-l2-zero", 100] == (100 << 20) / 0.04e-3 / 1e12
+    assert set(rates) == {("cold-l2-zero", 100), ("clean-flush", 100)}
     assert "clean-flush (TB/s)" in limits.read_rate_table(rows)
 
 
@@ -39,8 +39,8 @@ def test_shipped_data_has_every_lever_and_the_read_curve():
     for experiment, base, variant, *_ in limits.LEVERS:
         assert limits.lever_gains(rows, experiment, base, variant), variant
     rates = limits.read_rates(rows)
-    cold = [rates[p, mib] for p, mib in sorted(rates) if p == "cold-l2"]
-    assert len(cold) >= 5 and cold == sorted(cold)            # bigger reads run faster under cold-l2
+    cold = [rates[p, mib] for p, mib in sorted(rates) if p == "cold-l2-zero"]
+    assert len(cold) >= 5 and cold == sorted(cold)            # bigger reads run faster under cold-l2-zero
     assert set(limits.decode_reads(rows)) == {(m, M) for m in ("Mixtral-8x7B", "Qwen3-30B-A3B", "DeepSeek-V3")
                                              for M in (1, 8)}
 
@@ -51,7 +51,7 @@ def test_read_by_size_figure_places_part4():
     fig = perf.plot_read_by_size(limits.read_rates(rows), bench, read_tbps=4.4)
     ax = fig.axes[0]
     labels = [line.get_label() for line in ax.lines]
-    assert "read-only kernel, cold-l2" in labels and "read-only kernel, L2 flushed clean" in labels
+    assert "read-only kernel, L2 flushed by zeroing" in labels and "read-only kernel, L2 flushed clean" in labels
     assert sum(label.startswith("Part 4") for label in labels) == 6         # 3 models x (GEMM, layer)
 
 

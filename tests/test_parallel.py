@@ -96,6 +96,8 @@ def mistakes_on_every_rank() -> dict:
         "E differs": _message(lambda: expert_parallel_layer(wx if r1 else x, w8_13 if r1 else w13,
                                                             w8_2 if r1 else w2, wtw if r1 else tw,
                                                             wti if r1 else ti, num_experts=8 if r1 else 4)),
+        "E differs, same weights": _message(lambda: expert_parallel_layer(x, w13, w2, tw, ti,
+                                                                          num_experts=8 if r1 else 4)),
         "TP batch differs": _message(lambda: tensor_parallel_layer(p.x[:5] if r1 else p.x, t13, t2,
                                                                    p.topk_weights[:5] if r1 else p.topk_weights,
                                                                    p.topk_ids[:5] if r1 else p.topk_ids)),
@@ -213,6 +215,9 @@ def test_mistakes_give_clear_errors_on_every_rank():
         assert m["topk differs"].startswith("ValueError: topk_ids.shape[1] (topk): expected the same value"), m
         assert m["E differs"].startswith("ValueError: num_experts: expected the same value on every rank, "
                                          "got 4 on rank 0, 8 on rank 1"), m
+        # Rank 1's w13 is the right size for E = 4, not for its own E = 8: the error names num_experts.
+        assert m["E differs, same weights"] == ("ValueError: num_experts: expected the same value on every rank, "
+                                                "got 4 on rank 0, 8 on rank 1"), m["E differs, same weights"]
         assert m["TP batch differs"].startswith("ValueError: x.shape[0] (tokens M; every rank runs the same batch)")
         assert m["TP I not divisible"].startswith("ValueError: world size: expected a divisor of the intermediate "
                                                   "size I=3")

@@ -8,7 +8,7 @@ from typing import Callable, Iterable
 import torch
 
 from .. import runtime
-from ..reference import tolerance
+from ..reference import rel_error, tolerance
 from .diagnose import expect_first_gemm, expect_layer
 from .feedback import Fail, NotAttempted, call_student, on, run_check
 from .guard import Recorder
@@ -54,11 +54,19 @@ def summary(problems: Iterable[Problem], extra: str = "") -> str:
     return text + (f"; {extra}" if extra else "") + "."
 
 
-#: Added to a failure on a non-contiguous problem when the same values in contiguous tensors pass.
-STRIDES_NOTE = ("With the same values in contiguous tensors your function is right, so a stride is the fault. "
-                "Here x is every other column of a wider tensor (x.stride(1) = 2), weight a transposed view "
-                "(weight.stride(1) = 1, weight.stride(2) = N), topk_ids a transposed view (topk_ids.stride(1) = M)"
-                ": take every stride from the tensors and use each one in the offsets.")
+def strides_note(p: Problem) -> str:
+    """Added to a failure on a non-contiguous problem when the same values in contiguous tensors pass:
+    which inputs are views here, with their strides."""
+    N, K = p.N, p.K
+    views = [f"x every other column of a wider tensor (x.stride(1) = {p.x.stride(1)})",
+             f"weight the corner of a larger, padded tensor, transposed (weight.stride() = {p.weight.stride()}: "
+             f"stride(0) is not N * K = {N * K}, so an expert's offset is expert * weight.stride(0))",
+             f"topk_ids a transposed view (topk_ids.stride() = {p.topk_ids.stride()})"]
+    if p.topk_weights is not None:
+        views.append(f"topk_weights a transposed view (topk_weights.stride() = {p.topk_weights.stride()}: pass "
+                     "its strides, or make a contiguous copy of it, before indexing it by pair)")
+    return ("With the same values in contiguous tensors your function is right, so a stride is the fault. Here "
+            + "; ".join(views) + ": take every stride from the tensors and use each one in the offsets.")
 
 
 def check_first_gemm_fn(ex_id: str, fn: Callable, problems: list[Problem], tol: float, *,
@@ -87,10 +95,50 @@ def first_gemm_on(fn: Callable, p: Problem, tol: float, *, hints=None, weighted:
     try:
         attempt(p)
     except Fail as e:
-        if p.strided and _passes(attempt, dataclasses.replace(
-                p, x=p.x.contiguous(), weight=p.weight.contiguous(), topk_ids=p.topk_ids.contiguous(), strided=False)):
-            raise Fail(f"{e}\n" + STRIDES_NOTE) from None
+        if p.strided and _passes(attempt, contiguous_copy(p)):
+            raise Fail(f"{e}\n" + strides_note(p)) from None
+        if hints is not None and p.N != p.K:
+            transposed = _transposed_weight(fn, weighted)
+            if transposed:
+                # What the failure said about the K loop or the mask follows from the swap: say the swap instead.
+                raise Fail(str(e).splitlines()[0] + "\n" + transposed) from None
         raise
+
+
+#: The kernels' square probe: N = K, so a weight read transposed stays in range and shows as x @ weight[e].
+_SQUARE = dict(M=3, N=16, K=16, E=4, topk=2, seed=61)
+
+
+def _transposed_weight(fn: Callable, weighted: bool) -> str:
+    """A kernel that swaps the weight's N and K strides reads out of range, or a K loop that seems to stop
+    early, when N != K. On a square problem the same kernel computes x @ weight[e]: if it does, say so."""
+    from .problems import random_first_gemm
+
+    q = random_first_gemm(**_SQUARE, weighted=weighted)
+    args = (q.x, q.weight, q.topk_ids) + ((q.topk_weights,) if weighted else ())
+    try:
+        out = call_student(fn, *args, names=FIRST_GEMM_NAMES[:len(args)])
+    except (Fail, NotAttempted):
+        return ""
+    # weight[e] used as if it were [K, N]: out[m, j, n] = sum_k x[m, k] * weight[e, k, n].
+    swapped = torch.einsum("mk,mjkn->mjn", q.x.double(), q.weight.double()[q.topk_ids.long()])
+    if q.topk_weights is not None:
+        swapped = swapped * q.topk_weights.double()[..., None]
+    if not isinstance(out, torch.Tensor) or out.shape != swapped.shape or \
+            rel_error(out.detach().double(), swapped) > 1e-3:
+        return ""
+    return ("your kernel reads each expert's weight transposed: on a problem with N = K = 16, where that stays in "
+            "range, your output is x @ weight[e] instead of x @ weight[e].T. weight is [E, N, K]: element (n, k) "
+            "of expert e is at expert * stride_we + n * stride_wn + k * stride_wk (stride_wn = weight.stride(1) "
+            "moves along N, stride_wk = weight.stride(2) along K), and your offsets swap the two.")
+
+
+def contiguous_copy(p: Problem) -> Problem:
+    """Problem ``p`` with every input a contiguous copy of the same values."""
+    def c(t):
+        return None if t is None else t.contiguous()
+    return dataclasses.replace(p, x=c(p.x), weight=c(p.weight), topk_ids=c(p.topk_ids), w2=c(p.w2),
+                               topk_weights=c(p.topk_weights), strided=False)
 
 
 def _passes(attempt: Callable[[Problem], None], q: Problem) -> bool:
@@ -113,11 +161,11 @@ def check_layer_fn(ex_id: str, fn: Callable, problems: list[Problem]) -> bool:
                 try:
                     attempt(p)
                 except Fail as e:
-                    if p.strided and _passes(attempt, dataclasses.replace(
-                            p, x=p.x.contiguous(), w2=p.w2.contiguous(), strided=False)):
+                    if p.strided and _passes(attempt, contiguous_copy(p)):
                         raise Fail(f"{e}\nWith the same values in contiguous tensors your function is right, so "
-                                   "it assumes a layout: x and w2 here are views with other strides. Index the "
-                                   "tensors (or .reshape them), do not .view or assume their strides.") from None
+                                   "it assumes a layout: x, w2 and topk_weights here are views with other strides. "
+                                   "Index the tensors (or .reshape them), do not .view or assume their "
+                                   "strides.") from None
                     raise
         return summary(problems)
     return run_check(ex_id, body)

@@ -12,7 +12,7 @@ from ..activation import silu_and_mul
 from ..kernels.interpreter import is_poison_nan
 from ..reference import reference_moe_matmul, rel_error
 from .feedback import Fail
-from .guard import Recorder
+from .guard import Recorder, never_written
 from .problems import Problem
 
 
@@ -57,6 +57,9 @@ def expect_tensor(out, *, what: str, sizes: dict[str, int], dtype: torch.dtype |
         ones = [name for name, size in sizes.items() if size == 1]
         if len(got) == len(shape) and sorted(got) == sorted(shape) and named:
             msg += f" = {named}: the axes are in the wrong order"
+        elif len(got) == len(shape) and sorted(got) == sorted(shape):
+            # Sizes that coincide (M = topk = N) cannot tell which axes moved: say so, do not guess a reshape.
+            msg += ": the same sizes in another order, so an axis is out of place (or a reshape is missing)"
         elif len(got) == len(shape) + 1 and tuple(s for s in got if s != 1) == tuple(s for s in shape if s != 1):
             msg += ": an extra axis of size 1 (squeeze it)"
         elif len(got) < len(shape) and ones and got == tuple(s for s in shape if s != 1):
@@ -101,7 +104,10 @@ def expect_first_gemm(out, problem: Problem, tol: float, recorder: Recorder | No
     o = out.detach().double()
     nan = torch.isnan(o)
     if nan.any():
-        raise Fail(masked_lane_nan(out, recorder) or _unwritten(nan, problem) + _no_other_note(recorder))
+        unwritten = never_written(out).to(nan.device)
+        raise Fail(masked_lane_nan(out, recorder)
+                   or (_unwritten(unwritten, problem, recorder) if unwritten.any() else _computed_nan(nan))
+                   + _no_other_note(recorder))
     if not torch.isfinite(o).all():
         m, j, n = (int(i) for i in torch.nonzero(~torch.isfinite(o))[0])
         raise Fail(f"out[{m}, {j}, {n}] is {o[m, j, n].item()}: an overflow, or a load from memory that was "
@@ -129,7 +135,38 @@ def _no_other_note(recorder: Recorder | None) -> str:
             "undefined on a GPU (NaN here), so if they reach the result, give the load other=0.0.")
 
 
-def _unwritten(nan: torch.Tensor, problem: Problem) -> str:
+def _computed_nan(nan: torch.Tensor) -> str:
+    """NaN that the student's code wrote (not the checker's fill): where, and where NaN comes from."""
+    m, j, n = (int(i) for i in torch.nonzero(nan)[0])
+    return (f"{int(nan.sum())} of {nan.numel()} output elements are NaN, for example out[{m}, {j}, {n}], yet your code "
+            "wrote them (they do not hold the NaN the checker fills new tensors with): the NaN was computed. One NaN "
+            "term makes its whole sum NaN. Look for a load whose other= is NaN (masked-off lanes must add 0: "
+            "other=0.0), a NaN kept as a guard or placeholder (tl.where(ok, v, float('nan')) that reaches the "
+            "sum), 0 / 0 or inf - inf, or a read of memory nobody wrote.")
+
+
+def _swapped_pids(tokens: torch.Tensor, M: int, recorder: Recorder | None) -> str:
+    """When only tokens 0..T-1 were written and the grid has M programs on one axis and T on another,
+    the token is read from the wrong axis: say so, with the grid."""
+    grids = [g for g in (recorder.grids if recorder else []) if g]
+    if not grids:
+        return ""
+    grid = grids[-1]
+    written = M - int(tokens.sum())
+    if tokens[:written].any() or not tokens[written:].all():
+        return ""
+    axes = [a for a, size in enumerate(grid) if size == M]
+    other = [b for b, size in enumerate(grid) if size == written and b not in axes]
+    shown = tuple(grid[:2]) if grid[2] == 1 else tuple(grid)
+    if not axes or not other:
+        return f" Your kernel ran on a grid of {shown} programs."
+    a, b = axes[0], other[0]
+    return (f" Your kernel ran on a grid of {shown} programs: axis {a} has the M = {M} programs, yet exactly the "
+            f"first {written} tokens, as many as axis {b} has programs, were written. The program ids are swapped: "
+            f"pid_m must be tl.program_id(axis={a}), the axis where your grid puts the tokens (and pid_n the other).")
+
+
+def _unwritten(nan: torch.Tensor, problem: Problem, recorder: Recorder | None = None) -> str:
     M, topk, N = nan.shape
     head = (f"{int(nan.sum())} of {nan.numel()} output elements were never written "
             "(they still hold the NaN the checker fills new tensors with)")
@@ -144,8 +181,11 @@ def _unwritten(nan: torch.Tensor, problem: Problem) -> str:
 
     tokens, slots, cols = whole(0), whole(1), whole(2)
     if only(0, tokens):
-        return head + (f": tokens {ranges(tokens.nonzero().flatten())}, all of them. "
-                       f"Does your grid (or loop) cover all M = {M} tokens?")
+        text = head + f": tokens {ranges(tokens.nonzero().flatten())}, all of them."
+        swapped = _swapped_pids(tokens.cpu(), M, recorder)
+        if "swapped" in swapped:
+            return text + swapped
+        return text + f" Does your grid (or loop) cover all M = {M} tokens?" + swapped
     if only(1, slots):
         return head + (f": slot(s) {ranges(slots.nonzero().flatten())} of every token. Each of the topk = {topk} "
                        "experts of a token needs its own BLOCK_N columns of the tile, and the store must reach them.")
@@ -185,8 +225,8 @@ def _wrong_pairs(o, exp, problem: Problem, tol: float, err: float) -> str:
     m, j = (int(i) for i in bad_pair.nonzero()[0])
     e = int(ids[m, j])
     where = f"token {m}'s slot {j}"
-    for detail in (_transposed_detail, _weights_detail, _expert_detail, _token_detail, _moved_detail,
-                   _column_detail, _k_loop_detail, _k_tail_detail, _factor_detail):
+    for detail in (_low_precision_detail, _transposed_detail, _weights_detail, _expert_detail, _token_detail,
+                   _moved_detail, _column_detail, _k_loop_detail, _k_tail_detail, _factor_detail):
         try:
             text = detail(o=o, exp=exp, problem=problem, x=x, weight=weight, scale=scale, ids=ids,
                           bad=bad, bad_pair=bad_pair, thr=thr, m=m, j=j, e=e, where=where)
@@ -198,6 +238,23 @@ def _wrong_pairs(o, exp, problem: Problem, tol: float, err: float) -> str:
     return head + (f".\n{where} (expert {e}), column {n}: expected {exp[m, j, n].item():.5g}, "
                    f"got {o[m, j, n].item():.5g}. "
                    f"Wrong columns of this pair: {ranges(bad[m, j].nonzero().flatten())}.")
+
+
+def _low_precision_detail(*, o, exp, problem, x, weight, scale, ids, **_):
+    """A sum kept in x's 16-bit dtype: every error within a few roundings of the running sum's size."""
+    dtype = problem.x.dtype
+    if dtype not in (torch.float16, torch.bfloat16):
+        return ""
+    # |x| @ |w|: how large a partial sum of each output can get, whatever the order of the terms.
+    reach = torch.einsum("mk,mjnk->mjn", x.abs(), weight[ids].abs()) * scale.abs()[..., None]
+    eps = torch.finfo(dtype).eps
+    if not ((o - exp).abs() <= 4 * eps * reach).all():
+        return ""
+    name = str(dtype).replace("torch.", "")
+    return (f"every error is within a few {name} roundings of the partial sums, which here can reach "
+            f"{reach.max().item():.0f} while the results are about {exp.abs().mean().item():.0f}: the sum is kept "
+            f"in {name}. Accumulate in float32 (acc = tl.zeros(..., dtype=tl.float32), acc = tl.dot(a, b, acc) or "
+            "acc += ...) and convert to x's dtype only in the store.")
 
 
 def _transposed_detail(*, o, exp, thr, **_):
@@ -382,6 +439,8 @@ def _layer_variant(problem: Problem, act=silu_and_mul, weights: str = "as given"
         w = w / topk
     elif weights == "renormalised":
         w = w / w.sum(-1, keepdim=True)
+    elif weights == "abs":      # no cancellation: how large the slots' terms and their partial sums get
+        return (down.view(M, topk, -1) * w[..., None]).abs().sum(1)
     return (down.view(M, topk, -1) * w[..., None]).sum(1)
 
 
@@ -411,6 +470,15 @@ def expect_layer(out, problem: Problem, tol: float) -> None:
     rms = exp.pow(2).mean().sqrt().item()
     thr = max(20 * tol, 1e-4) * rms
     rows = ((o - exp).abs() > thr).any(1).nonzero().flatten().tolist()
+    if problem.x.dtype in (torch.float16, torch.bfloat16):
+        # The slots' terms, each as large as it gets: a sum (or products) kept in x's dtype errs by their roundings.
+        terms = _layer_variant(problem, weights="abs")
+        if ((o - exp).abs() <= 4 * torch.finfo(problem.x.dtype).eps * terms).all():
+            raise Fail(f"{head}: every error is within a few {problem.x.dtype} roundings of the slots' terms "
+                       f"(here up to {terms.max().item():.3g}, while the results are about "
+                       f"{exp.abs().mean().item():.2g}): the products or the sum over the slots are kept in "
+                       f"{problem.x.dtype}. Multiply by topk_weights.float() and sum in float32 (y = torch.zeros(..., "
+                       "dtype=torch.float32)), then convert with .to(x.dtype) at the end.")
     if not rows:
         raise Fail(f"{head}: small errors everywhere; accumulate the sum in float32.")
     m = rows[0]

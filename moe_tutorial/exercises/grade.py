@@ -5,10 +5,12 @@
 
 Nothing a notebook prints counts. Each notebook runs top to bottom in its own kernel (a fresh
 temporary copy of its folder as working directory, errors allowed so that one broken cell does not
-hide the rest) with its check cells left out; the installed package's files are compared before
-and after, and put back if the notebook changed them. Then, in that kernel, the grader drops
+hide the rest) with its check cells left out. While it runs, the installed package's files and
+folders are read-only (where the OS enforces it: not for root), and its files are compared before
+and after anyway, and put back if the notebook changed them. Then, in that kernel, the grader drops
 every ``moe_tutorial`` module the notebook may have imported or patched, imports the checkers
-afresh and runs the checker of each
+afresh from the installed package's source (a fresh bytecode cache, every module's file checked)
+and runs the checker of each
 exercise of the notebook's part on the function of the exercise's name (``route`` for 1.1, ...).
 Each verdict comes back as a display output tagged with a key drawn for this run, so text the
 notebook prints, or outputs it forges, are never read. The score is out of the number of
@@ -19,11 +21,14 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import copy
 import csv
 import os
 import secrets
 import shutil
+import signal
+import stat
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -41,23 +46,40 @@ _PARTS = sorted({ex.part for ex in EXERCISES.values()})
 
 # Run in the student's kernel, once per exercise, after every cell of the notebook. It first drops
 # the package's modules and puts the installed package's folder first on sys.path (taking out the
-# notebook's own folder, where it may have written a package of that name), so that the checkers it
-# imports are the installed files, not objects the notebook replaced or patched. It checks where
-# the package came from before running any of it: a fake would write its own verdict.
+# notebook's own folder, where it may have written a package of that name), clears the import
+# system's cached finders and points the bytecode cache at a folder it makes (a .pyc planted in the
+# package's __pycache__ is never read), so that the checkers it imports are the
+# installed source files, not objects the notebook replaced or patched. It checks that every
+# moe_tutorial module came from the installed package before running any of it: a fake would
+# write its own verdict.
 _GRADE_CELL = """\
 import sys as _moe_sys, os as _moe_os
 for _moe_name in [n for n in _moe_sys.modules if n == "moe_tutorial" or n.startswith("moe_tutorial.")]:
     del _moe_sys.modules[_moe_name]
 _moe_sys.path[:] = [{root!r}] + [p for p in _moe_sys.path
                                  if _moe_os.path.realpath(p or ".") != _moe_os.path.realpath(_moe_os.getcwd())]
+_moe_sys.path_importer_cache.clear()        # finders the notebook's imports cached, for its own folder too
+# Bytecode compiled afresh into a folder made now, under a name the notebook's code could not know
+# (kept for this notebook's next grading cells under an attribute named after the run's key), never
+# read from the package's __pycache__.
+_moe_pyc = getattr(_moe_sys, "_moe_grade_pyc_{key}", None)
+if _moe_pyc is None:
+    import tempfile as _moe_tempfile
+    _moe_pyc = _moe_tempfile.mkdtemp(dir={pycache!r})
+    setattr(_moe_sys, "_moe_grade_pyc_{key}", _moe_pyc)
+_moe_sys.pycache_prefix = _moe_pyc
+_moe_sys.dont_write_bytecode = False
 import moe_tutorial as _moe_pkg
-if _moe_os.path.realpath(_moe_os.path.dirname(_moe_pkg.__file__)) != {package!r}:
+import moe_tutorial.exercises.grade as _moe_grade
+_moe_files = {{str(getattr(m, "__file__", None)) for n, m in list(_moe_sys.modules.items())
+               if n == "moe_tutorial" or n.startswith("moe_tutorial.")}}
+_moe_from = sorted(f for f in _moe_files if not _moe_os.path.realpath(f).startswith({package!r} + _moe_os.sep))
+if _moe_from:
     from IPython.display import display as _moe_display
     _moe_display({{{mime!r}: {{"key": {key!r}, "id": {ex_id!r}, "verdict": "FAIL", "message":
-        "[{ex_id}] FAIL: moe_tutorial was imported from " + str(_moe_pkg.__file__) + ", not from the installed "
+        "[{ex_id}] FAIL: moe_tutorial was imported from " + ", ".join(_moe_from[:3]) + ", not from the installed "
         "package at {package}"}}}}, raw=True)
 else:
-    import moe_tutorial.exercises.grade as _moe_grade
     _moe_grade.verdict_cell({key!r}, {ex_id!r}, get_ipython().user_ns)
 """
 
@@ -66,8 +88,9 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 
 def snapshot(folder: Path = PACKAGE_DIR) -> dict[Path, bytes]:
-    """Every file of the installed package, as bytes: what a notebook must leave unchanged."""
-    return {p: p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+    """Every file of the installed package, bytecode caches included, as bytes: what a notebook must
+    leave unchanged (the graded kernel writes no bytecode, so a new .pyc is the notebook's)."""
+    return {p: p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def restore(before: dict[Path, bytes], folder: Path = PACKAGE_DIR) -> list[str]:
@@ -86,6 +109,46 @@ def restore(before: dict[Path, bytes], folder: Path = PACKAGE_DIR) -> list[str]:
     return sorted(changed)
 
 
+@contextlib.contextmanager
+def read_only(folder: Path = PACKAGE_DIR):
+    """Take the write bits off every file and folder under ``folder`` while active, and put each
+    mode back afterwards, also when the body raises (or the grader gets SIGTERM).
+
+    Yields True when writing is really refused: False where the OS ignores the modes (root, or
+    CAP_DAC_OVERRIDE) or where the modes could not be changed (files of another user); then only
+    the before-and-after comparison (:func:`snapshot`, :func:`restore`) protects the package.
+    """
+    paths = [folder, *sorted(folder.rglob("*"))]
+    modes = {}
+    try:
+        for path in paths:
+            if path.is_symlink():
+                continue
+            mode = stat.S_IMODE(path.stat().st_mode)
+            modes[path] = mode
+            try:
+                path.chmod(mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+            except OSError:
+                pass            # not ours: the probe below says whether writes are refused all the same
+        yield _writes_refused(folder)
+    finally:
+        for path, mode in reversed(list(modes.items())):
+            with contextlib.suppress(OSError):
+                path.chmod(mode)
+
+
+def _writes_refused(folder: Path) -> bool:
+    """Does creating a file in ``folder`` fail? (Root creates it whatever the modes say.)"""
+    probe = folder / f".moe_grade_probe_{secrets.token_hex(4)}"
+    try:
+        fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except OSError:
+        return True
+    os.close(fd)
+    probe.unlink()
+    return False
+
+
 @dataclass
 class Report:
     """One notebook's grades: its part, ``{exercise id: (verdict, message)}``, and cell errors."""
@@ -96,6 +159,8 @@ class Report:
     errors: list[str] = field(default_factory=list)
     #: Why the notebook could not be graded at all (missing, a folder, not a notebook, ...), or "".
     not_graded: str = ""
+    #: Whether the installed package refused writes while the notebook ran (False as root; None: not run).
+    read_only: bool | None = None
 
     @property
     def parts(self) -> set[int]:
@@ -199,8 +264,9 @@ def read_submission(path: Path):
 
 def grade_notebook(path: Path, name: str, *, timeout: int = 300, part: int | None = None) -> Report:
     """Execute one notebook without its check cells, in a fresh temporary copy of its folder, then
-    grade every exercise of its part; a notebook that changed the installed package's files on
-    disk has them put back and every verdict void."""
+    grade every exercise of its part. The installed package is read-only meanwhile (:func:`read_only`);
+    a notebook that changed its files on disk all the same (as root) has them put back and every
+    verdict void."""
     nb, why = read_submission(path)
     if nb is None:
         return Report(name, part, not_graded=why)
@@ -213,8 +279,13 @@ def grade_notebook(path: Path, name: str, *, timeout: int = 300, part: int | Non
         work = Path(tmp) / "work"
         shutil.copytree(path.parent, work, ignore=shutil.ignore_patterns(".*", "__pycache__"), symlinks=True)
         before = snapshot()
-        _execute(nb, report, work, timeout)
-        changed = restore(before)
+        try:
+            with read_only() as report.read_only:
+                pycache = Path(tmp) / "pycache"     # the grading cells make their bytecode folder in it
+                pycache.mkdir()
+                _execute(nb, report, work, timeout, pycache)
+        finally:
+            changed = restore(before)
     if changed:
         for ex in for_part(report.part):
             report.verdicts[ex.id] = ("FAIL", f"[{ex.id}] FAIL {ex.function}\n  the notebook changed the installed "
@@ -223,8 +294,9 @@ def grade_notebook(path: Path, name: str, *, timeout: int = 300, part: int | Non
     return report
 
 
-def _execute(nb, report: Report, work: Path, timeout: int) -> None:
-    """Run ``nb`` without its check cells in ``work`` and put each exercise's verdict in ``report``."""
+def _execute(nb, report: Report, work: Path, timeout: int, pycache: Path) -> None:
+    """Run ``nb`` without its check cells in ``work`` and put each exercise's verdict in ``report``;
+    the grading cells compile the package into a bytecode cache they make inside ``pycache``."""
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import DeadKernelError
@@ -239,14 +311,17 @@ def _execute(nb, report: Report, work: Path, timeout: int) -> None:
     exercises = for_part(report.part)
     for ex in exercises:
         graded.cells.append(nbformat.v4.new_code_cell(_GRADE_CELL.format(
-            key=key, ex_id=ex.id, mime=VERDICT_MIME, root=str(PACKAGE_DIR.parent), package=str(PACKAGE_DIR))))
+            key=key, ex_id=ex.id, mime=VERDICT_MIME, root=str(PACKAGE_DIR.parent), package=str(PACKAGE_DIR),
+            pycache=str(pycache))))
 
     client = NotebookClient(graded, timeout=timeout, allow_errors=True, interrupt_on_timeout=True,
                             error_on_timeout={"ename": "Timeout", "evalue": f"the cell ran longer than {timeout} s"},
                             resources={"metadata": {"path": str(work)}})
     died = ""
+    # No bytecode written by the kernel: the notebook's own imports of the package leave its folder as it was.
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     try:
-        client.execute()
+        client.execute(env=env)
     except DeadKernelError as e:
         died = f"the kernel died ({str(e).splitlines()[0] if str(e) else 'no reason given'})"
     for cell in graded.cells[:first]:
@@ -317,10 +392,17 @@ def main(argv=None) -> int:
     parser.add_argument("--csv", type=Path, help="also write the table as CSV")
     args = parser.parse_args(argv)
 
+    # SIGTERM as an exception, so that read_only() puts the package's modes back on the way out.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    print(f"grading with moe_tutorial from {PACKAGE_DIR}", file=sys.stderr)
     reports = []
     for path, name in zip(args.notebooks, _names(args.notebooks)):
         print(f"grading {name} ...", file=sys.stderr)
         reports.append(grade_notebook(path, name, timeout=args.timeout, part=args.part))
+    if any(r.read_only is False for r in reports):
+        print("note: the package could not be made read-only (running as root, or its files are not yours): its "
+              "files were compared before and after each notebook instead, and put back where changed",
+              file=sys.stderr)
     print(table(reports))
     print("\nPASS: right on every problem; FAIL: wrong (--details says how); todo: still the stub; "
           "-: not an exercise of this notebook's part")

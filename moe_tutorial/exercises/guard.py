@@ -45,8 +45,30 @@ def int_poison(dtype: torch.dtype) -> int:
     return info.min
 
 
+#: The bits of the NaN new float tensors are filled with: a quiet NaN with its own payload (not the
+#: masked-load poison's, not the NaN arithmetic makes), so that an element still holding it was never written.
+ALLOC_NAN_BITS = {torch.float32: (torch.int32, 0x7FC0E0E0), torch.float64: (torch.int64, 0x7FF80E0E0E0E0E0E),
+                  torch.float16: (torch.int16, 0x7E0E), torch.bfloat16: (torch.int16, 0x7FCE)}
+
+
+def never_written(t: torch.Tensor) -> torch.Tensor:
+    """Elementwise, on the CPU: does float tensor ``t`` still hold the NaN :func:`poisoned_allocations` filled it with?
+
+    A NaN the code computed (0 / 0, a NaN ``other=``, one read from elsewhere) has other bits. For
+    dtypes without a payload of their own, every NaN counts as never written.
+    """
+    t = t.detach().cpu()
+    if t.dtype not in ALLOC_NAN_BITS:
+        return torch.isnan(t) if t.is_floating_point() or t.is_complex() else torch.zeros(t.shape, dtype=torch.bool)
+    int_dtype, bits = ALLOC_NAN_BITS[t.dtype]
+    return t.contiguous().view(int_dtype) == torch.tensor(bits, dtype=torch.int64).to(int_dtype)
+
+
 def _poison(t: torch.Tensor) -> torch.Tensor:
-    if t.is_floating_point() or t.is_complex():
+    if t.dtype in ALLOC_NAN_BITS and t.numel():
+        int_dtype, bits = ALLOC_NAN_BITS[t.dtype]
+        t.view(int_dtype).fill_(torch.tensor(bits, dtype=torch.int64).to(int_dtype).item())
+    elif t.is_floating_point() or t.is_complex():
         t.fill_(float("nan"))
     elif t.dtype != torch.bool and t.numel():
         t.fill_(int_poison(t.dtype))
@@ -80,16 +102,24 @@ def poisoned_allocations():
 class Recorder:
     """What a student's kernels did during one call.
 
-    ``launches``: the tensor arguments of every launch, in order (:class:`~moe_tutorial.kernels.interpreter.Extent`);
+    ``launches``: the tensor arguments of every launch, in order (:class:`~moe_tutorial.kernels.interpreter.Extent`),
+    and ``grids`` their grids;
     ``no_other``: the kernel arguments read by a masked ``tl.load`` without ``other=`` whose mask
     was off somewhere, in order of first use. Both stay empty on a GPU.
     """
 
     launches: list = field(default_factory=list)
     no_other: list[str] = field(default_factory=list)
+    #: Each launch's grid ``(x, y, z)``, seen at its first access (None for a launch that touched no memory).
+    grids: list = field(default_factory=list)
 
     def on_launch(self, extents) -> None:
         self.launches.append(list(extents))
+        self.grids.append(None)
+
+    def on_access(self, grid: tuple) -> None:
+        if self.grids and self.grids[-1] is None:
+            self.grids[-1] = grid
 
     def on_poison(self, ptrs, lanes) -> None:
         name = interpreter.base_of(ptrs) or "?"
@@ -150,6 +180,8 @@ class _Guard:
             self.recorder.on_launch(extents)
 
     def check(self, op: str, ptrs, mask):
+        if self.recorder is not None:
+            self.recorder.on_access(interpreter.current_grid())
         addrs = interpreter.addresses(ptrs)
         active = interpreter.lane_mask(ptrs, mask)
         itemsize = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)

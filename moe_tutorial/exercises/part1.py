@@ -8,7 +8,7 @@ from ..reference import tolerance
 from ..routing import route
 from .common import check_first_gemm_fn, check_layer_fn
 from .diagnose import expect_integer, expect_tensor
-from .feedback import Fail, call_student, on, run_check
+from .feedback import Fail, NotAttempted, call_student, on, run_check
 from .problems import layer_problems, torch_first_gemm_problems, worked_first_gemm
 
 
@@ -25,11 +25,16 @@ def _route_cases():
         ("M=0, E=4, top_k=2 (an empty batch)", torch.randn(0, 4, generator=g).to(dev), 2, True),
         # exp overflows float32 past about 88: a softmax must subtract each row's max first.
         (LARGE_LOGITS, (torch.randn(3, 8, generator=g) * 50 + 150).to(dev), 2, True),
+        # renormalize not passed: every other case passes it, so only here does its default count.
+        (DEFAULT_RENORMALIZE, torch.randn(5, 8, generator=g).to(dev), 3, None),
     ]
 
 
 #: Label of the route case whose logits overflow exp in float32.
 LARGE_LOGITS = "M=3, E=8, top_k=2, large logits (about 150)"
+
+#: Label of the route case that leaves ``renormalize`` out (``None`` in :func:`_route_cases`).
+DEFAULT_RENORMALIZE = "M=5, E=8, top_k=3, renormalize not passed (its default is True)"
 
 
 def _route_variant_message(got_w, logits, k, renormalize) -> str:
@@ -106,11 +111,28 @@ def check_route(fn) -> bool:
         cases = _route_cases()
         for label, logits, k, renorm in cases:
             with on(label):
-                got = call_student(fn, logits, k, renormalize=renorm, names=("router_logits", "top_k"))
-                _expect_route(got, logits, k, renorm)
-        return (f"right on all {len(cases)} cases (renormalize on and off, E = 60, bfloat16 logits, top_k = 1, "
-                "one token, an empty batch, large logits).")
+                kwargs = {} if renorm is None else {"renormalize": renorm}
+                got = call_student(fn, logits, k, names=("router_logits", "top_k"), **kwargs)
+                try:
+                    _expect_route(got, logits, k, True if renorm is None else renorm)
+                except Fail as e:
+                    if renorm is None and _passes_route(fn, logits, k):
+                        raise Fail(f"{e}\nWith renormalize=True passed your function is right: its default must "
+                                   "be True, as in the stub's signature def route(router_logits, top_k, "
+                                   "renormalize=True)") from None
+                    raise
+        return (f"right on all {len(cases)} cases (renormalize on, off and left at its default, E = 60, bfloat16 "
+                "logits, top_k = 1, one token, an empty batch, large logits).")
     return run_check("1.1", body)
+
+
+def _passes_route(fn, logits, k: int) -> bool:
+    """Is ``fn`` right on these logits with ``renormalize=True`` passed explicitly?"""
+    try:
+        _expect_route(call_student(fn, logits, k, renormalize=True, names=("router_logits", "top_k")), logits, k, True)
+    except (Fail, NotAttempted):
+        return False
+    return True
 
 
 def _index_list(t, what: str) -> list[int]:

@@ -13,8 +13,12 @@ from .problems import layer_problems, torch_first_gemm_problems
 
 
 def _expect_selected(got, p) -> None:
-    expect_tensor(got, what="selected", sizes={"M": p.M, "topk": p.topk, "N": p.N, "K": p.K},
-                  dtype=p.weight.dtype, device=p.weight.device)
+    sizes = {"M": p.M, "topk": p.topk, "N": p.N, "K": p.K}
+    if isinstance(got, torch.Tensor) and tuple(got.shape) == (p.M, p.topk, p.K, p.N) and p.N != p.K:
+        raise Fail(f"selected has the wrong shape: expected [M, topk, N, K] = {tuple(sizes.values())}, got "
+                   f"{tuple(got.shape)} = [M, topk, K, N]: each expert's weights are transposed. weight[topk_ids] "
+                   "keeps weight's own [N, K] axes: index the weight as it is, without .T or transpose(1, 2)")
+    expect_tensor(got, what="selected", sizes=sizes, dtype=p.weight.dtype, device=p.weight.device)
     ids = p.topk_ids.long()
     for m in range(p.M):
         for j in range(p.topk):
@@ -29,6 +33,9 @@ def check_select_weights(fn) -> bool:
     """Exercise 2.1: ``fn(weight [E, N, K], topk_ids [M, topk]) -> weight[topk_ids]`` ``[M, topk, N, K]``."""
     def body():
         problems = torch_first_gemm_problems()
+        # First a problem whose M, topk, N and K all differ: on the worked example (M = topk = N = 2)
+        # a transposed or swapped axis has a shape that cannot say which axes moved.
+        problems.sort(key=lambda p: len({p.M, p.topk, p.N, p.K}) < 4)
         for p in problems:
             with on(p.describe()):
                 _expect_selected(call_student(fn, p.weight, p.topk_ids, names=("weight", "topk_ids")), p)

@@ -163,20 +163,34 @@ def _expect_order(fn, num_pid_m: int, num_pid_n: int, group_m: int) -> None:
         return
     pid = next(p for p in got if got[p] != want[p])
     text = f"every tile is covered once, but pid {pid} should be {want[pid]}, got {got[pid]}"
+    per_group = group_m * num_pid_n
+    first_pid, first_m = pid // per_group * per_group, pid // per_group * group_m
+    rows = min(num_pid_m - first_m, group_m)
     if all(got[p] == divmod(p, num_pid_n) for p in got):
         text += (": that is plain row-major order. Walk GROUP_M row blocks down before moving right, so the "
                  "programs running together share columns of weights")
+    elif rows < group_m and first_m > 0 and all(got[p] == want[p] for p in range(first_pid)):
+        # Only the last, short group is wrong, and it is not the first: its pids start at a multiple of
+        # GROUP_M * num_pid_n, not of its own height, so counting from pid 0 shifts its rows.
+        text += (f": every group before it is right. pid {pid} is in the last group, which starts at pid "
+                 f"{first_pid} (row block {first_m}) and has only {rows} row blocks, not GROUP_M = {group_m}: "
+                 f"count inside the group, pid_m = first_pid_m + (pid % (GROUP_M * num_pid_n)) % group_rows and "
+                 "pid_n = (pid % (GROUP_M * num_pid_n)) // group_rows, with group_rows = min(num_pid_m - "
+                 "first_pid_m, GROUP_M)")
     raise Fail(text)
 
 
 def check_grouped_pid(fn) -> bool:
     """Exercise 4.2: ``fn(pid, num_pid_m, num_pid_n, group_m) -> (pid_m, pid_n)`` in grouped order."""
     def body():
-        grids = [(5, 3, 2), (7, 4, 3), (4, 4, 4), (3, 5, 8), (6, 2, 1), (1, 1, 1)]
+        # (5, 3, 3): a last group of 2 row blocks (neither 1 nor GROUP_M) that starts at pid 9, not a
+        # multiple of 2: counting its rows from pid 0 instead of from the group's first pid shows only there.
+        grids = [(5, 3, 2), (7, 4, 3), (4, 4, 4), (3, 5, 8), (6, 2, 1), (1, 1, 1), (5, 3, 3)]
         for grid in grids:
             with on("num_pid_m={}, num_pid_n={}, GROUP_M={}".format(*grid)):
                 _expect_order(fn, *grid)
-        return f"right on all {len(grids)} grids (a short last group, GROUP_M = 1, GROUP_M > num_pid_m)."
+        return (f"right on all {len(grids)} grids (short last groups of 1 and 2 row blocks, GROUP_M = 1, "
+                "GROUP_M > num_pid_m).")
     return run_check("4.2", body)
 
 
@@ -196,7 +210,7 @@ _SORTED_HINTS = [
      "no rows at all: return before loading anything for them."),
     (("weight", "weights", "w", "b", "w1", "w13", "wt"),
      "a weight load out of range: blocks past num_tokens_post_padded have expert -1, so exit early for "
-     "them; the offset is expert * stride_be + n * stride_bn + k * stride_bk, masked with k < K."),
+     "them; the offset is expert * stride_we + n * stride_wn + k * stride_wk, masked with k < K."),
     (("sorted", "expert", "ids", "id", "num", "post"),
      "the grid covers cdiv(len(sorted_token_ids), BLOCK_M) blocks: row and block indices must stay below that."),
 ]

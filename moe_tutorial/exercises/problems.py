@@ -89,8 +89,9 @@ def random_first_gemm(M: int, N: int, K: int, E: int, topk: int, *, seed: int, l
                       dtype: torch.dtype = torch.float32) -> Problem:
     """A random first-GEMM problem on the runtime's device, in ``dtype`` (float32 unless told).
 
-    ``strided`` gives x every other column of a wider tensor, weight stored as ``[E, K, N]``
-    and transposed (stride_wk = N, stride_wn = 1), and topk_ids as a transposed view.
+    ``strided`` gives x every other column of a wider tensor; weight the ``[E, K, N]`` corner of
+    a larger, padded ``[E, K + 2, N + 3]`` tensor, transposed (stride_we = (K + 2) * (N + 3), not
+    N * K; stride_wk = N + 3, stride_wn = 1); topk_ids and the router weights transposed views.
     ``weighted`` adds float32 router weights: each pair's softmax probability over all E
     experts, not renormalised, so that a token's weights do not add up to 1 (DeepSeek-V2 keeps
     them so) and dividing by their sum shows.
@@ -100,7 +101,9 @@ def random_first_gemm(M: int, N: int, K: int, E: int, topk: int, *, seed: int, l
     if strided:
         # Slice on the device: .to() would make a gapped view contiguous again.
         x = torch.randn(M, 2 * K, generator=g).to(dev, dtype)[:, ::2]
-        weight = (torch.randn(E, K, N, generator=g) * K ** -0.5).to(dtype).transpose(1, 2)
+        # Padded rows: an offset written expert * N * K instead of expert * stride_we lands in the padding.
+        padded = (torch.randn(E, K + 2, N + 3, generator=g) * K ** -0.5).to(dev, dtype)
+        weight = padded[:, :K, :N].transpose(1, 2)
         ids = random_topk_ids(M, E, topk, generator=g, dtype=ids_dtype).t().contiguous().t()
     else:
         x = torch.randn(M, K, generator=g).to(dtype)
@@ -110,6 +113,8 @@ def random_first_gemm(M: int, N: int, K: int, E: int, topk: int, *, seed: int, l
     if weighted:
         probs = torch.softmax(torch.randn(M, E, generator=g), dim=-1)
         problem.topk_weights = probs.gather(1, ids.long()).to(dev)
+        if strided:     # the same values in a transposed view: topk_weights.stride() = (1, M)
+            problem.topk_weights = problem.topk_weights.t().contiguous().t()
     return problem
 
 
@@ -140,14 +145,45 @@ def torch_first_gemm_problems() -> list[Problem]:
 #: Label of the problems with one token and one expert per token.
 ONE_TOKEN = "one token, topk = 1"
 
+#: Label of the float16 kernel problem whose partial sums are far larger than the result.
+CANCELLING = "float16, K = 512: partial sums far larger than the result"
+
+
+def cancelling_first_gemm(M: int, N: int, E: int, topk: int, *, seed: int, weighted: bool = False) -> Problem:
+    """A float16 first-GEMM problem, K = 512, where an accumulator in float16 fails and one in float32 is exact.
+
+    x and weight hold small integers (x in 3..4, |weight| in 3..4), so every product, every
+    sum of up to 128 of them (at most 2048) and the result are exact in float16. The weight's
+    columns are positive for k < 256 and negative after, with the second half repeating the
+    first except for one element in eight: a sum climbs past 3000, where float16 holds only
+    even integers, and comes back down to a result of a few tens. A float32 accumulator is exact
+    for any BLOCK_K up to 128; a float16 one rounds on the way and is off by several percent.
+    """
+    g = _gen(seed)
+    half = 256                                                   # K = 512
+    x = torch.randint(3, 5, (M, half), generator=g)
+    x = torch.cat([x, x], 1)
+    b = torch.randint(3, 5, (E, N, half), generator=g)
+    changed = torch.rand(E, N, half, generator=g) < 0.125
+    b2 = torch.where(changed, 7 - b, b)                          # 3 <-> 4 on one element in eight
+    weight = torch.cat([b, -b2], 2)                              # [E, N, K]
+    ids = random_topk_ids(M, E, topk, generator=g)
+    dev = runtime.DEVICE
+    problem = Problem(x.to(dev, torch.float16), weight.to(dev, torch.float16), ids.to(dev), CANCELLING)
+    if weighted:
+        probs = torch.softmax(torch.randn(M, E, generator=g), dim=-1)
+        problem.topk_weights = probs.gather(1, ids.long()).to(dev)
+    return problem
+
 #: Label of the problem whose K spans many blocks of any BLOCK_K up to 128.
 MANY_K_BLOCKS = "K = 200: many K blocks"
 
 
 def kernel_problems(*, any_topk: bool = False, weighted: bool = False) -> list[Problem]:
-    """Parts 3 and 4: a few programs each, float32 (the interpreter's dtype). Powers of two for topk
-    unless ``any_topk``. Each list has a non-contiguous problem, and K is larger than every
-    BLOCK_K a student might pick in at least one problem."""
+    """Parts 3 and 4: a few programs each, float32 but for one float16 problem where only a float32
+    accumulator is right (:func:`cancelling_first_gemm`). Powers of two for topk unless
+    ``any_topk``. Each list has a non-contiguous problem (padded weight rows, transposed router
+    weights), and K is larger than every BLOCK_K a student might pick in at least one problem."""
     if any_topk:
         return [
             random_first_gemm(5, 40, 24, 5, 3, seed=11, label="topk = 3", weighted=weighted),
@@ -156,6 +192,7 @@ def kernel_problems(*, any_topk: bool = False, weighted: bool = False) -> list[P
             random_first_gemm(3, 17, 16, 6, 2, seed=13, label="topk = 2 still", weighted=weighted),
             random_first_gemm(4, 33, 20, 8, 5, seed=14, strided=True, ids_dtype=torch.int64, weighted=weighted,
                               label="non-contiguous inputs, int64 ids, topk = 5"),
+            cancelling_first_gemm(2, 16, 4, 3, seed=16, weighted=weighted),
         ]
     return [
         worked_first_gemm(weighted=weighted),
@@ -164,17 +201,47 @@ def kernel_problems(*, any_topk: bool = False, weighted: bool = False) -> list[P
                           label="non-contiguous inputs, int64 ids"),
         random_first_gemm(3, 16, 12, 4, 1, seed=3, label="topk = 1", weighted=weighted),
         random_first_gemm(3, 24, 200, 6, 2, seed=8, label=MANY_K_BLOCKS, weighted=weighted),
+        cancelling_first_gemm(2, 16, 4, 2, seed=9, weighted=weighted),
     ]
+
+
+#: Label of the bfloat16 layer problem whose two slots nearly cancel.
+CANCELLING_LAYER = "bfloat16, two experts whose outputs nearly cancel"
+
+
+def cancelling_layer_problem() -> Problem:
+    """A bfloat16 layer (M=4, K=4, I=2, E = topk = 2) where a sum in bfloat16 fails and one in float32 passes.
+
+    Small integers make every step up to the down GEMM exact in bfloat16: gate = 3 * (x's row
+    sum) is 12 to 24, where silu(gate) rounds to gate itself; up is 0 to 4; each expert's output
+    is an integer below 256. Expert 1's down weights are minus expert 0's, and the router weights
+    are close to 1/2 each, so a token's two terms (about 50 each) cancel to a result of about 1.
+    Rounding each term or the running sum to bfloat16 (8 bits) loses most of that difference;
+    products and the sum in float32 keep it.
+    """
+    g = _gen(28)
+    M, K, inter, E = 4, 4, 2, 2
+    x = torch.randint(1, 3, (M, K), generator=g)
+    gate = torch.full((inter, K), 3)
+    up = (torch.rand(inter, K, generator=g) < 0.5).long()
+    w13 = torch.cat([gate, up], 0)[None].expand(E, -1, -1)          # the same gate/up rows for both experts
+    down = torch.randint(-1, 2, (K, inter), generator=g)
+    w2 = torch.stack([down, -down])
+    weights, ids = route(torch.randn(M, E, generator=g) * 0.05, E)
+    dev, dtype = runtime.DEVICE, torch.bfloat16
+    return Problem(x.to(dev, dtype), w13.to(dev, dtype).contiguous(), ids.to(dev), CANCELLING_LAYER,
+                   topk_weights=weights.to(dev), w2=w2.to(dev, dtype))
 
 
 def layer_problems() -> list[Problem]:
     """Whole-layer problems: the worked example, random ones, router weights that do not add up
-    to 1, one token with topk = 1, bfloat16, an empty batch."""
+    to 1 (and a transposed view of them), one token with topk = 1, bfloat16, slots that nearly
+    cancel in bfloat16, an empty batch."""
     ex = worked_example(device=runtime.DEVICE)
     problems = [Problem(ex.x, ex.w13, ex.topk_ids, "the worked example", topk_weights=ex.topk_weights, w2=ex.w2)]
     specs = [  # M, K, I, E, topk, strided, renormalize, dtype, label
         (5, 24, 16, 6, 2, False, True, torch.float32, "random"),
-        (4, 16, 12, 8, 4, True, True, torch.float32, "non-contiguous x and w2"),
+        (4, 16, 12, 8, 4, True, True, torch.float32, "non-contiguous x, w2 and router weights"),
         (6, 16, 8, 8, 3, False, False, torch.float32, "router weights that do not add up to 1 (renormalize=False)"),
         (1, 12, 8, 4, 1, False, False, torch.float32, ONE_TOKEN),
         (4, 16, 8, 6, 2, False, True, torch.bfloat16, "bfloat16 x and weights"),
@@ -188,7 +255,9 @@ def layer_problems() -> list[Problem]:
         if strided:     # same values, stored [E, I, K] and viewed as [E, K, I]
             w2 = w2.transpose(1, 2).contiguous().transpose(1, 2)
         weights, ids = route(torch.randn(M, E, generator=g), topk, renormalize=renorm)
+        if strided:     # the same values in a transposed view
+            weights = weights.t().contiguous().t()
         dev = runtime.DEVICE
         problems.append(Problem(x.to(dev, dtype), w13.to(dev, dtype), ids.to(dev), label, topk_weights=weights.to(dev),
                                 w2=w2.to(dev, dtype), strided=strided))
-    return problems
+    return problems[:-1] + [cancelling_layer_problem(), problems[-1]]   # the empty batch last

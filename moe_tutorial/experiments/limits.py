@@ -57,7 +57,7 @@ def read_rates(rows: list[dict]) -> dict:
     return out
 
 
-def read_rate_table(rows: list[dict], protocols=("cold-l2", "clean-flush")) -> str:
+def read_rate_table(rows: list[dict], protocols=("cold-l2-zero", "clean-flush")) -> str:
     """One line per size: the read-only kernel's TB/s under each of ``protocols`` measured (the
     rotated protocol was measured too, but a read smaller than L2 is served from it there)."""
     rates = read_rates(rows)

@@ -269,11 +269,12 @@ def plot_read_by_size(rates: dict, rows: list[dict], *, read_tbps: float, impl: 
     8 GB read the floor uses, dashed.
     """
     fig, ax = plt.subplots(figsize=(6.8, 4.0))
-    styles = {"cold-l2": ("black", "-"), "clean-flush": ("#59a14f", "--")}
+    styles = {"cold-l2-zero": ("black", "-"), "clean-flush": ("#59a14f", "--")}
     for p, (color, ls) in styles.items():
         pts = sorted((mib * 2 ** 20 / 1e6, tbps) for (q, mib), tbps in rates.items() if q == p)
         if pts:
-            label = {"cold-l2": "read-only kernel, cold-l2", "clean-flush": "read-only kernel, L2 flushed clean"}[p]
+            label = {"cold-l2-zero": "read-only kernel, L2 flushed by zeroing",
+                     "clean-flush": "read-only kernel, L2 flushed clean"}[p]
             ax.plot(*zip(*pts), color=color, ls=ls, marker=".", label=label)
     ax.axhline(read_tbps, color="black", ls="--", lw=0.8)
     ax.text(20, read_tbps * 1.02, f"the floor's read bandwidth (8 GB read): {read_tbps:.2f} TB/s", fontsize=8,

@@ -32,6 +32,8 @@ class KernelConfig:
     use_tma: bool = False      # B tiles through a Hopper tensor descriptor (GPU only)
     short_tails: bool = True   # blocks at most half full multiply half as many rows (BLOCK_M >= 32)
     swap_ab: bool = False      # FP8 kernel only: small row blocks computed transposed (C^T = B^T A^T)
+    persistent: bool = False   # one program per SM walks the tiles (kernels/persistent_kernel.py); no short tails
+    warp_specialize: bool = False  # persistent only: producer and consumer warps (Triton, GPU only)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -63,9 +65,12 @@ def check_config(config, name: str = "config") -> KernelConfig:
         if value < 1:
             raise ValueError(f"{name}.{field}: expected an int of at least 1, got {value}")
         fields[field] = value
-    for field in ("use_tma", "short_tails"):
+    for field in ("use_tma", "short_tails", "persistent", "warp_specialize"):
         if not isinstance(getattr(config, field), bool):
             raise TypeError(f"{name}.{field}: expected True or False, got {getattr(config, field)!r}")
+    if config.warp_specialize and not config.persistent:
+        raise ValueError(f"{name}.warp_specialize: only the persistent kernel specialises warps; "
+                         f"set persistent=True too")
     return replace(config, **fields)
 
 
@@ -163,8 +168,9 @@ def heuristic_config(M: int, topk: int, E: int, variant: str = "plain", itemsize
     would stream their weights through a handful of SMs. In between, BLOCK_M about twice an
     expert's average rows (the tuner's choice on all three models: routing is uneven, and a
     shorter block makes the busiest experts' weights be read twice). Prefill is compute-bound:
-    the largest tiles, 8 warps, weights through TMA. The result is shrunk until its pipeline
-    fits ``limit`` bytes of shared memory with ``itemsize``-byte elements.
+    the largest tiles, 8 warps, weights through TMA, and for the plain GEMM with 256 rows or more
+    per expert the persistent grid (:mod:`moe_tutorial.kernels.persistent_kernel`). The result
+    is shrunk until its pipeline fits ``limit`` bytes of shared memory with ``itemsize``-byte elements.
     """
     gated = variant == "gated"
     rows_per_expert = max(1, M * topk // E)
@@ -182,6 +188,10 @@ def heuristic_config(M: int, topk: int, E: int, variant: str = "plain", itemsize
     elif gated:
         # Two accumulators: a 128x256 pair spills registers (notes/gpu-notes.md, tuning).
         cfg = KernelConfig(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=4, use_tma=True)
+    elif variant == "plain" and rows_per_expert >= 256:
+        # Many row blocks per expert: the persistent grid won on all three models (notes/gpu-notes.md).
+        cfg = KernelConfig(block_m=128, block_n=256, block_k=64, group_m=8, num_warps=8, num_stages=3, use_tma=True,
+                           persistent=True, short_tails=False)
     else:
         cfg = KernelConfig(block_m=128, block_n=256, block_k=64, group_m=8, num_warps=8, num_stages=3, use_tma=True)
     while smem_bytes(cfg, gated, itemsize) > limit and shrink(cfg) is not None:

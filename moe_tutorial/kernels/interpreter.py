@@ -90,6 +90,13 @@ def current_program() -> tuple:
     return tuple(int(i) for i in idx)
 
 
+def current_grid() -> tuple:
+    """The running launch's grid, all three axes: ``(x, y, z)``."""
+    from triton.runtime import interpreter as interp
+
+    return tuple(int(d) for d in (interp.interpreter_builder.grid_dim or (1, 1, 1)))
+
+
 def addresses(ptrs) -> np.ndarray:
     """The byte addresses an interpreter pointer block holds."""
     return np.asarray(ptrs.data, dtype=np.uint64)

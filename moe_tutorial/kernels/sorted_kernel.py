@@ -29,7 +29,7 @@ from ..checks import (
     check_topk_weights,
 )
 from .align import align_block_size, check_alignment
-from .configs import KernelConfig, check_config, get_config, shrink
+from .configs import KernelConfig, check_config, get_config, shrink, sm_count
 from .topk_sum import topk_sum
 
 
@@ -338,13 +338,11 @@ def _launch(a, b, c, router_weights, alignment, num_pairs: int, a_row_div: int,
     sorted_ids, expert_ids, num_post = alignment
     N, K = c.shape[1], a.shape[1]
     max_padded = sorted_ids.numel()
-    grid = (triton.cdiv(max_padded, config.block_m) * triton.cdiv(N, config.block_n),)
+    max_tiles = triton.cdiv(max_padded, config.block_m) * triton.cdiv(N, config.block_n)
     b_desc = _weight_descriptor(b, config) if config.use_tma else None
     a_desc, a_desc_half = _activation_descriptors(a, config) if a_sorted else (None, None)
-    sorted_moe_kernel[grid](
-        a, a_desc, a_desc_half, b, b_desc, c, router_weights if router_weights is not None else c,
-        sorted_ids, expert_ids, num_post,
-        N=N, K=K, num_pairs=num_pairs, max_padded=max_padded, a_row_div=a_row_div,
+    args = dict(
+        N=N, K=K, num_pairs=num_pairs, a_row_div=a_row_div,
         stride_b_up=N * b.stride(1), b_rows_per_expert=b.shape[1],
         stride_am=a.stride(0), stride_ak=a.stride(1),
         stride_be=b.stride(0), stride_bn=b.stride(1), stride_bk=b.stride(2),
@@ -353,10 +351,21 @@ def _launch(a, b, c, router_weights, alignment, num_pairs: int, a_row_div: int,
         A_ROWS=("sorted_tma" if a_desc is not None else "sorted") if a_sorted else "gathered",
         B_TMA=b_desc is not None, C_ROWS="sorted" if c_sorted else "scattered",
         GATED=gated, ROUTER_WEIGHTS=router_weights is not None,
-        SHORT_TAILS=config.short_tails and config.block_m >= 32,
         EVEN_K=K % config.block_k == 0, DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
+    router = router_weights if router_weights is not None else c
+    if config.persistent:
+        # Imported here: persistent_kernel builds on this module's sorted_tile.
+        from .persistent_kernel import INTERPRETER_PROGRAMS, persistent_grid, persistent_moe_kernel
+        sms = INTERPRETER_PROGRAMS if runtime.INTERPRETED else sm_count()
+        persistent_moe_kernel[persistent_grid(sms, max_tiles)](
+            a, a_desc, b, b_desc, c, router, sorted_ids, expert_ids, num_post, **args,
+            FLATTEN=not runtime.INTERPRETED, WARP_SPECIALIZE=config.warp_specialize and not runtime.INTERPRETED)
+        return
+    sorted_moe_kernel[(max_tiles,)](
+        a, a_desc, a_desc_half, b, b_desc, c, router, sorted_ids, expert_ids, num_post,
+        max_padded=max_padded, SHORT_TAILS=config.short_tails and config.block_m >= 32, **args)
 
 
 def sorted_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: torch.Tensor,

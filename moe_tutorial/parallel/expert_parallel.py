@@ -14,8 +14,8 @@ from ..kernels.align import align_block_size
 from ..kernels.configs import get_config
 from ..kernels.sorted_kernel import _launch_fitted, sorted_moe_layer
 from ..kernels.topk_sum import local_topk_sum
-from .dispatch import METHODS, Dispatched, combine, dispatch
-from .groups import dtype_code, require_group
+from .dispatch import METHODS, Dispatched, capturing, combine, dispatch
+from .groups import check_same_on_all_ranks, dtype_code, gather_rows, require_group
 from .sharding import experts_per_rank
 
 
@@ -129,6 +129,13 @@ def expert_parallel_layer(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, 
     _, world = require_group(group)
     if method not in METHODS:
         raise ValueError(f"method: expected one of {', '.join(METHODS)}, got {method!r}")
+    check_tensor("x", x, 2)
+    if (check_ranks or method == "all_to_all") and not capturing(x):
+        # num_experts first, on every rank: a rank given another E would otherwise find its own w13 of
+        # the wrong size and blame it, alone, while the others wait in the exchange. A host wait, as
+        # every rank check: with check_ranks=False the caller vouches for the sizes.
+        check_same_on_all_ranks(gather_rows(torch.tensor([num_experts], dtype=torch.int64, device=x.device), group),
+                                ["num_experts"])
     per, inter = check_local_weights(x, w13, w2, num_experts, world)
     same = {"w13.shape[0] (experts per rank)": per, "w2.shape[2] (intermediate size I)": inter,
             "x.dtype": dtype_code(x.dtype)}

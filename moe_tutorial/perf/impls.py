@@ -24,7 +24,7 @@ from ..activation import silu_and_mul
 from ..indexing import indexing_moe_matmul, intermediate_bytes
 from ..kernels import sorted_kernel  # its launcher through the module: tests replace it
 from ..kernels.align import SMALL_BATCH_PAIRS, align_block_size, max_padded_rows
-from ..kernels.configs import get_config, heuristic_config
+from ..kernels.configs import KernelConfig, get_config, heuristic_config
 from ..kernels.fused_kernel import fused_moe_matmul
 from ..kernels.minimal_sorted_kernel import minimal_sorted_moe_matmul
 from ..kernels.sorted_kernel import sorted_moe_layer
@@ -175,7 +175,8 @@ def first_step(step: str):
     minimal: the minimal kernel (2-D grid in row-major order, pointer loads) with the heuristic's
     tiles, warps and stages; +grouped: the production kernel (grouped order), same tiles, no TMA,
     no short tails; +tuned: the tuned table's tiles, still without TMA and short tails; +tma: the
-    tuned configuration with its TMA choice, without short tails. Alignment outside the timing.
+    tuned configuration with its TMA choice, without short tails. None of them runs the persistent
+    grid, whatever the table says: that is the last step ("persistent"). Alignment outside the timing.
     """
     if step not in FIRST_STEPS:
         raise ValueError(f"step: expected one of {', '.join(FIRST_STEPS)}, got {step!r}")
@@ -185,7 +186,8 @@ def first_step(step: str):
         M, topk = inp.M, inp.shape.topk
         config = heuristic_config(M, topk, E, "plain", N=N) if step in ("minimal", "+grouped") else \
             get_config(M, E, N, K, topk, inp.dtype, "plain")
-        config = replace(config, short_tails=False, use_tma=config.use_tma and step == "+tma")
+        # The persistent grid is the step after these (it has its own row, "persistent").
+        config = replace(config, short_tails=False, persistent=False, use_tma=config.use_tma and step == "+tma")
         if step != "minimal":
             return first_sorted(inp, config=config)
         alignments = [align_block_size(ids, config.block_m, E) for ids in inp.ids]
@@ -221,6 +223,7 @@ def layer_step(step: str):
         gated = rung >= LAYER_STEPS.index("+silu-epilogue")
         small = SMALL_BATCH_PAIRS if rung >= LAYER_STEPS.index("+decode-align") else 0
         cfg_up = get_config(M, E, inter if gated else 2 * inter, H, topk, inp.dtype, "gated" if gated else "plain")
+        cfg_up = replace(cfg_up, persistent=False)     # the plain up GEMM as the table had it before that step
         cfg_down = get_config(M, E, H, inter, topk, inp.dtype, "down")
         sorted_act = step == "+sorted-act" and cfg_down.block_m == cfg_up.block_m
         up_rows = max_padded_rows(pairs, cfg_up.block_m, E) if sorted_act else pairs
@@ -306,6 +309,84 @@ def layer_sorted_heuristic(inp: Inputs) -> Prepared:
     configs = (heuristic_config(inp.M, s.topk, s.num_experts, "gated", N=s.intermediate),
                heuristic_config(inp.M, s.topk, s.num_experts, "down", N=s.hidden))
     return Prepared(_rotations(inp, lambda x, ids, w: sorted_moe_layer(x, inp.w13, inp.w2, w, ids, configs=configs)))
+
+
+def persistent_of(config: KernelConfig) -> KernelConfig:
+    """``config`` run by the persistent kernel (short tails have no place there)."""
+    return replace(config, persistent=True, short_tails=False)
+
+
+def first_persistent(inp: Inputs) -> Prepared:
+    """Part 4's first GEMM with the tuned tiles, computed by the persistent grid."""
+    E, N, K = inp.w13.shape
+    return first_sorted(inp, config=persistent_of(get_config(inp.M, E, N, K, inp.shape.topk, inp.dtype, "plain")))
+
+
+def layer_persistent(inp: Inputs) -> Prepared:
+    """Part 4's layer with the down GEMM on the persistent grid (the gate/up GEMM as tuned: with
+    two accumulators per tile it lost on the persistent grid, notes/gpu-notes.md)."""
+    s = inp.shape
+    configs = (get_config(inp.M, s.num_experts, s.intermediate, s.hidden, s.topk, inp.dtype, "gated"),
+               persistent_of(get_config(inp.M, s.num_experts, s.hidden, s.intermediate, s.topk, inp.dtype, "down")))
+    return Prepared(_rotations(inp, lambda x, ids, w: sorted_moe_layer(x, inp.w13, inp.w2, w, ids, configs=configs)))
+
+
+GLUON_TALL_TILES = "the Gluon kernel takes tiles of 64 rows or more (one warpgroup MMA is 64 rows)"
+
+
+def gluon_support(dtype: torch.dtype) -> str | None:
+    """Why the Gluon kernel cannot run this case, or None."""
+    from ..kernels import gluon_kernel
+    if gluon_kernel.UNAVAILABLE:
+        return gluon_kernel.UNAVAILABLE
+    return None if dtype in (torch.bfloat16, torch.float16) else f"the Gluon kernel takes bf16/fp16, not {dtype}"
+
+
+def first_gluon(inp: Inputs) -> Prepared:
+    """The first GEMM with the Gluon kernel (persistent, warp-specialised): x gathered into sorted
+    order (inside the timed call), then one launch; the tuned table's tiles."""
+    from ..kernels.gluon_kernel import gather_sorted_rows, launch_gluon_gemm
+    if reason := gluon_support(inp.dtype):
+        raise Skip(reason)
+    E, N, K = inp.w13.shape
+    M, topk = inp.M, inp.shape.topk
+    config = get_config(M, E, N, K, topk, inp.dtype, "plain")
+    if config.block_m < 64:
+        raise Skip(GLUON_TALL_TILES)
+    out = inp.xs[0].new_empty(M * topk, N)
+    alignments = [align_block_size(ids, config.block_m, E) for ids in inp.ids]
+
+    def run(r):
+        a = gather_sorted_rows(inp.xs[r], alignments[r][0], M * topk, topk)
+        launch_gluon_gemm(a, inp.w13, out, None, alignments[r], M * topk, config)
+    return Prepared([lambda r=r: run(r) for r in range(len(inp.xs))], output=lambda _: out.view(M, topk, N),
+                    buffers=[out])
+
+
+def layer_gluon(inp: Inputs) -> Prepared:
+    """The layer with the down GEMM on the Gluon kernel: Part 4's gate/up GEMM leaves its rows in
+    sorted order, which is what TMA needs; router weights in the Gluon epilogue; then the sum."""
+    from ..kernels.gluon_kernel import launch_gluon_gemm
+    from ..kernels.topk_sum import topk_sum
+    if reason := gluon_support(inp.dtype):
+        raise Skip(reason)
+    s = inp.shape
+    E, topk, H, inter, M = s.num_experts, s.topk, s.hidden, s.intermediate, inp.M
+    cfg_up = get_config(M, E, inter, H, topk, inp.dtype, "gated")
+    cfg_down = replace(get_config(M, E, H, inter, topk, inp.dtype, "down"), block_m=cfg_up.block_m)
+    if cfg_up.block_m < 64:
+        raise Skip(GLUON_TALL_TILES)
+    pairs = M * topk
+
+    def run(x, ids, w):
+        alignment = align_block_size(ids, cfg_up.block_m, E)
+        act = x.new_empty(alignment[0].numel(), inter)
+        sorted_kernel.launch_sorted_gemm(x, inp.w13, act, None, alignment, pairs, topk, cfg_up, gated=True,
+                                         c_sorted=True)
+        down = x.new_empty(pairs, H)
+        launch_gluon_gemm(act, inp.w2, down, w.reshape(-1).float().contiguous(), alignment, pairs, cfg_down)
+        return topk_sum(down.view(M, topk, H))
+    return Prepared(_rotations(inp, run))
 
 
 # ------------------------------------------------------- Part 7: block-scaled FP8 experts

@@ -74,6 +74,16 @@ IMPLEMENTATIONS: tuple[Implementation, ...] = (
         first=lambda inp: impls.first_sorted(inp, heuristic=True), layer=impls.layer_sorted_heuristic,
         linestyle="--"),
     Implementation(
+        "persistent", "Part 4, persistent grid", "#e15759",
+        "Part 4's tiles (tuned table, no short tails) computed by one program per SM walking the tile list "
+        "(moe_tutorial/kernels/persistent_kernel.py)",
+        first=impls.first_persistent, layer=impls.layer_persistent, linestyle="-", in_default_sweep=False),
+    Implementation(
+        "gluon", "Part 4, Gluon: persistent, warp-specialised", "#9c755f",
+        "a Gluon kernel (moe_tutorial/kernels/gluon_kernel.py): one TMA load warp and the MMA warps hand "
+        "tiles over through mbarriers; x gathered into sorted order first (timed); the layer's down GEMM "
+        "(Hopper GPU only)", first=impls.first_gluon, layer=impls.layer_gluon, linestyle="-", in_default_sweep=False),
+    Implementation(
         "grouped_mm", "torch._grouped_mm", "#59a14f",
         "torch._grouped_mm on x rows pre-sorted by expert (needs a GPU of sm90+ and bf16)",
         first=impls.first_grouped_mm),

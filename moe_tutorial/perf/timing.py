@@ -4,8 +4,11 @@ Two protocols, each named in every CSV row and table it produces:
 
 - **cold-l2** (the default, how independent measurements of these kernels are made): one call
   captured in a CUDA graph; before each replay a 256 MB buffer, larger than the L2 cache, is
-  zeroed, so the call finds none of its data in L2; CUDA events around the replay only; the
-  median of 30 replays.
+  read, so the call finds none of its data in L2 and L2 holds only clean lines (nothing the
+  call must write back first); CUDA events around the replay only; the median of 30 replays.
+- **cold-l2-zero** (the protocol of the data measured before 2026-12-02): the same, but the
+  256 MB buffer is zeroed instead of read. That leaves L2 full of dirty lines, which the timed
+  call then pays to write back: a 25 MiB read ran at 1.67 TB/s after it, 1.99 after a read.
 - **rotated**: many calls captured in one CUDA graph, cycling through several inputs and
   routings so that L2 holds none of the previous call's weights; the median of 10 replays,
   divided by the number of calls. Launch gaps shrink as in an inference engine at decode.
@@ -30,8 +33,10 @@ import triton
 from .. import runtime
 
 #: The timing protocols (see the module docstring).
-PROTOCOLS = ("cold-l2", "rotated")
-#: What "cold" means: this many bytes are zeroed before each replay, more than any GPU's L2 holds.
+PROTOCOLS = ("cold-l2", "cold-l2-zero", "rotated")
+#: How each cold protocol flushes L2 before a replay (see :func:`flush_l2`).
+FLUSHES = {"cold-l2": "read", "cold-l2-zero": "zero"}
+#: What "cold" means: this many bytes pass through L2 before each replay, more than any GPU's L2 holds.
 FLUSH_BYTES = 256 << 20
 #: Replays per timing: their median is the result.
 COLD_REPLAYS, ROTATED_REPLAYS = 30, 10
@@ -116,19 +121,30 @@ def _rotated_ms(fn: Callable, rep_ms: float = 20.0, warmup_ms: float = 100.0) ->
 _flush_buffer: torch.Tensor | None = None
 
 
-def flush_l2() -> None:
-    """Zero :data:`FLUSH_BYTES` of device memory: whatever L2 held is evicted."""
+def flush_l2(how: str = "read") -> None:
+    """Evict whatever L2 holds by passing :data:`FLUSH_BYTES` of device memory through it.
+
+    ``how="read"`` (cold-l2) reads the buffer: the evicted dirty lines are written back now,
+    outside the timed call, and L2 is left holding clean lines only. ``how="zero"``
+    (cold-l2-zero) zeroes it, leaving 256 MB of dirty lines for the next call to write back.
+    """
     global _flush_buffer
     if _flush_buffer is None:
-        _flush_buffer = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
-    _flush_buffer.zero_()
+        _flush_buffer = torch.zeros(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    if how == "read":
+        _flush_buffer.amax()         # a reduction reads every byte and writes one number
+    elif how == "zero":
+        _flush_buffer.zero_()
+    else:
+        raise ValueError(f"how: expected 'read' or 'zero', got {how!r}")
 
 
-def cold_l2_ms(fn: Callable, replays: int = COLD_REPLAYS, flush: Callable[[], None] | None = None) -> float:
+def cold_l2_ms(fn: Callable, replays: int = COLD_REPLAYS, flush: Callable[[], None] | None = None,
+               protocol: str = "cold-l2") -> float:
     """Median ms of one call of ``fn`` captured in a CUDA graph, L2 flushed before each replay
-    and events around the replay only (the cold-l2 protocol). ``flush`` replaces
-    :func:`flush_l2` (the limit experiments try a flush that leaves L2 clean)."""
-    flush = flush or flush_l2
+    and events around the replay only (the cold-l2 protocols). ``flush`` replaces the flush
+    ``protocol`` names (:data:`FLUSHES`)."""
+    flush = flush or (lambda: flush_l2(FLUSHES[protocol]))
     with torch.cuda.stream(torch.cuda.Stream()):
         fn()                                     # outside capture: allocations, autotuning, compilation
         torch.cuda.synchronize()
@@ -149,12 +165,13 @@ def cold_l2_ms(fn: Callable, replays: int = COLD_REPLAYS, flush: Callable[[], No
     return statistics.median(s.elapsed_time(e) for s, e in events)
 
 
-def _cold_events_ms(fn: Callable, reps: int) -> float:
-    """Median of ``reps`` calls, L2 flushed before each, events around the call: for calls a CUDA
-    graph cannot hold (they wait on the host) or too slow to repeat 30 times."""
+def _cold_events_ms(fn: Callable, reps: int, how: str = "read") -> float:
+    """Median of ``reps`` calls, L2 flushed before each (``how`` as :func:`flush_l2`), events
+    around the call: for calls a CUDA graph cannot hold (they wait on the host) or too slow to
+    repeat 30 times."""
     times = []
     for _ in range(reps):
-        flush_l2()
+        flush_l2(how)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
@@ -199,20 +216,21 @@ def measure_ms(fn: Callable, *, protocol: str = "cold-l2", max_seconds: float = 
         raise TooSlow(first, max_seconds)
     if not runtime.ON_GPU:
         return _perf_counter_ms(fn, first, min(max_seconds, 0.3)), "perf_counter"
+    how = FLUSHES.get(protocol, "read")
     if first > SLOW_CALL_S:
         reps = max(1, min(10, int(max_seconds / first)))
-        return _cold_events_ms(fn, reps), SLOW_CALL_TIMER
+        return _cold_events_ms(fn, reps, how), SLOW_CALL_TIMER
     if not graphable:
         reps = max(3, min(COLD_REPLAYS, int(max_seconds / max(first, 1e-6))))
-        return _cold_events_ms(fn, reps), HOST_SYNC_TIMER
+        return _cold_events_ms(fn, reps, how), HOST_SYNC_TIMER
     try:
         if protocol == "rotated":
             return _rotated_ms(rotated_fn or fn), "rotated"
-        return cold_l2_ms(fn), "cold-l2"
+        return cold_l2_ms(fn, protocol=protocol), protocol
     except Exception:  # noqa: BLE001  (any capture failure: fall back, and say so)
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
-        return _cold_events_ms(fn, COLD_REPLAYS), CAPTURE_FAILED_TIMER
+        return _cold_events_ms(fn, COLD_REPLAYS, how), CAPTURE_FAILED_TIMER
 
 
 def gpu_driver() -> str:

@@ -91,7 +91,8 @@ def config_space(M: int, E: int, N: int, K: int, topk: int, *, gated: bool = Fal
     - BLOCK_N in 32..256 (64 and up for tiles of 64 rows or more) and BLOCK_K in 64..256, no
       wider than N and K need (tl.dot needs a K tile of at least 16, which all of these are);
     - 4 or 8 warps, 2 to 5 stages; GROUP_M 8 only when there are enough row blocks to group;
-      the TMA path for the weights when ``tma`` (a Hopper GPU);
+      the TMA path for the weights when ``tma`` (a Hopper GPU); for the plain GEMM with tiles of
+      64 rows or more, the persistent grid too (it lost with two accumulators, ``gated``);
     - dropped: tiles whose pipelined A and B buffers exceed ``configs.SMEM_LIMIT``
       (:func:`configs.smem_bytes`), or whose fp32 accumulators exceed
       :data:`MAX_ACC_PER_THREAD` per thread (``gated`` doubles both B and the accumulators).
@@ -106,8 +107,11 @@ def config_space(M: int, E: int, N: int, K: int, topk: int, *, gated: bool = Fal
             if bm * bn * halves / (32 * warps) > MAX_ACC_PER_THREAD or (bm >= 64 and bn < 64):
                 continue                                    # spills, or a tall thin tile
             for group in ((1, 8) if row_blocks > 8 else (1,)):
-                for use_tma in ((False, True) if tma else (False,)):
+                for use_tma, persistent in itertools.product((False, True) if tma else (False,),
+                                                             (False, True) if bm >= 64 and not gated else (False,)):
                     extra = {"use_tma": True} if use_tma else {}
+                    if persistent:
+                        extra.update(persistent=True, short_tails=False)
                     config = KernelConfig(block_m=bm, block_n=bn, block_k=bk, group_m=group, num_warps=warps,
                                           num_stages=stages, **extra)
                     if configs.smem_bytes(config, gated, itemsize) <= configs.SMEM_LIMIT:
@@ -155,7 +159,8 @@ def tile_candidates(space: list[KernelConfig], heuristic: KernelConfig) -> list[
     by_tile: dict = {}
     for c in space:
         want_warps = 8 if c.block_m * c.block_n >= 128 * 128 else 4
-        score = (c.use_tma != heuristic.use_tma, c.num_warps != want_warps, -min(c.num_stages, 4),
+        score = (c.use_tma != heuristic.use_tma, c.persistent != heuristic.persistent, c.num_warps != want_warps,
+                 -min(c.num_stages, 4),
                  c.num_stages > 4, -c.group_m)
         if _tile(c) not in by_tile or score < by_tile[_tile(c)][0]:
             by_tile[_tile(c)] = (score, c)
@@ -171,7 +176,7 @@ def refinements(space: list[KernelConfig], best: KernelConfig) -> list[KernelCon
 
     def changes(c):
         return sum(getattr(c, f) != getattr(best, f)
-                   for f in ("group_m", "num_warps", "num_stages", "use_tma", "swap_ab"))
+                   for f in ("group_m", "num_warps", "num_stages", "use_tma", "swap_ab", "persistent"))
     return sorted(same, key=changes)
 
 
@@ -415,9 +420,10 @@ def tune(shape: ModelShape, batch_sizes, variants=VARIANTS, dtype: torch.dtype =
 
 
 def format_config(c: KernelConfig) -> str:
-    """``BM x BN x BK, group, warps, stages[, tma][, swap]`` in one short string."""
+    """``BM x BN x BK, group, warps, stages[, tma][, swap][, persistent]`` in one short string."""
     text = f"{c.block_m}x{c.block_n}x{c.block_k} g{c.group_m} w{c.num_warps} s{c.num_stages}"
-    return text + (" tma" if c.use_tma else "") + (" swap" if c.swap_ab else "")
+    flags = [name for name, on in (("tma", c.use_tma), ("swap", c.swap_ab), ("persistent", c.persistent)) if on]
+    return " ".join([text, *flags])
 
 
 def results_table(results: list[TuneResult]) -> str:

@@ -5,7 +5,9 @@
 # torch._grouped_mm under the cold-l2 protocol), bench-rest (Parts 1-3 under cold-l2),
 # bench-rotated (Part 4 and torch._grouped_mm under the rotated protocol); fp8-tests (Part 7's GPU
 # tests), fp8-tune (Part 7's kernel tuned on $FP8_MODELS into $OUT/tuned_configs.json, which later
-# stages read), fp8-bench (Part 4 against Part 7 on $FP8_MODELS and $FP8_MORE under cold-l2).
+# stages read), fp8-bench (Part 4 against Part 7 on $FP8_MODELS and $FP8_MORE under cold-l2),
+# bench-untuned (Part 4 and torch._grouped_mm on shapes the table was never tuned for: $UNTUNED and a
+# topk = 1 shape).
 # Each stage writes its log and CSVs under $OUT; a failing stage does not stop the next.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -16,7 +18,8 @@ FP8_MODELS=${FP8_MODELS:-DeepSeek-V3,Qwen3-30B-A3B,Kimi-K2}
 FP8_MORE=${FP8_MORE:-Mixtral-8x7B,DeepSeek-V2-Lite}
 FP8_TUNE_MIN=${FP8_TUNE_MIN:-1.2}
 export MOE_TUTORIAL_CONFIG_DIR=$OUT
-PART4=sorted,sorted+align,sorted-heuristic,grouped_mm,minimal,+grouped,+tuned,+tma,unfused,+router-epilogue,+silu-epilogue,+decode-align,+sorted-act
+PART4=sorted,sorted+align,sorted-heuristic,grouped_mm,minimal,+grouped,+tuned,+tma,persistent,unfused,+router-epilogue,+silu-epilogue,+decode-align,+sorted-act
+UNTUNED=${UNTUNED:-Qwen1.5-MoE-A2.7B,DeepSeek-V2-Lite,Kimi-K2}
 python3 -c "import torch, triton; print(torch.cuda.get_device_name(), 'torch', torch.__version__, 'triton', triton.__version__)"
 for stage in "$@"; do
   echo "=== $stage $(date -u +%H:%M:%S)"
@@ -44,6 +47,12 @@ for stage in "$@"; do
     fp8-bench)
       python3 -m moe_tutorial bench --models $FP8_MODELS,$FP8_MORE --impls ${FP8_IMPLS:-sorted,fp8,fp8-step0,fp8+swap,fp8+tma} --protocol cold-l2 --no-progress \
         --max-seconds-per-case 1 --out "$OUT/fp8" > "$OUT/fp8-bench.log" 2>&1; tail -40 "$OUT/fp8-bench.log" ;;
+    bench-untuned)
+      python3 -m moe_tutorial bench --models $UNTUNED --impls sorted,grouped_mm --protocol cold-l2 --no-progress \
+        --max-seconds-per-case 1 --out "$OUT/untuned" > "$OUT/bench-untuned.log" 2>&1
+      python3 -m moe_tutorial bench --E 32 --N 8192 --K 4096 --topk 1 --impls sorted,grouped_mm --protocol cold-l2 \
+        --no-progress --max-seconds-per-case 1 --out "$OUT/untuned-topk1" >> "$OUT/bench-untuned.log" 2>&1
+      grep -A12 "geometric mean" "$OUT/bench-untuned.log" | head -60 ;;
     *) echo "unknown stage $stage" ;;
   esac
   rm -f "$OUT"/*/*.png   # the CSVs hold the data; the tool brings back at most 8 files

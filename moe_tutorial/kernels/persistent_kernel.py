@@ -1,0 +1,70 @@
+"""Part 4's last step: the same tiles, computed by a persistent grid.
+
+:func:`moe_tutorial.kernels.sorted_kernel.sorted_moe_kernel` launches one program per
+(row block, column block) of the padded upper bound ``max_padded``; programs past the real end
+of the sorted pairs return at once, and every program pays its own start (address arithmetic,
+the pipeline's fill) and its own epilogue, with nothing to overlap them. Here the grid is one
+program per SM. Each program walks the tile list with a stride of the grid size: tile
+``t`` is ``grouped_tile(t)`` as before, but the list stops at the real number of row blocks,
+read on the device from ``num_tokens_post_padded`` (no host synchronisation, no idle programs).
+Because a program owns many tiles in one loop, Triton can pipeline across them: the next tile's
+first loads are in flight while this tile's epilogue runs (``FLATTEN``), and with
+``WARP_SPECIALIZE`` it splits the loop into producer warps (loads) and consumer warps
+(tensor-core MMAs and the epilogue) that hand tiles over through shared memory.
+
+The tile itself, its K loop and both epilogues are :func:`sorted_tile`, unchanged; only the
+loop around it is new. Short tails (half tiles) are left out: two tile shapes in one loop
+would stop Triton from pipelining across tiles.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl  # noqa: F401  (triton.jit below)
+
+from .sorted_kernel import grouped_tile, sorted_tile
+
+
+@triton.jit
+def persistent_moe_kernel(
+    # As sorted_moe_kernel, less the half-block descriptor: short tails are not used here.
+    a_ptr, a_desc, b_ptr, b_desc, c_ptr, router_w_ptr,
+    sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
+    N, K, num_pairs, a_row_div, stride_b_up, b_rows_per_expert,
+    stride_am, stride_ak,
+    stride_be, stride_bn, stride_bk,
+    stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    A_ROWS: tl.constexpr, B_TMA: tl.constexpr, C_ROWS: tl.constexpr,
+    GATED: tl.constexpr, ROUTER_WEIGHTS: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    # How the tile loop is compiled (GPU only; the interpreter runs it as a plain loop).
+    FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+):
+    """The tiles of :func:`sorted_moe_kernel`, ``tl.num_programs(0)`` programs sharing them."""
+    # [the tile list] The real row blocks only: read on the device, not bounded on the host.
+    num_pid_m = tl.cdiv(tl.load(num_post_ptr), BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    # [each program's tiles] t = this program, then every num_programs-th tile after it.
+    for t in tl.range(tl.program_id(axis=0), num_tiles, tl.num_programs(axis=0),
+                      flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
+        pid_m, pid_n = grouped_tile(t, num_pid_m, num_pid_n, GROUP_M)
+        expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+        sorted_tile(a_desc, BLOCK_M,
+                    a_ptr, b_ptr, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr, pid_m, pid_n, expert,
+                    N, K, num_pairs, a_row_div, stride_b_up, b_rows_per_expert,
+                    stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
+                    BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, A_ROWS=A_ROWS, B_TMA=B_TMA, C_ROWS=C_ROWS,
+                    GATED=GATED, ROUTER_WEIGHTS=ROUTER_WEIGHTS, EVEN_K=EVEN_K, DOT_PRECISION=DOT_PRECISION)
+
+
+#: Programs of the persistent grid in Triton's CPU interpreter: a few, so that each one walks
+#: several tiles and the tests see the stride.
+INTERPRETER_PROGRAMS = 3
+
+
+def persistent_grid(num_sms: int, max_tiles: int) -> tuple[int]:
+    """One program per SM, never more programs than the upper bound of tiles."""
+    return (max(1, min(num_sms, max_tiles)),)
+
+
+__all__ = ["persistent_moe_kernel", "persistent_grid", "INTERPRETER_PROGRAMS"]
