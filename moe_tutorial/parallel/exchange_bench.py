@@ -17,7 +17,7 @@ as rows of the CSV (columns :data:`FIELDS`; ``method`` says which exchange a row
 Timing protocol (each row names its own, :data:`GRAPH_PROTOCOL` or :data:`EAGER_PROTOCOL`): on a
 GPU a call that reads no device value is captured in a CUDA graph (after warm-up calls) and the
 graph replayed; a call that waits on the host (the all_to_all dispatch) runs eagerly. Before
-each repetition: 256 MB zeroed (L2 flushed), a device synchronise and a barrier over a gloo group
+each repetition: 256 MB read (L2 flushed, left clean), a device synchronise and a barrier over a gloo group
 (so no NCCL call runs between replays); CUDA events around the replay or call only. A
 repetition's time is the slowest rank's; the row's, the median of the repetitions. On the CPU,
 ``time.perf_counter`` and no graph. Rank 0 appends each row to the CSV as soon as it is measured.
@@ -44,7 +44,7 @@ from .sharding import shard_experts, shard_intermediate
 from .tensor_parallel import tensor_parallel_layer
 
 REPS, REPS_LARGE, LARGE_M, WARMUP = 20, 6, 4096, 2
-_COMMON = (f"L2 flushed (256 MB zeroed), synchronize + gloo barrier before each repetition; events around it; "
+_COMMON = (f"L2 flushed (256 MB read), synchronize + gloo barrier before each repetition; events around it; "
            f"{WARMUP} warm-up calls; median of {REPS} ({REPS_LARGE} from M = {LARGE_M}); a repetition's time is "
            "the slowest rank's")
 GRAPH_PROTOCOL = "cuda graph of one call, replayed; " + _COMMON
@@ -128,7 +128,7 @@ class Timer:
             t0 = time.perf_counter()
             run()
             return 1e3 * (time.perf_counter() - t0)
-        flush_l2()
+        flush_l2("read")                        # as the cold-l2 protocol: L2 left holding clean lines
         torch.cuda.synchronize()
         dist.barrier(group=self.host)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
