@@ -9,6 +9,7 @@ import moe_tutorial as mt  # noqa: F401,I001  (first: picks the runtime before a
 
 import math
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ from moe_tutorial.parallel import (
     dispatch,
     expert_parallel_layer,
     experts_per_rank,
+    graphs,
     launch,
     memory,
     require_group,
@@ -441,3 +443,253 @@ def test_notebook_06_prose_states_the_numbers_code_gives():
     assert cost.COMBINE_COLLECTIVES == 1
     assert_says(nb, "paid {} times per layer", cost.DISPATCH_COLLECTIVES + cost.COMBINE_COLLECTIVES)
     assert_says(nb, "NVIDIA specifies {:.0f} GB/s each way for an H200", cost.H200_NVLINK_GBPS)
+
+
+# --------------------------------------------------------------------------------------
+# The fixed-capacity exchange: no host synchronisation, static shapes, no dropped token
+# --------------------------------------------------------------------------------------
+
+#: Python's ways of reading a tensor's values on the host; a CUDA graph can hold none of them.
+HOST_READS = ("tolist", "item", "__bool__", "__int__", "__float__", "__index__", "numpy")
+
+
+def no_host_reads_on_every_rank(cases: list[dict]) -> list[dict]:
+    """The all_gather layer with ``check_ranks=False`` while every host read of a tensor raises.
+
+    Dispatch and combine run with the reads forbidden; the local experts too, except inside
+    Triton's interpreter (a CPU stand-in for the GPU, which reads its arguments through numpy).
+    Also returns the shapes of what dispatch delivered, to check they depend on no routing.
+    """
+    from moe_tutorial.parallel.expert_parallel import local_experts
+
+    import triton.runtime.interpreter as interp
+
+    rank, world = require_group()
+    out = []
+    for case in cases:
+        p = demos.make_problem(**case)
+        x, tw, ti = demos.own_tokens(p, rank)
+        w13, w2 = shard_experts(p.w13, p.w2, rank, world)
+        capacity = max(case["tokens_per_rank"])
+        forbidden = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+        calls = []
+
+        def refuse(name):
+            def read(t, *args, **kwargs):
+                if interp_depth[0]:                     # the interpreter's own reads of kernel arguments
+                    return forbidden[name](t, *args, **kwargs)
+                calls.append(name)
+                raise AssertionError(f"torch.Tensor.{name} called on the host")
+            return read
+
+        interp_depth = [0]
+        run = interp.GridExecutor.__call__
+
+        def interpreted(self, *args, **kwargs):
+            interp_depth[0] += 1
+            try:
+                return run(self, *args, **kwargs)
+            finally:
+                interp_depth[0] -= 1
+
+        for name in HOST_READS:
+            setattr(torch.Tensor, name, refuse(name))
+        interp.GridExecutor.__call__ = interpreted
+        try:
+            d = dispatch(x, tw, ti, case["num_experts"], capacity=capacity, check_ranks=False)
+            y_steps = combine(local_experts(d, w13, w2), d.plan)
+            y = expert_parallel_layer(x, w13, w2, tw, ti, num_experts=case["num_experts"], capacity=capacity,
+                                      check_ranks=False)
+        finally:
+            for name, fn in forbidden.items():
+                setattr(torch.Tensor, name, fn)
+            interp.GridExecutor.__call__ = run
+        out.append({"y": y, "y_steps": y_steps, "calls": calls,
+                    "shapes": [tuple(d.x.shape), tuple(d.expert_ids.shape), tuple(d.weights.shape)]})
+    return out
+
+
+def capacity_mistakes_on_every_rank() -> dict:
+    """Capacities that would drop a token or that differ between ranks: the same error on every rank."""
+    rank, world = require_group()
+    p = demos.make_problem([3, 5], **SMALL)
+    x, tw, ti = demos.own_tokens(p, rank)
+    w13, w2 = shard_experts(p.w13, p.w2, rank, world)
+
+    def layer(**kw):
+        return expert_parallel_layer(x, w13, w2, tw, ti, num_experts=4, **kw)
+
+    messages = {
+        "too small": _message(lambda: layer(capacity=4)),
+        "differs": _message(lambda: layer(capacity=5 + rank)),
+        "unchecked without capacity": _message(lambda: layer(check_ranks=False)),
+        "unchecked too small": _message(lambda: layer(capacity=2, check_ranks=False)),   # both ranks' M exceed it
+        "bad method": _message(lambda: layer(method="broadcast")),
+        "negative": _message(lambda: layer(capacity=-1)),
+    }
+    y = layer(capacity=7)                                    # padding beyond the largest M is fine
+    messages["padded"] = rel_error(y, reference_moe_layer(p.x, p.w13, p.w2, p.topk_weights, p.topk_ids)[
+        p.starts[rank]:p.starts[rank + 1]])
+    return messages
+
+
+def test_all_gather_reads_nothing_on_the_host_and_has_static_shapes():
+    cases = [dict(tokens_per_rank=[4, 4], **SMALL, seed=20),
+             dict(tokens_per_rank=[4, 4], **SMALL, seed=21, experts_used=[0, 1]),      # rank 1 receives nothing
+             dict(tokens_per_rank=[4, 2], **SMALL, seed=22, experts_used=[0, 2, 3])]   # uneven, expert 1 idle
+    outs = launch(no_host_reads_on_every_rank, 2, cases, timeout_s=90)
+    for case, by_rank in zip(cases, zip(*outs)):
+        p = demos.make_problem(**case)
+        ref = reference_moe_layer(p.x, p.w13, p.w2, p.topk_weights, p.topk_ids)
+        for r in by_rank:
+            assert r["calls"] == [], (case, r["calls"])
+            # What arrives is world * capacity rows of K values and topk ids and weights, whatever the routing.
+            assert r["shapes"] == [(8, 16), (8, 2), (8, 2)], r["shapes"]
+        assert rel_error(torch.cat([r["y"] for r in by_rank]), ref) <= 1e-5, case
+        assert rel_error(torch.cat([r["y_steps"] for r in by_rank]), ref) <= 1e-5, case
+
+
+def test_host_reads_are_caught_by_the_patch():
+    """The test above would see a read: the old exchange, run the same way, is caught reading its counts."""
+    out = launch(old_exchange_reads_the_host, 2, timeout_s=60)
+    assert all(r == "AssertionError: torch.Tensor.tolist called on the host" for r in out), out
+
+
+def old_exchange_reads_the_host() -> str:
+    rank, world = require_group()
+    p = demos.make_problem([2, 2], **SMALL)
+    x, tw, ti = demos.own_tokens(p, rank)
+    forbidden = torch.Tensor.tolist
+
+    def refuse(t, *args, **kwargs):
+        raise AssertionError("torch.Tensor.tolist called on the host")
+
+    torch.Tensor.tolist = refuse
+    try:
+        message = _message_any(lambda: dispatch(x, tw, ti, 4, method="all_to_all"))
+    finally:
+        torch.Tensor.tolist = forbidden
+    dist_barrier()
+    return message
+
+
+def dist_barrier() -> None:
+    import torch.distributed as dist
+
+    dist.barrier()
+
+
+def _message_any(fn) -> str:
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
+def test_capacity_mistakes_give_clear_errors_on_every_rank():
+    msgs = launch(capacity_mistakes_on_every_rank, 2, timeout_s=90)
+    for m in msgs:
+        assert m["too small"] == ("ValueError: capacity: expected at least every rank's number of tokens (rank 1 has 5;"
+                                  " a token beyond the capacity would be dropped), got 4"), m["too small"]
+        assert m["differs"] == ("ValueError: capacity: expected the same value on every rank, got 5 on rank 0, "
+                                "6 on rank 1")
+        assert m["unchecked without capacity"].startswith("ValueError: capacity: expected an int"), m
+        assert m["bad method"] == "ValueError: method: expected one of all_gather, all_to_all, got 'broadcast'"
+        assert m["negative"] == "ValueError: capacity: expected a non-negative int, got -1"
+        assert m["padded"] <= 1e-5
+    # Unchecked, each rank compares its own M with the capacity before any exchange.
+    for rank, m in enumerate((3, 5)):
+        assert msgs[rank]["unchecked too small"] == (f"ValueError: capacity: expected at least this rank's {m} tokens "
+                                                     "(a token beyond it would be dropped), got 2")
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_static_layer_replays_new_routings(world):
+    """The GPU tests' graph-replay program on gloo: one set of static inputs, five routings copied in."""
+    tokens = [5, 3] if world == 2 else [2, 0, 3, 1]
+    E = 4 if world == 2 else 8
+    # Four CPU processes are slow on a 2-core runner: there, the three routings that name a case.
+    routings = graphs.ROUTINGS if world == 2 else graphs.ROUTINGS[1:4]
+    outs = launch(graphs.graph_replay_rank, world, tokens, E, 2, 16, 8, "float32", routings, timeout_s=120)
+    assert all(len(o) == len(routings) for o in outs)
+    for by_rank in zip(*outs):
+        for r in by_rank:
+            assert r["ok"] and not r["graphed"], r
+            assert r["capacity"] == max(tokens)
+    assert [r["M"] for r in (o[0] for o in outs)] == tokens
+
+
+def exchange_bench_on_cpu(csv_path: str) -> list[dict]:
+    from moe_tutorial.parallel import exchange_bench
+
+    far = time.time() + 120
+    rows = exchange_bench.timing_rank(TINY, csv_path, far, (1, 3), None, torch.float32, reps=1)
+    rows += exchange_bench.timing_rank(TINY, None, 0.0, (2,), None, torch.float32, reps=1)
+    return rows
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_exchange_bench_runs_every_step_and_writes_the_csv(tmp_path, world):
+    """The GPU script's timing program on a tiny shape: every step of both methods, the replay check."""
+    from moe_tutorial.parallel import exchange_bench
+
+    path = tmp_path / "graphs.csv"
+    rows = launch(exchange_bench_on_cpu, world, str(path), timeout_s=120)[0]
+    saved = results.load(path)
+    assert len(saved) == len([r for r in rows if r["M"] != 2])
+    want = {(m, s) for m in ("all_gather", "all_to_all") for s in exchange_bench.METHOD_STEPS}
+    want |= {("", "tp_layer"), ("", "single_gpu"), ("all_gather", "check_graph_replay")}
+    for M in (1, 3):
+        got = {(r["method"] or "", r["step"]) for r in saved if r["M"] == M}
+        assert got == want, sorted(got ^ want)
+    bad = [r for r in saved if r["status"] != "ok"]
+    assert not bad, bad
+    assert all(r["rel_error"] <= 1e-5 for r in saved if r["step"] == "check_graph_replay")
+    assert all(r["ms"] > 0 for r in saved if not r["step"].startswith("check"))
+    by = {(r["M"], r["method"], r["step"]): r for r in saved}
+    # The all-gather moves (world - 1) * M packed rows out and as many rows of K back.
+    row_bytes = exchange_bench.packed_layout(TINY.hidden, TINY.topk, torch.float32)[2]
+    assert by[(3, "all_gather", "dispatch_combine")]["bytes"] == (world - 1) * 3 * (row_bytes + TINY.hidden * 4)
+    assert by[(3, "all_gather", "a2a_x2_same_bytes")]["bytes"] == by[(3, "all_gather", "dispatch_combine")]["bytes"]
+    assert by[(3, "all_to_all", "a2a_x2_same_bytes")]["bytes"] == by[(3, "all_to_all", "dispatch_combine")]["bytes"]
+    assert saved[0]["world"] == world and saved[0]["gpu"].startswith("cpu") and saved[0]["date"]
+    assert {r["status"] for r in rows if r["M"] == 2} == {"skipped: time budget"}
+    if world == 2:                                   # the GPU script's summary reads this CSV
+        import importlib.util
+
+        script = Path(__file__).resolve().parents[1] / "scripts" / "experiments" / "h200_ep_graphs.py"
+        spec = importlib.util.spec_from_file_location("h200_ep_graphs", script)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        module.BACKEND = "gloo"
+        module.replay_stage(2, path, time.time() + 90, shapes=[TINY], dtype_name="float32")
+        checks = [r for r in results.load(path) if r["step"].startswith("check_") and "rank" in r["step"]]
+        assert len(checks) == 3 * 2 * len(graphs.ROUTINGS) and all(r["status"] == "ok" for r in checks), checks
+        module.summary(path)
+
+
+@pytest.mark.parametrize("R,topk", [(5, 2), (40, 2), (24, 4)])       # 80 and 96 pairs: the three-launch alignment
+def test_local_moe_layer_skips_other_ranks_slots(R, topk):
+    """One process: slots with ids outside [0, E_local) add exactly nothing, whatever their rows held."""
+    from moe_tutorial.kernels.topk_sum import local_topk_sum
+    from moe_tutorial.parallel import local_moe_layer
+
+    g = torch.Generator().manual_seed(R + topk)
+    E, K, inter = 3, 16, 8
+    x = torch.randn(R, K, generator=g)
+    w13, w2 = torch.randn(E, 2 * inter, K, generator=g) * 0.3, torch.randn(E, K, inter, generator=g) * 0.3
+    tw = torch.rand(R, topk, generator=g)
+    ids = torch.randint(-4, E + 3, (R, topk), generator=g, dtype=torch.int32)   # about half of them not here
+    ids[0] = -1                                                                  # a token with no local slot
+    here = (ids >= 0) & (ids < E)
+    ref = reference_moe_layer(x, w13, w2, tw * here, torch.where(here, ids, 0))  # weight 0: contributes nothing
+    y = local_moe_layer(x, w13, w2, tw, ids)
+    assert y.shape == (R, K) and rel_error(y, ref) <= 1e-5
+    assert torch.equal(y[0], torch.zeros(K))
+    # The sum reads no row of a slot that is not here: NaN there changes nothing.
+    rows = torch.randn(R, topk, K, generator=g)
+    rows[~here] = float("nan")
+    assert torch.allclose(local_topk_sum(rows, ids, E), torch.where(here[..., None], rows, 0).sum(1), atol=1e-5)
+    with pytest.raises(ValueError, match=r"ids: expected shape \(5, 2\)"):
+        local_topk_sum(rows[:5, :2], ids[:4, :2], E)

@@ -51,3 +51,15 @@ def test_decode_times_name_their_protocol(rows):
     assert_says(P6, "(These times are not notebook 05's, where Part 4's whole layer takes {:.1f} us for one "
                     "Mixtral-8x7B token.", layer["ms"] * 1e3)
     assert_says(P6, "every repetition runs eagerly, after a synchronise and a barrier have left the GPU idle")
+
+
+def test_dispatch_is_host_bound_whatever_the_bytes(rows):
+    """Section 8 states the range of dispatch and of one all-to-all of the same bytes, M = 1 ... 1024."""
+    m = "Mixtral-8x7B"
+    sizes = (1, 8, 64, 256, 1024)
+    disp = [ms(rows, m, "dispatch", M) for M in sizes]
+    a2a = [ms(rows, m, "a2a_same_bytes", M) for M in sizes]
+    assert max(a2a) < min(disp) / 5
+    assert_says(P6, "On Mixtral-8x7B, from `M = 1` to `M = 1024` tokens per rank, dispatch takes {:.2f} to {:.2f} ms "
+                    "while one all-to-all of the same bytes takes {:.2f} to {:.2f} ms", min(disp), max(disp),
+                min(a2a), max(a2a))

@@ -3,6 +3,10 @@
 The down GEMM leaves one row per (token, slot) pair, ``[M, topk, H]``; the layer's output is
 their sum over the topk slots. Each program loads one token's topk rows for a slice of H at
 once (all of them in flight together), adds them in fp32 and rounds once.
+
+:func:`local_topk_sum` is the expert-parallel layer's variant: it adds only the slots whose
+expert lives on this rank. The rows of the other slots are never written by the GEMMs (their
+pairs were dropped by the alignment), so they must not be read: they contribute exactly zero.
 """
 from __future__ import annotations
 
@@ -39,5 +43,44 @@ def topk_sum(rows: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tenso
     topk_sum_kernel[(M, triton.cdiv(H, block_h))](
         rows, out, H, topk, rows.stride(0), rows.stride(1), rows.stride(2), out.stride(0), out.stride(1),
         TOPK_PAD=topk_pad, BLOCK_H=block_h, num_warps=4 if topk_pad * block_h <= 8192 else 8,
+    )
+    return out
+
+
+@triton.jit
+def local_topk_sum_kernel(rows_ptr, ids_ptr, out_ptr, H, topk, num_experts, stride_rm, stride_rj, stride_rh,
+                          stride_im, stride_ij, stride_om, stride_oh, BLOCK_H: tl.constexpr):
+    """out[m, h] = sum of rows[m, j, h] over the slots j with ids[m, j] in [0, num_experts)."""
+    m = tl.program_id(0).to(tl.int64)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    in_h = offs_h < H
+    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for j in range(topk):
+        expert = tl.load(ids_ptr + m * stride_im + j * stride_ij + 0 * offs_h)   # the slot's id in every lane
+        here = in_h & (expert >= 0) & (expert < num_experts)     # a slot of another rank: not read at all
+        row = tl.load(rows_ptr + m * stride_rm + j * stride_rj + offs_h * stride_rh, mask=here, other=0.0)
+        acc += row.to(tl.float32)
+    tl.store(out_ptr + m * stride_om + offs_h * stride_oh, acc.to(out_ptr.dtype.element_ty), mask=in_h)
+
+
+def local_topk_sum(rows: torch.Tensor, ids: torch.Tensor, num_experts: int,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
+    """Each token's sum over the slots whose expert is local: ``rows [M, topk, H]``, ``ids [M, topk]``
+    int32/int64 -> ``[M, H]`` in rows' dtype, accumulated in fp32.
+
+    Slot ``j`` of token ``m`` counts when ``0 <= ids[m, j] < num_experts``; the rows of the other
+    slots are not read (they may hold anything). A token with no local slot gets a row of zeros.
+    No host synchronisation: it can be captured in a CUDA graph.
+    """
+    M, topk, H = rows.shape
+    if tuple(ids.shape) != (M, topk):
+        raise ValueError(f"ids: expected shape {(M, topk)}, one id per slot of rows, got shape {tuple(ids.shape)}")
+    out = rows.new_empty(M, H) if out is None else out
+    if M == 0 or H == 0:
+        return out
+    block_h = min(BLOCK_H, triton.next_power_of_2(H))
+    local_topk_sum_kernel[(M, triton.cdiv(H, block_h))](
+        rows, ids, out, H, topk, num_experts, rows.stride(0), rows.stride(1), rows.stride(2),
+        ids.stride(0), ids.stride(1), out.stride(0), out.stride(1), BLOCK_H=block_h, num_warps=4,
     )
     return out

@@ -10,8 +10,10 @@ in the middle of a collective.
 Timing protocol (:data:`PROTOCOL`): every repetition starts with a device synchronize and a
 barrier, so all ranks enter together; CUDA events on each rank bracket the call (a CPU clock
 without a GPU); a repetition's time is the slowest rank's (an all-reduce of MAX), and a case's
-time the median of its repetitions after the warm-up ones. Dispatch reads the counts on the host,
-which a CUDA graph cannot capture, so nothing here uses graphs.
+time the median of its repetitions after the warm-up ones. The timed exchange is the
+host-synchronised one (``method="all_to_all"``): its dispatch reads the counts on the host, which a
+CUDA graph cannot capture, so nothing here uses graphs. The correctness checks run the layer's
+default, the fixed-capacity exchange. :mod:`.exchange_bench` times both exchanges under graph replay.
 """
 from __future__ import annotations
 
@@ -71,16 +73,16 @@ def machine_columns(world: int) -> dict:
             "protocol": PROTOCOL}
 
 
-def append_row(path, row: dict) -> None:
-    """Append one row to the CSV at ``path`` (header first when the file is new)."""
+def append_row(path, row: dict, fields: list[str] = FIELDS) -> None:
+    """Append one row to the CSV at ``path`` with columns ``fields`` (header first when the file is new)."""
     path = Path(path)
     new = not path.exists() or path.stat().st_size == 0
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         if new:
             writer.writeheader()
-        writer.writerow({k: row.get(k, "") for k in FIELDS})
+        writer.writerow({k: row.get(k, "") for k in fields})
 
 
 def all_ranks_ok(ok: bool) -> bool:
@@ -306,17 +308,18 @@ def _timing_steps(M: int, shape: ModelShape, E: int, dtype, rank: int, world: in
     x, tw, ti, starts = make_batch([M] * world, E, shape.topk, K, dtype, seed=M)
     lo, hi = starts[rank], starts[rank + 1]
     xr, twr, tir = x[lo:hi], tw[lo:hi], ti[lo:hi]
-    d = dispatch(xr, twr, tir, E)
+    d = dispatch(xr, twr, tir, E, method="all_to_all")
     out = local_experts(d, *ep)
     counts = d.plan.counts
     remote = max(int(counts[r].sum() - counts[r, r]) for r in range(world))     # rows of the busiest sender
     send_rows = torch.randn(int(counts[rank].sum()), K, device=x.device).to(dtype)
     recv_rows = x.new_empty(int(counts[:, rank].sum()), K)
     return {
-        "dispatch": (lambda: dispatch(xr, twr, tir, E), remote * (K * itemsize + 8)),
+        "dispatch": (lambda: dispatch(xr, twr, tir, E, method="all_to_all"), remote * (K * itemsize + 8)),
         "experts": (lambda: local_experts(d, *ep), 0),
         "combine": (lambda: combine(out, d.plan), remote * K * itemsize),
-        "ep_layer": (lambda: expert_parallel_layer(xr, *ep, twr, tir, num_experts=E), remote * (2 * K * itemsize + 8)),
+        "ep_layer": (lambda: expert_parallel_layer(xr, *ep, twr, tir, num_experts=E, method="all_to_all"),
+                     remote * (2 * K * itemsize + 8)),
         "a2a_same_bytes": (lambda: dist.all_to_all_single(recv_rows, send_rows, d.plan.recv_counts, d.plan.send_counts),
                            remote * K * itemsize),
         "tp_layer": (lambda: tensor_parallel_layer(x, *tp, tw, ti, check_ranks=False),

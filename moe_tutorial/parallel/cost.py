@@ -25,8 +25,10 @@ from ..shapes import ModelShape
 H200_NVLINK_GBPS = 450.0
 #: Bytes of metadata that travel with each dispatched row: its expert id and router weight (fp32 each).
 META_BYTES = 8
-#: Collectives each step issues in :mod:`moe_tutorial.parallel`: dispatch gathers the counts and
-#: sends rows and metadata; combine sends rows back; tensor parallel all-reduces once.
+#: Collectives each step issues in :mod:`moe_tutorial.parallel`'s all-to-all exchange (the one
+#: this model prices, and the committed data measured): dispatch gathers the counts and sends rows
+#: and metadata; combine sends rows back; tensor parallel all-reduces once. (The fixed-capacity
+#: exchange issues one all-gather and one reduce-scatter.)
 DISPATCH_COLLECTIVES, COMBINE_COLLECTIVES, ALLREDUCE_COLLECTIVES = 3, 1, 1
 
 

@@ -14,7 +14,7 @@ import torch
 from .. import runtime
 from ..routing import route
 from .dispatch import combine, dispatch
-from .expert_parallel import local_experts
+from .expert_parallel import expert_parallel_layer, local_experts
 from .groups import require_group
 from .sharding import shard_experts, shard_intermediate
 from .tensor_parallel import tensor_parallel_layer
@@ -74,10 +74,29 @@ def expert_parallel_demo(problem: dict) -> dict:
     p = make_problem(**problem)
     x, topk_weights, topk_ids = own_tokens(p, rank)
     w13, w2 = shard_experts(p.w13, p.w2, rank, world)
-    d = dispatch(x, topk_weights, topk_ids, problem["num_experts"])
+    d = dispatch(x, topk_weights, topk_ids, problem["num_experts"], method="all_to_all")
     y = combine(local_experts(d, w13, w2), d.plan)
     return {"y": y.cpu(), "counts": d.plan.counts, "sent_ids": topk_ids.reshape(-1)[d.plan.order].cpu(),
-            "received_ids": d.expert_ids.cpu()}
+            "received_ids": d.expert_ids.reshape(-1).cpu()}
+
+
+def all_gather_demo(problem: dict, capacity: int | None = None) -> dict:
+    """One rank of the fixed-capacity exchange, step by step, on ``make_problem(**problem)``.
+
+    Returns this rank's output ``y [M_r, K]``, the capacity used, the local expert ids of every
+    row it received ``[world * capacity, topk]`` (outside ``[0, E/world)``: not this rank's), and
+    ``y_all_to_all``, the same tokens through the host-synchronised exchange.
+    """
+    rank, world = require_group()
+    p = make_problem(**problem)
+    x, topk_weights, topk_ids = own_tokens(p, rank)
+    w13, w2 = shard_experts(p.w13, p.w2, rank, world)
+    d = dispatch(x, topk_weights, topk_ids, problem["num_experts"], method="all_gather", capacity=capacity)
+    y = combine(local_experts(d, w13, w2), d.plan)
+    y_a2a = expert_parallel_layer(x, w13, w2, topk_weights, topk_ids, num_experts=problem["num_experts"],
+                                  method="all_to_all")
+    return {"y": y.cpu(), "capacity": d.plan.capacity, "received_ids": d.expert_ids.cpu(),
+            "y_all_to_all": y_a2a.cpu()}
 
 
 def tensor_parallel_demo(problem: dict) -> dict:
