@@ -6,19 +6,19 @@ warps, and reports what the compiled kernel holds: ``ttg.warp_specialize`` regio
 partitions), ``setmaxnreg`` (the register split between producer and consumer warps) and the
 wgmma count. Run it with the Triton you have:
 
-    TRITON_INTERPRET=0 python scripts/experiments/sm90_warp_specialize_probe.py
+    python scripts/experiments/sm90_warp_specialize_probe.py
 
 Triton 3.6 (the H200 image's) gave, on 2026-12-01: no partition and no setmaxnreg in any case,
 and an NVGPUWarpSpecialization pass failure for the K loop with 4 warps (notes/gpu-notes.md).
 """
 import os
+import subprocess
+import sys
 
-os.environ["TRITON_INTERPRET"] = "0"   # compile for real; no GPU is needed to compile
-
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
 
 
 @triton.jit
@@ -55,10 +55,18 @@ def probe(persistent: bool, ws: bool, warps: int, BM=128, BN=256, BK=64) -> str:
             f"wgmma {ptx.count('wgmma.mma_async')}")
 
 
-if __name__ == "__main__":
+def main() -> None:
+    if os.environ.get("TRITON_INTERPRET", "0") != "0":
+        # Under the interpreter @triton.jit makes no compilable kernel: run again, compiling for real.
+        subprocess.run([sys.executable, __file__], env={**os.environ, "TRITON_INTERPRET": "0"}, check=True)
+        return
     print(f"Triton {triton.__version__}, target sm90")
     for persistent in (False, True):
         for ws in (False, True):
             for warps in (4, 8):
                 loop = "persistent tile loop" if persistent else "K loop"
                 print(f"{loop:20s} warp_specialize={ws!s:5s} {warps} warps: {probe(persistent, ws, warps)}")
+
+
+if __name__ == "__main__":
+    main()
