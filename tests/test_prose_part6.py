@@ -63,3 +63,18 @@ def test_dispatch_is_host_bound_whatever_the_bytes(rows):
     assert_says(P6, "On Mixtral-8x7B, from `M = 1` to `M = 1024` tokens per rank, dispatch takes {:.2f} to {:.2f} ms "
                     "while one all-to-all of the same bytes takes {:.2f} to {:.2f} ms", min(disp), max(disp),
                 min(a2a), max(a2a))
+
+
+def test_one_gpu_run_of_the_new_exchange():
+    one = results.load(results.H200X1_GRAPHS)
+    assert one is not None and {r["world"] for r in one} == {1} and {r["gpu"] for r in one} == {"NVIDIA H200"}
+    ms = {(r["method"], r["model"], r["M"]): r["ms"] for r in results.ok_rows(one, step="dispatch")}
+    new = [v for (m, *_), v in ms.items() if m == "all_gather"]
+    old = [v for (m, *_), v in ms.items() if m == "all_to_all"]
+    sizes = sorted({M for (_, _, M) in ms})
+    assert max(new) < min(old)                     # every new dispatch beats every old one
+    assert_says(P6, "Dispatch takes {:.3f} to {:.2f} ms at M = {} to {} against the old exchange's {:.2f} to {:.2f} ms",
+                min(new), max(new), sizes[0], sizes[-1], min(old), max(old))
+    checks = [r for r in one if r["step"].startswith("check")]
+    assert_says(P6, "routing ({} of {} checks)", sum(r["status"] == "ok" for r in checks), len(checks))
+    assert results.load(results.H200X2_GRAPHS) is None, "two-GPU data arrived: write notebook 06's verdict"

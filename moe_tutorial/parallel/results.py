@@ -15,6 +15,8 @@ H200X2_RESULTS = Path(__file__).parent.parent / "data" / "h200x2_ep.csv"
 #: Both exchanges under graph replay on two H200s (``scripts/experiments/h200_ep_graphs.py --gpus 2``,
 #: columns in :data:`moe_tutorial.parallel.exchange_bench.FIELDS`); not measured yet while absent.
 H200X2_GRAPHS = Path(__file__).parent.parent / "data" / "h200x2_ep_graphs.csv"
+#: The same script on one H200 (a one-rank group): the host wait removed, graph capture checked.
+H200X1_GRAPHS = Path(__file__).parent.parent / "data" / "h200x1_ep_graphs.csv"
 _INT = {"world", "E", "K", "I", "topk", "M", "bytes", "capacity"}
 _FLOAT = {"ms", "gbps", "rel_error"}
 
