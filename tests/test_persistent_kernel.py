@@ -10,7 +10,7 @@ import dataclasses
 
 from moe_tutorial import reference_moe_layer, reference_moe_matmul, rel_error, route, runtime
 from moe_tutorial.kernels.configs import KernelConfig, check_config, get_config
-from moe_tutorial.kernels.persistent_kernel import persistent_grid
+from moe_tutorial.kernels.persistent_kernel import INTERPRETER_PROGRAMS, persistent_grid
 from moe_tutorial.kernels.sorted_kernel import sorted_moe_layer, sorted_moe_matmul
 from moe_tutorial.reference import tolerance
 from moe_tutorial.shapes import MODEL_SHAPES, random_problem
@@ -52,9 +52,11 @@ def test_persistent_layer_equals_the_reference():
 
 
 def test_grid_is_one_program_per_sm_at_most_the_tiles():
-    assert persistent_grid(132, 10_000) == (132,)
-    assert persistent_grid(132, 7) == (7,)
-    assert persistent_grid(132, 0) == (1,)
+    assert persistent_grid(10_000, num_sms=132) == (132,)
+    assert persistent_grid(7, num_sms=132) == (7,)
+    assert persistent_grid(0, num_sms=132) == (1,)
+    if runtime.INTERPRETED:         # a few programs, so that each walks several tiles
+        assert persistent_grid(10_000) == (INTERPRETER_PROGRAMS,)
 
 
 def test_warp_specialisation_needs_the_persistent_kernel():

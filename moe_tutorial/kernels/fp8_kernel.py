@@ -36,9 +36,9 @@ from ..checks import (
 )
 from ..quant import BLOCK, FP8_DTYPE, check_fp8_pair
 from .align import align_block_size, check_alignment
-from .configs import KernelConfig, fp8_config, sm_count
+from .configs import KernelConfig, fp8_config
 from .fp8_quant import E4M3_MAX_C, MIN_AMAX_C, quantize_group, quantize_rows
-from .persistent_kernel import INTERPRETER_PROGRAMS, persistent_grid
+from .persistent_kernel import persistent_grid
 from .sorted_kernel import _tma_can_read, grouped_tile
 from .topk_sum import topk_sum
 
@@ -263,7 +263,7 @@ def launch_fp8_gemm(a, a_scale, b, b_scale, c, alignment, num_pairs: int, a_row_
     max_padded = sorted_ids.numel()
     max_tiles = triton.cdiv(max_padded, config.block_m) * triton.cdiv(N, config.block_n)
     if config.persistent:
-        grid = persistent_grid(INTERPRETER_PROGRAMS if runtime.INTERPRETED else sm_count(), max_tiles)
+        grid = persistent_grid(max_tiles)
     else:
         grid = (max_tiles,)
     b_desc = _fp8_weight_descriptor(b, config)

@@ -21,6 +21,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl  # noqa: F401  (triton.jit below)
 
+from .. import runtime
+from .configs import sm_count
 from .sorted_kernel import grouped_tile, sorted_tile
 
 
@@ -62,8 +64,11 @@ def persistent_moe_kernel(
 INTERPRETER_PROGRAMS = 3
 
 
-def persistent_grid(num_sms: int, max_tiles: int) -> tuple[int]:
-    """One program per SM, never more programs than the upper bound of tiles."""
+def persistent_grid(max_tiles: int, num_sms: int | None = None) -> tuple[int]:
+    """One program per SM (``num_sms``, by default this GPU's, or :data:`INTERPRETER_PROGRAMS` in
+    the interpreter), never more programs than the upper bound of tiles."""
+    if num_sms is None:
+        num_sms = INTERPRETER_PROGRAMS if runtime.INTERPRETED else sm_count()
     return (max(1, min(num_sms, max_tiles)),)
 
 

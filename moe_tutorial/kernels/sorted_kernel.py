@@ -29,7 +29,7 @@ from ..checks import (
     check_topk_weights,
 )
 from .align import align_block_size, check_alignment
-from .configs import KernelConfig, check_config, get_config, shrink, sm_count
+from .configs import KernelConfig, check_config, get_config, shrink
 from .topk_sum import topk_sum
 
 
@@ -357,9 +357,8 @@ def _launch(a, b, c, router_weights, alignment, num_pairs: int, a_row_div: int,
     router = router_weights if router_weights is not None else c
     if config.persistent:
         # Imported here: persistent_kernel builds on this module's sorted_tile.
-        from .persistent_kernel import INTERPRETER_PROGRAMS, persistent_grid, persistent_moe_kernel
-        sms = INTERPRETER_PROGRAMS if runtime.INTERPRETED else sm_count()
-        persistent_moe_kernel[persistent_grid(sms, max_tiles)](
+        from .persistent_kernel import persistent_grid, persistent_moe_kernel
+        persistent_moe_kernel[persistent_grid(max_tiles)](
             a, a_desc, b, b_desc, c, router, sorted_ids, expert_ids, num_post, **args,
             FLATTEN=not runtime.INTERPRETED, WARP_SPECIALIZE=config.warp_specialize and not runtime.INTERPRETED)
         return

@@ -18,9 +18,7 @@ default, the fixed-capacity exchange. :mod:`.exchange_bench` times both exchange
 from __future__ import annotations
 
 import csv
-import datetime
 import os
-import platform
 import statistics
 import time
 import traceback
@@ -28,10 +26,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import triton
 
 from ..kernels.sorted_kernel import sorted_moe_layer
-from ..perf.timing import gpu_driver
+from ..perf.timing import machine_info
 from ..reference import reference_moe_layer, rel_error, tolerance
 from ..routing import route
 from ..shapes import BATCH_SIZES, ModelShape, get_shape
@@ -63,14 +60,11 @@ def device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
-def machine_columns(world: int) -> dict:
-    """gpu, driver, torch, triton and NCCL versions, date, world size and the timing protocol."""
-    on_gpu = torch.cuda.is_available()
-    nccl = ".".join(str(v) for v in torch.cuda.nccl.version()) if on_gpu else ""
-    return {"gpu": torch.cuda.get_device_name() if on_gpu else f"cpu ({platform.machine()}, interpreter)",
-            "driver": gpu_driver() if on_gpu else "", "torch": torch.__version__, "triton": triton.__version__,
-            "nccl": nccl, "date": datetime.datetime.now().isoformat(timespec="seconds"), "world": world,
-            "protocol": PROTOCOL}
+def machine_columns(world: int, protocol: str = PROTOCOL) -> dict:
+    """:func:`moe_tutorial.perf.timing.machine_info` (gpu, driver, torch, triton, date) plus the
+    NCCL version, the world size and the timing ``protocol``."""
+    nccl = ".".join(str(v) for v in torch.cuda.nccl.version()) if torch.cuda.is_available() else ""
+    return {**machine_info(), "nccl": nccl, "world": world, "protocol": protocol}
 
 
 def append_row(path, row: dict, fields: list[str] = FIELDS) -> None:
@@ -169,16 +163,19 @@ def _last_line() -> str:
     return traceback.format_exc(limit=1).strip().splitlines()[-1]
 
 
-def _emit(csv_path, rank: int, row: dict) -> dict:
-    """Rank 0 prints the row and appends it to the CSV; every rank keeps it."""
+def _emit(csv_path, rank: int, row: dict, fields: list[str] = FIELDS,
+          label=(("case", 24), ("step", 14))) -> dict:
+    """Rank 0 prints the row (model, the ``label`` columns at their widths, M, ms, error, status)
+    and appends it to the CSV of ``fields``; every rank keeps it."""
     if rank == 0:
         ms = row.get("ms", "")
         rel = row.get("rel_error", "")
-        print(f"{row.get('model', ''):14s} {row.get('case', ''):24s} {row.get('step', ''):14s} "
+        tags = " ".join(f"{row.get(key, '')!s:{width}s}" for key, width in label)
+        print(f"{row.get('model', ''):14s} {tags} "
               f"M={row.get('M', '')!s:6s} {f'{ms:.4f} ms' if ms != '' else '':>12s} "
               f"{f'rel {rel:.1e}' if rel != '' else '':>12s} {row.get('status', '')}", flush=True)
         if csv_path:
-            append_row(csv_path, row)
+            append_row(csv_path, row, fields)
     return row
 
 

@@ -32,10 +32,20 @@ import torch
 import torch.distributed as dist
 
 from ..kernels.sorted_kernel import sorted_moe_layer
-from ..perf.timing import flush_l2, machine_info
+from ..perf.timing import flush_l2
 from ..reference import rel_error, tolerance
 from ..shapes import BATCH_SIZES
-from .bench import _empty_cache, _last_line, _shape, all_ranks_ok, append_row, in_time, make_batch, make_weights
+from . import bench
+from .bench import (
+    _empty_cache,
+    _last_line,
+    _shape,
+    all_ranks_ok,
+    in_time,
+    machine_columns,
+    make_batch,
+    make_weights,
+)
 from .dispatch import combine, dispatch, packed_layout
 from .expert_parallel import expert_parallel_layer, local_experts
 from .graphs import StaticLayer, ep_layer_fn
@@ -55,12 +65,6 @@ FIELDS = ["gpu", "driver", "torch", "triton", "nccl", "date", "world", "protocol
           "dtype", "M", "capacity", "method", "step", "ms", "bytes", "gbps", "rel_error", "status"]
 METHOD_STEPS = ("dispatch", "experts", "combine", "dispatch_combine", "ep_layer", "a2a_x2_same_bytes")
 OTHER_STEPS = ("tp_layer", "single_gpu", "check_graph_replay")
-
-
-def machine_columns(world: int) -> dict:
-    """:func:`moe_tutorial.perf.timing.machine_info` plus the NCCL version and the world size."""
-    nccl = ".".join(str(v) for v in torch.cuda.nccl.version()) if torch.cuda.is_available() else ""
-    return {**machine_info(), "nccl": nccl, "world": world}
 
 
 def host_group():
@@ -156,14 +160,8 @@ def _capture(fn: Callable, warmup: int) -> torch.cuda.CUDAGraph:
 
 
 def _emit(csv_path, rank: int, row: dict) -> dict:
-    if rank == 0:
-        ms, rel = row.get("ms", ""), row.get("rel_error", "")
-        print(f"{row.get('model', ''):14s} M={row.get('M', '')!s:6s} {row.get('method', ''):10s} "
-              f"{row.get('step', ''):18s} {f'{ms:.4f} ms' if ms != '' else '':>12s} "
-              f"{f'rel {rel:.1e}' if rel != '' else '':>12s} {row.get('status', '')}", flush=True)
-        if csv_path:
-            append_row(csv_path, row, FIELDS)
-    return row
+    """:func:`moe_tutorial.parallel.bench._emit` with this bench's columns."""
+    return bench._emit(csv_path, rank, row, FIELDS, (("method", 10), ("step", 18)))
 
 
 def timing_rank(model, csv_path: str | None, deadline: float, batch_sizes=BATCH_SIZES, num_experts: int | None = None,
@@ -178,8 +176,8 @@ def timing_rank(model, csv_path: str | None, deadline: float, batch_sizes=BATCH_
     rank, world = require_group()
     shape = _shape(model)
     E = num_experts or shape.num_experts
-    cols = {**machine_columns(world), "model": shape.name, "E": E, "K": shape.hidden, "I": shape.intermediate,
-            "topk": shape.topk, "dtype": str(dtype).replace("torch.", "")}
+    cols = {**machine_columns(world, protocol=""), "model": shape.name, "E": E, "K": shape.hidden,
+            "I": shape.intermediate, "topk": shape.topk, "dtype": str(dtype).replace("torch.", "")}
     rows: list[dict] = []
     try:
         w13, w2 = make_weights(shape, E, dtype)

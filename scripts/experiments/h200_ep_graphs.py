@@ -76,7 +76,7 @@ def replay_stage(world: int, path: Path, deadline: float, shapes=SMALL, dtype_na
     tokens = [37] if world == 1 else [37] + [20] * (world - 1)
     out = run_stage("graph replay, small shapes", graphs.graph_replay_shapes_rank, world,
                     (list(shapes), tokens, dtype_name), deadline)
-    machine = exchange_bench.machine_columns(world)
+    machine = bench.machine_columns(world, protocol="")      # each row names its own protocol
     by_name = {s.name: s for s in shapes}
     for by_rank in out or []:
         for r in by_rank:
