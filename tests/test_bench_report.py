@@ -348,10 +348,11 @@ def test_same_kernel_pairs_follow_the_tuned_table():
 
 
 def test_headline_ceilings_come_from_one_run(part4_rows):
-    rows = [dict(r, read_tbps=4.5, launch_us=3.0, protocol="cold-l2", date="d1") for r in part4_rows]
+    rows = [dict(r, read_tbps=4.5, read_measured_tbps=4.4, launch_us=3.0, protocol="cold-l2", date="d1")
+            for r in part4_rows]
     ceilings = bench_report.headline_ceilings(rows)
-    assert ceilings == {"protocol": "cold-l2", "date": "d1", "read_tbps": 4.5, "copy_tbps": 4.0,
-                        "matmul_tflops": 600.0, "launch_us": 3.0}
+    assert ceilings == {"protocol": "cold-l2", "date": "d1", "read_tbps": 4.5, "read_measured_tbps": 4.4,
+                        "copy_tbps": 4.0, "matmul_tflops": 600.0, "launch_us": 3.0}
     assert bench_report.headline_ceilings(rows, "grouped_mm")["read_tbps"] == 4.5
     two_runs = rows + [dict(rows[0], date="d2", read_tbps=4.6, M=2)]
     with pytest.raises(ValueError, match="^rows: expected the rows of 'sorted' to come from one run"):
@@ -394,9 +395,11 @@ def test_run_tables_and_skips(part3_rows):
     rows += [dict(r, date="2026-01-03", protocol="rotated", read_tbps=4.6, launch_us=0.5)
              for r in part3_rows if r["impl"] == "sorted"]
     ceilings = bench_report.ceilings_table(rows).splitlines()
-    assert ceilings[2].split() == ["2026-01-02", "cold-l2", "4.50", "4.00", "600", "3.0", "Part", "1,", "Part", "3,",
-                                   "Part", "4"]
-    assert ceilings[3].split()[:6] == ["2026-01-03", "rotated", "4.60", "4.00", "600", "0.5"]
+    assert ceilings[2].split() == ["2026-01-02", "cold-l2", "-", "4.50", "4.00", "600", "3.0", "Part", "1,", "Part",
+                                   "3,", "Part", "4"]
+    assert ceilings[3].split()[:7] == ["2026-01-03", "rotated", "-", "4.60", "4.00", "600", "0.5"]
+    raised = [dict(r, read_measured_tbps=4.4) for r in rows]
+    assert bench_report.ceilings_table(raised).splitlines()[2].split()[2:4] == ["4.40", "4.50"]
     summary = bench_report.run_summary(rows, labels=LABELS).splitlines()
     assert summary[0].startswith("run of 2026-01-02 (cold-l2): ") and "Mixtral-8x7B, DeepSeek-V3" in summary[0]
     assert summary[1] == "  timed: Part 1, loop; Part 3, as published; Part 3, fixed; Part 4, tuned"

@@ -266,18 +266,22 @@ def skipped_table(rows: list[dict], *, labels: dict | None = None) -> str:
 
 def ceilings_table(rows: list[dict]) -> str:
     """One line per bench run (rows sharing a date and protocol): the ceilings measured in it and
-    what it timed."""
+    what it timed. "read kernels" is what the read-only kernels got alone, "read ceiling" the best
+    rate anything in the run reached (:mod:`moe_tutorial.perf.reached`), which the floors use."""
     runs: dict[tuple, list[dict]] = {}
     for r in rows:
         runs.setdefault((r.get("date") or "", r.get("protocol") or ""), []).append(r)
+
+    def tbps(value) -> str:
+        return f"{value:.2f}" if value else "-"
     body = []
     for (date, protocol), run in sorted(runs.items()):
         r = run[0]
-        body.append([date, protocol, f"{r['read_tbps']:.2f}" if r.get("read_tbps") else "-",
-                     f"{r['copy_tbps']:.2f}" if r.get("copy_tbps") else "-", f"{r['matmul_tflops']:.0f}",
+        body.append([date, protocol, tbps(r.get("read_measured_tbps")), tbps(r.get("read_tbps")),
+                     tbps(r.get("copy_tbps")), f"{r['matmul_tflops']:.0f}",
                      f"{r['launch_us']:.1f}" if r.get("launch_us") is not None else "-", _parts(run)])
-    return format_table(["run", "protocol", "read TB/s", "copy TB/s", "matmul TFLOP/s", "one launch (us)",
-                         "timed"], body)
+    return format_table(["run", "protocol", "read kernels TB/s", "read ceiling TB/s", "copy TB/s", "matmul TFLOP/s",
+                         "one launch (us)", "timed"], body)
 
 
 def run_summary(rows: list[dict], *, labels: dict | None = None, width: int = 110) -> str:
@@ -335,11 +339,12 @@ def run_lines(rows: list[dict]) -> str:
 def headline_ceilings(rows: list[dict], impl: str = "sorted", *, protocol: str | None = None) -> dict:
     """The ceilings of the run that timed ``impl`` (Part 4 by default) under ``protocol``.
 
-    Returns the row's ``protocol``, ``date``, ``read_tbps``, ``copy_tbps``, ``matmul_tflops`` and
-    ``launch_us``: the one source for the ceilings a notebook quotes. ValueError if no row of
-    ``impl`` carries them, or if its rows come from runs with different ceilings.
+    Returns the row's ``protocol``, ``date``, ``read_tbps`` (the read ceiling), ``read_measured_tbps``
+    (what the read kernels got alone, :mod:`moe_tutorial.perf.reached`), ``copy_tbps``,
+    ``matmul_tflops`` and ``launch_us``: the one source for the ceilings a notebook quotes.
+    ValueError if no row of ``impl`` carries them, or if its rows come from runs with different ceilings.
     """
-    keys = ("protocol", "date", "read_tbps", "copy_tbps", "matmul_tflops", "launch_us")
+    keys = ("protocol", "date", "read_tbps", "read_measured_tbps", "copy_tbps", "matmul_tflops", "launch_us")
     mine = [r for r in subset(rows, impls=(impl,), protocol=protocol) if r.get("read_tbps")]
     runs = {tuple(r.get(k) for k in keys) for r in mine}
     if len(runs) != 1:
