@@ -308,6 +308,13 @@ def test_step_gains_and_their_table():
     assert table[3].startswith("DeepSeek-V3")
     with pytest.raises(ValueError, match="no M where both 'minimal' and 'loop' were timed"):
         bench_report.gain_range(rows, "first", "minimal", "loop")
+    line = bench_report.gain_line(rows, "first", "+tuned", "+tma")
+    assert line.startswith("M <= 256: 1.00x to 1.00x; M > 256: 1.10x to 1.10x; most 1.10x, ")
+    assert line.endswith("at M = 1024")
+    wide = bench_report.gain_line(rows, "first", "+tuned", "+tma", split=1024)
+    assert wide.startswith("M <= 1024: 1.00x to 1.10x; most")
+    with pytest.raises(ValueError, match="no M where both 'minimal' and 'loop' were timed"):
+        bench_report.gain_line(rows, "first", "minimal", "loop")
     skipped = bench_rows({"minimal": 0.5, "+grouped": 0.5}, ("Mixtral-8x7B",), (1, 8),
                          skipped={("+grouped", "Mixtral-8x7B", 8)})
     assert list(bench_report.step_gains(skipped, "first", "minimal", "+grouped")) == [("Mixtral-8x7B", 1)]

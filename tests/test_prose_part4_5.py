@@ -99,9 +99,9 @@ def test_04_accurate_about_vllm_and_tma():
     assert_says(P4, "plus SiLU(gate) * up in the gate/up GEMM's epilogue and short tails, which vLLM's Triton path "
                     "does not have (it runs SiLU * up as a separate op)")
     assert_says(P4, "The **Tensor Memory Accelerator** (TMA)")
-    assert_says(P4, "Part 4's layer is vLLM-style, plus SiLU(gate) * up in the epilogue and short tails.")
+    assert_says(P4, "Part 4's layer is vLLM-style, plus SiLU(gate) * up in the epilogue and short tails (appendix F")
     assert_says(P4, "[`exercises/part4_exercises.ipynb`](exercises/part4_exercises.ipynb)")
-    # Section 11's map: vLLM's Triton path has no swapped operands; notebook 07's FP8 kernel has them.
+    # Appendix F's map: vLLM's Triton path has no swapped operands; notebook 07's FP8 kernel has them.
     assert_says(P4, "**Swapped operands** are not in the Triton path")
     assert_says(P4, "notebook 07's Triton FP8 kernel does the same (`SWAP_AB`)")
     assert "SWAP_AB" in inspect.getsource(__import__("moe_tutorial.kernels.fp8_kernel", fromlist=["_"]))
@@ -125,7 +125,8 @@ def test_04_vllm_map_states_what_the_source_does():
     assert_says(P4, "the launcher sets `SPLIT_K` to {} and the kernel never reads it", v["split_k"])
     assert_says(P4, "swaps A and B when A has at most {} rows, so the weights fill the tile's {}-row side and the "
                     "tokens its {}-wide side", v["swap_rows"], *v["swap_tile"])
-    assert "swap_ab" not in markdown(P4).split("## 11.")[0], "the map is where vLLM's swapped operands are placed"
+    assert "swap_ab" not in markdown(P4).split("## Recap")[0], \
+        "the map (appendix F) is where vLLM's swapped operands are placed"
 
 
 def test_04_examples_match_their_cells():
@@ -139,7 +140,8 @@ def test_04_examples_match_their_cells():
     assert_says(P4, "together write each of the {} rows exactly once", 6 * 2)
     # The worked example's results are stated in notebooks 01 and 02; 04's cells check against them.
     assert "ex.first_gemm" in src and "ex.layer" in src
-    assert_says(P4, "On the worked example, then on random problems with awkward sizes")
+    assert_says(P4, "On the worked example, against its known result and the production kernel (appendix D: random "
+                    "problems with awkward sizes")
     assert_says(P4, "The worked example's layer, then a random layer through Parts 1 to 4")
 
 
@@ -418,14 +420,14 @@ def test_04_small_facts(rows):
     from moe_tutorial.source import source_of
 
     assert 30 <= len(source_of(minimal_sorted_kernel).splitlines()) <= 50       # "a kernel of about forty lines"
-    assert_says(P4, "shows it first as a kernel of about forty lines")
+    assert_says(P4, "first a kernel of about forty lines")
     v3 = get_shape("DeepSeek-V3")
     assert v3.num_experts * v3.first_gemm[0] * v3.first_gemm[1] > 2 ** 31
-    assert_says(P4, "DeepSeek-V3's gate/up weights have more than `2^31` elements")
+    assert_says(P4, "DeepSeek-V3's gate/up weights pass `2^31` elements")
     steps = report.subset(rows, "first", impls=report.LADDERS["first"])
     assert sorted({r["M"] for r in steps}) == list(BATCH_SIZES) == [1, 8, 64, 256, 1024, 4096, 16384]
     assert {r["model"] for r in steps} == set(HEADLINE_MODELS)
-    assert_says(P4, "for M from 1 to 16384 on three models")
+    assert_says(P4, "The H200 data times the gate/up GEMM after each step toward `kernels/sorted_kernel.py`.")
 
 
 def test_05_small_facts(rows):
@@ -516,3 +518,23 @@ def test_04_persistent_step():
     assert_says(P4, "its first GEMM reaches {} of the floor against the persistent `tl` kernel's {}",
                 " / ".join(fmt2(gluon[m, "gluon"]) for m in HEADLINE_MODELS),
                 " / ".join(fmt2(gluon[m, "persistent"]) for m in HEADLINE_MODELS))
+
+
+def test_04_short_tails_on_real_shapes():
+    """Section 8's sentence on how many row blocks are at most half full, from appendix C's count."""
+    from moe_tutorial.shapes import random_topk_ids
+
+    import torch
+
+    share = {}
+    for name in HEADLINE_MODELS:
+        s, bm = get_shape(name), report.tuned_config(name, 1024).block_m
+        ids = random_topk_ids(1024, s.num_experts, s.topk, generator=torch.Generator().manual_seed(1024))
+        counts = torch.bincount(ids.flatten().long(), minlength=s.num_experts)
+        blocks = (counts + bm - 1) // bm
+        last = counts - (blocks - 1) * bm
+        share[name] = int(((last <= bm // 2) & (counts > 0)).sum()) / int(blocks.sum())
+    assert all(0.45 <= share[m] <= 0.55 for m in ("Qwen3-30B-A3B", "DeepSeek-V3")), share     # "about half"
+    assert 0.15 <= share["Mixtral-8x7B"] <= 0.25, share                                        # "a fifth"
+    assert_says(P4, "about half of the row blocks are at most half full at M = 1024 on Qwen3-30B-A3B and "
+                    "DeepSeek-V3, a fifth on Mixtral-8x7B (appendix C)")

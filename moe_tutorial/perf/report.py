@@ -395,6 +395,23 @@ def largest_gain(rows: list[dict], gemm: str, before: str, after: str, *, Ms=Non
     return max(gains)
 
 
+def gain_line(rows: list[dict], gemm: str, before: str, after: str, *, split: int = 256,
+              protocol: str | None = None) -> str:
+    """A step's gain in one line (:func:`step_gains`): its range up to M = ``split`` and above it,
+    and where it is largest, e.g. "M <= 256: 1.00x to 1.03x; M > 256: 1.04x to 1.28x; most 1.28x,
+    Qwen3-30B-A3B at M = 16384". :func:`step_gain_table` gives every M."""
+    gains = step_gains(rows, gemm, before, after, protocol=protocol)
+    if not gains:
+        raise ValueError(f"rows: no M where both {before!r} and {after!r} were timed ({gemm})")
+    parts = []
+    for name, keep in ((f"M <= {split}", lambda M: M <= split), (f"M > {split}", lambda M: M > split)):
+        mine = [g for (_, M), g in gains.items() if keep(M)]
+        if mine:
+            parts.append(f"{name}: {min(mine):.2f}x to {max(mine):.2f}x")
+    best, model, M = max((g, model, M) for (model, M), g in gains.items())
+    return "; ".join(parts) + f"; most {best:.2f}x, {model} at M = {M}"
+
+
 def step_gain_table(rows: list[dict], gemm: str, before: str, after: str, *, protocol: str | None = None) -> str:
     """One line per model: how many times faster ``after`` runs than ``before`` at each M."""
     gains = step_gains(rows, gemm, before, after, protocol=protocol)
