@@ -200,7 +200,7 @@ def test_03_topk_padding_facts():
     assert_says(P3, "DeepSeek-V2-Lite routes each token to {} experts", dsv2.topk)
     assert_says(P3, "**`topk` = {}, padded to {}.**", dsv2.topk, part3.topk_pad(dsv2.topk))
     powers = [t for t in range(1, 9) if t & (t - 1) == 0]
-    assert_says(P3, "which works for `topk` = {}, {}, {}, {} and fails for any other", *powers)
+    assert_says(P3, "works for `topk` = {}, {}, {}, {} and fails for any other", *powers)
     assert_says(P3, "`tl.arange` refuses {}, {}, {} and {}", *[t for t in range(3, 8) if t & (t - 1)])
 
 
