@@ -225,6 +225,11 @@ def test_performance_figures_draw_every_implementation(tmp_path):
         perf.plot_across_models(rows, ["custom"], "first", "speed")
     with pytest.raises(ValueError, match="no timed results"):
         perf.plot_roofline(rows, "custom", "layer")
+    panels = perf.plot_rooflines(rows + [dict(r, model="other") for r in rows], ["custom", "other"])
+    assert len(panels.axes) == 2 and all(ax.get_legend() is None for ax in panels.axes)
+    assert [t.get_text() for t in panels.legends[0].get_texts()][0].startswith("roof")   # one legend for both
+    for ax in panels.axes:                     # only Part 4 names its first and last M
+        assert [t.get_text() for t in ax.texts] == ["M = 1", "M = 64"]
     ai = perf.intensity(ModelShape("m", 8, 2, 4096, 14336), [1, 16384])
     assert ai[0] < 2 < 150 < ai[1]                        # decode: ~1 FLOP/byte; prefill: far above the ridge
     fig = perf.plot_intensity([SMALL], read_tbps=4.0, matmul_tflops=600.0)
