@@ -350,6 +350,25 @@ def test_cost_model_bytes_by_hand():
     assert cost.ep_compute(64, s, 2)[1] == pytest.approx(cost.tp_compute(64, s, 2)[1])
 
 
+@pytest.mark.parametrize("truth", [cost.Calibration(5e-4, 6e-4, 1e-4, 0.7), cost.Calibration(1e-3, 0.0, 2e-4, 0.5)])
+def test_the_cost_models_fit_recovers_what_made_the_measurements(truth):
+    """Measurements made by a calibrated model give back that calibration, and the fitted model
+    reproduces every step at every M; the ideal model is faster than all of them."""
+    s = MODEL_SHAPES["Mixtral-8x7B"]
+    m = cost.Machine(link_gbps=300.0, latency_us=40.0, read_tbps=4.6, matmul_tflops=790.0)
+    Ms = (1, 8, 64, 1024, 16384)
+    made = {M: cost.predict(M, s, 2, m, calibration=truth) for M in Ms}
+    measured = {step: {M: made[M][key] for M in Ms} for step, key in
+                (("single_gpu", "single"), ("dispatch", "dispatch"), ("combine", "combine"))}
+    fit = cost.calibrate(measured, s, 2, m)
+    for field in ("call_s", "dispatch_s", "combine_s", "efficiency"):
+        assert getattr(fit, field) == pytest.approx(getattr(truth, field), rel=1e-9, abs=1e-12), field
+    for M in Ms:
+        again = cost.predict(M, s, 2, m, calibration=fit)
+        assert again["ep"] == pytest.approx(made[M]["ep"]) and again["tp"] == pytest.approx(made[M]["tp"])
+        assert cost.predict(M, s, 2, m)["ep"] < made[M]["ep"]
+
+
 @pytest.mark.parametrize("world", [2, 4, 8, 16])
 def test_expert_parallel_sends_less_than_an_all_reduce_once_world_exceeds_topk(world):
     """Per rank, EP moves ~2 M topk K bytes and TP's all-reduce ~2 world M K: EP wins when world > topk."""
