@@ -13,7 +13,7 @@ import json
 import textwrap
 
 from ..kernels.align import SMALL_BATCH_PAIRS
-from ..kernels.configs import SHIPPED_DIR, KernelConfig, problem_key
+from ..kernels.configs import SHIPPED_DIR, KernelConfig, fp8_heuristic_config, problem_key
 from ..shapes import MODEL_SHAPES, get_shape
 from .impls import FIRST_STEPS, LAYER_STEPS
 from .registry import FIRST_IMPLS, LABELS, LAYER_IMPLS
@@ -467,6 +467,20 @@ def same_kernel_pairs(rows: list[dict], *, protocol: str | None = None, gpu: str
     order = model_order(rows)
     return sorted(out, key=lambda p: (p["gemm"] != "first", LADDERS[p["gemm"]].index(p["impls"][0]),
                                       order.index(p["model"]), p["M"]))
+
+
+def fp8_same_kernel_pairs(rows: list[dict], *, protocol: str | None = None) -> list[dict]:
+    """The FP8 run's pairs of steps that launched the very same kernel: "fp8-step0" and "fp8+swap"
+    wherever the heuristic configuration does not swap operands (an expert with 16 rows or more),
+    so that both run it unswapped. Same form as :func:`same_kernel_pairs`."""
+    out = []
+    for (model, M), ratio in step_gains(rows, "first", "fp8-step0", "fp8+swap", protocol=protocol).items():
+        s = get_shape(model)
+        if not fp8_heuristic_config(M, s.topk, s.num_experts, "plain", N=2 * s.intermediate).swap_ab:
+            out.append(dict(model=model, gemm="first", M=M, impls=("fp8-step0", "fp8+swap"), ratio=ratio,
+                            why="the heuristic does not swap here"))
+    order = model_order(rows)
+    return sorted(out, key=lambda p: (order.index(p["model"]), p["M"]))
 
 
 def spread_percent(pairs: list[dict], gemm: str | None = None) -> float:
