@@ -290,12 +290,13 @@ def test_bench_stages_run_and_write_the_csv(tmp_path):
     latency_us, gbps = results.link_from(saved)
     assert latency_us > 0 and gbps > 0
     assert saved[0]["gpu"].startswith("cpu") and saved[0]["torch"] and saved[0]["date"] and saved[0]["protocol"]
-    # Notebook 06 draws these rows once the two-GPU data exists: 3 steps (+ the model line), 3 layers x 2 lines.
+    # Notebook 06 draws these rows once the two-GPU data exists: 3 steps (+ the model line), 3 layers x 3 lines
+    # (measured, the model fitted to them, the ideal model).
     machine = results.measured_machine(saved)
     ax = part6.plot_steps_vs_bytes(saved, ["tiny"], machine).axes[0]
     assert len(ax.lines) == 3 + 1
     axes = part6.plot_layer_throughput(saved, ["tiny", "absent"], machine).axes
-    assert len(axes[0].lines) == 3 * 2 and len(axes[1].lines) == 0
+    assert len(axes[0].lines) == 3 * 3 and len(axes[1].lines) == 0
 
 
 # --------------------------------------------------------------------------------------

@@ -113,10 +113,11 @@ def calibrate(measured: dict, shape: ModelShape, world: int, machine: Machine,
 
     One GPU's layer at ``small`` and ``large`` M gives two equations, ``t = call_s + floor /
     efficiency``; dispatch and combine at ``small`` M give their host time beyond the link model.
+    Measured at one M only, the kernels keep the ideal efficiency 1.
     """
     lo, hi = predict(small, shape, world, machine, itemsize), predict(large, shape, world, machine, itemsize)
     single = measured["single_gpu"]
-    inverse = (single[large] - single[small]) / (hi["single"] - lo["single"])      # 1 / efficiency
+    inverse = (single[large] - single[small]) / (hi["single"] - lo["single"]) if large != small else 1.0
     return Calibration(call_s=single[small] - lo["single"] * inverse,
                        dispatch_s=measured["dispatch"][small] - lo["dispatch"],
                        combine_s=measured["combine"][small] - lo["combine"], efficiency=1 / inverse)

@@ -64,10 +64,12 @@ def measured_seconds(rows: list[dict], model: str, step: str) -> dict:
 
 
 def calibration(rows: list[dict], model: str, machine: Machine) -> Calibration:
-    """The cost model fitted to ``model``'s measurements (:func:`moe_tutorial.parallel.cost.calibrate`)."""
+    """The cost model fitted to ``model``'s measurements (:func:`moe_tutorial.parallel.cost.calibrate`)
+    at the smallest and the largest M measured."""
     world = ok_rows(rows, model=model, step="ep_layer")[0]["world"]
     measured = {step: measured_seconds(rows, model, step) for step in ("single_gpu", "dispatch", "combine")}
-    return calibrate(measured, layer_shape(rows, model), world, machine)
+    sizes = sorted(set(measured["single_gpu"]) & set(measured["dispatch"]) & set(measured["combine"]))
+    return calibrate(measured, layer_shape(rows, model), world, machine, small=sizes[0], large=sizes[-1])
 
 
 #: The measured steps the model predicts, and its keys for them.
