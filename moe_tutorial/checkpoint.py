@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from .checks import _fail
+from .checks import fail
 from .quant import BLOCK, check_fp8_pair
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
@@ -55,10 +55,10 @@ def expert_count(keys, prefix: str) -> int:
     pattern = re.compile(re.escape(prefix) + r"experts\.(\d+)\.")
     ids = {int(m.group(1)) for k in keys if (m := pattern.match(k))}
     if not ids:
-        _fail(KeyError, "state_dict", f"keys '{prefix}experts.<e>.<projection>.weight'", "none under that prefix")
+        fail(KeyError, "state_dict", f"keys '{prefix}experts.<e>.<projection>.weight'", "none under that prefix")
     if ids != set(range(len(ids))):
         missing = sorted(set(range(max(ids) + 1)) - ids)
-        _fail(KeyError, "state_dict", f"experts 0 to {max(ids)} under '{prefix}'", f"none for expert(s) {missing[:5]}")
+        fail(KeyError, "state_dict", f"experts 0 to {max(ids)} under '{prefix}'", f"none for expert(s) {missing[:5]}")
     return len(ids)
 
 
@@ -81,9 +81,9 @@ def stack_experts(state_dict, prefix: str = "") -> Fp8Experts:
         for proj in PROJECTIONS:
             wkey, skey = expert_key(prefix, e, proj), expert_key(prefix, e, proj, scale=True)
             if wkey not in state_dict:
-                _fail(KeyError, "state_dict", f"'{wkey}'", "no such key")
+                fail(KeyError, "state_dict", f"'{wkey}'", "no such key")
             if skey not in state_dict:
-                _fail(KeyError, "state_dict", f"'{skey}' beside '{wkey}' (FP8 weights need their block scales)",
+                fail(KeyError, "state_dict", f"'{skey}' beside '{wkey}' (FP8 weights need their block scales)",
                       "no such key")
             w, s = state_dict[wkey], state_dict[skey]
             check_fp8_pair(wkey, w, skey, s, rows=BLOCK)
@@ -92,10 +92,10 @@ def stack_experts(state_dict, prefix: str = "") -> Fp8Experts:
     (gate, gate_s), (up, up_s), (down, down_s) = (parts[p] for p in PROJECTIONS)
     shapes = {(p, tuple(t.shape)) for p in PROJECTIONS for t in parts[p][0]}
     if len(shapes) != 3:
-        _fail(ValueError, "state_dict", "experts of one shape per projection", f"shapes {sorted(shapes)}")
+        fail(ValueError, "state_dict", "experts of one shape per projection", f"shapes {sorted(shapes)}")
     inter, hidden = gate[0].shape
     if tuple(up[0].shape) != (inter, hidden) or tuple(down[0].shape) != (hidden, inter):
-        _fail(ValueError, "state_dict", f"up_proj {(inter, hidden)} and down_proj {(hidden, inter)} beside "
+        fail(ValueError, "state_dict", f"up_proj {(inter, hidden)} and down_proj {(hidden, inter)} beside "
               f"gate_proj {(inter, hidden)}", f"up_proj {tuple(up[0].shape)}, down_proj {tuple(down[0].shape)}")
     return Fp8Experts(
         w13=torch.cat([torch.stack(gate), torch.stack(up)], dim=1),
@@ -129,7 +129,7 @@ def load_experts(paths, prefix: str = "", device: str | torch.device = "cpu") ->
         p = Path(paths)
         paths = sorted(p.glob("*.safetensors")) if p.is_dir() else [p]
     if not paths:
-        _fail(FileNotFoundError, "paths", "at least one .safetensors file", "none")
+        fail(FileNotFoundError, "paths", "at least one .safetensors file", "none")
     tensors = {}
     for path in paths:
         with safe_open(str(path), framework="pt", device=str(device)) as f:

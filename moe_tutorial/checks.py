@@ -11,8 +11,13 @@ _ID_DTYPES = (torch.int32, torch.int64)
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
-def _fail(kind, name: str, expected: str, got) -> None:
+def fail(kind, name: str, expected: str, got) -> None:
+    """Raise ``kind("<name>: expected <expected>, got <got>")``: the one shape of every input error."""
     raise kind(f"{name}: expected {expected}, got {got}")
+
+
+#: The name this helper had when only the package used it.
+_fail = fail
 
 
 def as_int(name: str, value) -> int:
@@ -29,9 +34,9 @@ def as_int(name: str, value) -> int:
 def check_tensor(name: str, t, ndim: int) -> None:
     """``t`` must be a torch.Tensor of rank ``ndim``."""
     if not isinstance(t, torch.Tensor):
-        _fail(TypeError, name, "a torch.Tensor", type(t).__name__)
+        fail(TypeError, name, "a torch.Tensor", type(t).__name__)
     if t.dim() != ndim:
-        _fail(ValueError, name, f"a {ndim}-D tensor", f"shape {tuple(t.shape)}")
+        fail(ValueError, name, f"a {ndim}-D tensor", f"shape {tuple(t.shape)}")
 
 
 def check_matmul_inputs(x, weight, topk_ids, *, kernel: bool = False,
@@ -49,19 +54,19 @@ def check_matmul_inputs(x, weight, topk_ids, *, kernel: bool = False,
     M, K = x.shape
     E, N, Kw = weight.shape
     if E == 0:
-        _fail(ValueError, weight_name, f"at least one expert ({weight_name} is [E, N, K] with E >= 1)",
+        fail(ValueError, weight_name, f"at least one expert ({weight_name} is [E, N, K] with E >= 1)",
               f"shape {tuple(weight.shape)}")
     if Kw != K:
-        _fail(ValueError, weight_name, f"last dim equal to x's K={K} ({weight_name} is [E, N, K])",
+        fail(ValueError, weight_name, f"last dim equal to x's K={K} ({weight_name} is [E, N, K])",
               f"shape {tuple(weight.shape)}")
     topk = check_topk_ids(topk_ids, M, E)
     if x.dtype not in _FLOAT_DTYPES:
-        _fail(TypeError, "x", "a floating-point dtype", x.dtype)
+        fail(TypeError, "x", "a floating-point dtype", x.dtype)
     if weight.dtype != x.dtype:
-        _fail(TypeError, weight_name, f"x's dtype {x.dtype}", weight.dtype)
+        fail(TypeError, weight_name, f"x's dtype {x.dtype}", weight.dtype)
     for name, t in ((weight_name, weight), ("topk_ids", topk_ids)):
         if t.device != x.device:
-            _fail(ValueError, name, f"x's device {x.device}", t.device)
+            fail(ValueError, name, f"x's device {x.device}", t.device)
     if kernel:
         check_kernel_dtype("x", x)
         check_no_grad({"x": x, weight_name: weight})
@@ -74,28 +79,28 @@ def check_topk_ids(topk_ids, M: int, E: int) -> int:
     """``topk_ids`` (a 2-D tensor) has ``M`` rows, between 1 and ``E`` columns, and an integer
     dtype the kernels read (int32/int64); returns topk."""
     if topk_ids.shape[0] != M:
-        _fail(ValueError, "topk_ids", f"{M} rows, one per token of x", f"shape {tuple(topk_ids.shape)}")
+        fail(ValueError, "topk_ids", f"{M} rows, one per token of x", f"shape {tuple(topk_ids.shape)}")
     topk = topk_ids.shape[1]
     if topk < 1 or topk > E:
-        _fail(ValueError, "topk_ids", f"between 1 and E={E} columns (topk <= number of experts)", f"topk={topk}")
+        fail(ValueError, "topk_ids", f"between 1 and E={E} columns (topk <= number of experts)", f"topk={topk}")
     if topk_ids.dtype not in _ID_DTYPES:
-        _fail(TypeError, "topk_ids", "dtype torch.int32 or torch.int64", topk_ids.dtype)
+        fail(TypeError, "topk_ids", "dtype torch.int32 or torch.int64", topk_ids.dtype)
     return topk
 
 
 def check_ids_in_range(topk_ids, E: int) -> None:
     """Every expert id in ``[0, E)`` (one host sync on a GPU; skipped while a graph is captured)."""
-    if topk_ids.numel() and not _capturing(topk_ids):
+    if topk_ids.numel() and not capturing(topk_ids):
         lo, hi = torch.stack(torch.aminmax(topk_ids)).tolist()
         if lo < 0 or hi >= E:
             bad = lo if lo < 0 else hi
-            _fail(ValueError, "topk_ids", f"expert ids in [0, {E})", f"an id of {bad}")
+            fail(ValueError, "topk_ids", f"expert ids in [0, {E})", f"an id of {bad}")
 
 
-def _capturing(t: torch.Tensor) -> bool:
+def capturing(t: torch.Tensor) -> bool:
     """True while a CUDA graph is being captured: reading device values would break it, so the
     id-range check is skipped (the graph replays inputs that were checked when captured)."""
-    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+    return t.is_cuda and torch.cuda.is_current_streamcapturing()
 
 
 #: Why a dtype is refused by the kernels, said after the dtypes they take (the reason depends on the dtype).
@@ -112,7 +117,7 @@ def check_kernel_dtype(name: str, t: torch.Tensor) -> None:
     if t.dtype not in runtime.KERNEL_DTYPES:
         where = "a CUDA GPU" if runtime.ON_GPU else "the CPU interpreter"
         allowed = ", ".join(str(d) for d in runtime.KERNEL_DTYPES)
-        _fail(TypeError, name, f"one of {allowed} on {where}{_KERNEL_DTYPE_WHY.get(t.dtype, '')}", t.dtype)
+        fail(TypeError, name, f"one of {allowed} on {where}{_KERNEL_DTYPE_WHY.get(t.dtype, '')}", t.dtype)
     check_kernel_device(name, t)
 
 
@@ -122,13 +127,13 @@ def check_kernel_device(name: str, t: torch.Tensor) -> None:
     if t.device.type != runtime.DEVICE.type:
         expected = ("a CUDA tensor (a GPU is present, kernels run there)" if runtime.ON_GPU
                     else "a CPU tensor (Triton's interpreter runs the kernels on the CPU)")
-        _fail(ValueError, name, expected, t.device)
+        fail(ValueError, name, expected, t.device)
 
 
 def check_holds_values(name: str, t: torch.Tensor) -> None:
     """A meta tensor has a shape but no values: the checks and the parts need the values."""
     if t.device.type == "meta":
-        _fail(ValueError, name, "a tensor that holds values (on cpu or cuda)", t.device)
+        fail(ValueError, name, "a tensor that holds values (on cpu or cuda)", t.device)
 
 
 def check_no_grad(tensors: dict) -> None:
@@ -139,7 +144,7 @@ def check_no_grad(tensors: dict) -> None:
         return
     for name, t in tensors.items():
         if isinstance(t, torch.Tensor) and t.requires_grad:
-            _fail(ValueError, name, "a tensor that does not require grad (the Triton kernels have no backward: "
+            fail(ValueError, name, "a tensor that does not require grad (the Triton kernels have no backward: "
                   "call them under torch.no_grad() or on .detach()ed tensors, or use impl='loop' or 'indexing', "
                   "which autograd tracks)", "requires_grad=True")
 
@@ -148,12 +153,12 @@ def check_topk_weights(topk_weights, topk_ids) -> None:
     """Router weights ``[M, topk]`` float on topk_ids' device."""
     check_tensor("topk_weights", topk_weights, 2)
     if topk_weights.shape != topk_ids.shape:
-        _fail(ValueError, "topk_weights", f"topk_ids' shape {tuple(topk_ids.shape)}",
+        fail(ValueError, "topk_weights", f"topk_ids' shape {tuple(topk_ids.shape)}",
               f"shape {tuple(topk_weights.shape)}")
     if not topk_weights.is_floating_point():
-        _fail(TypeError, "topk_weights", "a floating-point dtype", topk_weights.dtype)
+        fail(TypeError, "topk_weights", "a floating-point dtype", topk_weights.dtype)
     if topk_weights.device != topk_ids.device:
-        _fail(ValueError, "topk_weights", f"topk_ids' device {topk_ids.device}", topk_weights.device)
+        fail(ValueError, "topk_weights", f"topk_ids' device {topk_ids.device}", topk_weights.device)
 
 
 def check_layer_inputs(x, w13, w2, topk_weights, topk_ids) -> tuple[int, int, int, int, int]:
@@ -165,14 +170,14 @@ def check_layer_inputs(x, w13, w2, topk_weights, topk_ids) -> tuple[int, int, in
     check_tensor("w2", w2, 3)
     M, K, N13, E, topk = check_matmul_inputs(x, w13, topk_ids, weight_name="w13")
     if N13 % 2:
-        _fail(ValueError, "w13", "an even second dim 2*I (gate rows then up rows)", f"shape {tuple(w13.shape)}")
+        fail(ValueError, "w13", "an even second dim 2*I (gate rows then up rows)", f"shape {tuple(w13.shape)}")
     inter = N13 // 2
     if tuple(w2.shape) != (E, K, inter):
-        _fail(ValueError, "w2", f"shape (E, K, I) = {(E, K, inter)}", f"shape {tuple(w2.shape)}")
+        fail(ValueError, "w2", f"shape (E, K, I) = {(E, K, inter)}", f"shape {tuple(w2.shape)}")
     if w2.dtype != x.dtype:
-        _fail(TypeError, "w2", f"x's dtype {x.dtype}", w2.dtype)
+        fail(TypeError, "w2", f"x's dtype {x.dtype}", w2.dtype)
     if w2.device != x.device:
-        _fail(ValueError, "w2", f"x's device {x.device}", w2.device)
+        fail(ValueError, "w2", f"x's device {x.device}", w2.device)
     check_topk_weights(topk_weights, topk_ids)
     return M, K, inter, E, topk
 
@@ -183,20 +188,20 @@ def check_out(out, shape: tuple, dtype: torch.dtype, *, device: torch.device | N
     its own address, no memory shared with ``inputs`` (a dict name -> tensor), and not a
     tensor autograd tracks (the kernels write it behind autograd's back). Returns it."""
     if not isinstance(out, torch.Tensor):
-        _fail(TypeError, "out", "a torch.Tensor", type(out).__name__)
+        fail(TypeError, "out", "a torch.Tensor", type(out).__name__)
     if tuple(out.shape) != tuple(shape) or out.dtype != dtype:
-        _fail(ValueError, "out", f"shape {tuple(shape)} and dtype {dtype}",
+        fail(ValueError, "out", f"shape {tuple(shape)} and dtype {dtype}",
               f"shape {tuple(out.shape)} and dtype {out.dtype}")
     if device is not None and out.device != device:
-        _fail(ValueError, "out", f"x's device {device}", out.device)
+        fail(ValueError, "out", f"x's device {device}", out.device)
     if overlaps_itself(out):
         # An expanded (stride-0) buffer: every write to one address but the last is lost.
-        _fail(ValueError, "out", "a buffer whose elements do not overlap in memory",
+        fail(ValueError, "out", "a buffer whose elements do not overlap in memory",
               f"strides {out.stride()} for shape {tuple(out.shape)}")
     for name, t in (inputs or {}).items():
         if isinstance(t, torch.Tensor) and t.numel() and out.numel() \
                 and t.untyped_storage().data_ptr() == out.untyped_storage().data_ptr():
-            _fail(ValueError, "out", "a buffer of its own", f"one that shares memory with {name}")
+            fail(ValueError, "out", "a buffer of its own", f"one that shares memory with {name}")
     check_no_grad({"out": out})
     return out
 

@@ -24,7 +24,7 @@ import math
 
 import torch
 
-from .checks import _capturing, _fail, check_tensor
+from .checks import capturing, check_tensor, fail
 
 #: The FP8 format the series uses: e4m3 without infinities ("fn"), largest finite value 448.
 FP8_DTYPE = torch.float8_e4m3fn
@@ -65,13 +65,13 @@ def _quantize(t: torch.Tensor, rows: int, cols: int) -> tuple[torch.Tensor, torc
 
 def _check_float(name: str, t, min_dim: int) -> None:
     if not isinstance(t, torch.Tensor):
-        _fail(TypeError, name, "a torch.Tensor", type(t).__name__)
+        fail(TypeError, name, "a torch.Tensor", type(t).__name__)
     if t.dim() < min_dim:
-        _fail(ValueError, name, f"a tensor of at least {min_dim} dims", f"shape {tuple(t.shape)}")
+        fail(ValueError, name, f"a tensor of at least {min_dim} dims", f"shape {tuple(t.shape)}")
     if not t.is_floating_point() or t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        _fail(TypeError, name, "an fp32, fp16, bf16 or fp64 tensor to quantise", t.dtype)
+        fail(TypeError, name, "an fp32, fp16, bf16 or fp64 tensor to quantise", t.dtype)
     if not torch.isfinite(t).all():
-        _fail(ValueError, name, "finite values (NaN or Inf has no e4m3 block scale)", "NaN or Inf")
+        fail(ValueError, name, "finite values (NaN or Inf has no e4m3 block scale)", "NaN or Inf")
 
 
 def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,7 +98,7 @@ def quantize_w13(w13: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """
     _check_float("w13", w13, 3)
     if w13.shape[-2] % 2:
-        _fail(ValueError, "w13", "an even second dim 2*I (gate rows then up rows)", f"shape {tuple(w13.shape)}")
+        fail(ValueError, "w13", "an even second dim 2*I (gate rows then up rows)", f"shape {tuple(w13.shape)}")
     inter = w13.shape[-2] // 2
     (qg, sg), (qu, su) = _quantize(w13[..., :inter, :], BLOCK, BLOCK), _quantize(w13[..., inter:, :], BLOCK, BLOCK)
     return torch.cat([qg, qu], dim=-2), torch.cat([sg, su], dim=-2)
@@ -156,27 +156,27 @@ def check_fp8_pair(name: str, q, scale_name: str, scale, *, rows: int, halves: b
     a finite, positive fp32 tensor of :func:`scale_shape` on q's device.
     """
     if not isinstance(q, torch.Tensor):
-        _fail(TypeError, name, "a torch.Tensor", type(q).__name__)
+        fail(TypeError, name, "a torch.Tensor", type(q).__name__)
     if q.dtype == torch.float8_e5m2:
-        _fail(TypeError, name, "torch.float8_e4m3fn (e4m3: 3 mantissa bits, the format of block-scaled "
+        fail(TypeError, name, "torch.float8_e4m3fn (e4m3: 3 mantissa bits, the format of block-scaled "
               "checkpoints; e5m2 has 2 and a different range)", q.dtype)
     if q.dtype != FP8_DTYPE:
-        _fail(TypeError, name, "torch.float8_e4m3fn (quantise it first: moe_tutorial.quant)", q.dtype)
+        fail(TypeError, name, "torch.float8_e4m3fn (quantise it first: moe_tutorial.quant)", q.dtype)
     if scale is None:
-        _fail(ValueError, scale_name, f"the fp32 block scales of {name} (FP8 values mean nothing without them)",
+        fail(ValueError, scale_name, f"the fp32 block scales of {name} (FP8 values mean nothing without them)",
               "None")
     if not isinstance(scale, torch.Tensor):
-        _fail(TypeError, scale_name, "a torch.Tensor", type(scale).__name__)
+        fail(TypeError, scale_name, "a torch.Tensor", type(scale).__name__)
     if scale.dtype != torch.float32:
-        _fail(TypeError, scale_name, "torch.float32", scale.dtype)
+        fail(TypeError, scale_name, "torch.float32", scale.dtype)
     if q.dim() < 2:
-        _fail(ValueError, name, "a tensor of at least 2 dims", f"shape {tuple(q.shape)}")
+        fail(ValueError, name, "a tensor of at least 2 dims", f"shape {tuple(q.shape)}")
     expected = scale_shape(q.shape, rows, halves=halves)
     if tuple(scale.shape) != expected:
         block = "128 x 128 block" if rows == BLOCK else "token and 128-wide group"
-        _fail(ValueError, scale_name, f"shape {expected} (one scale per {block} of {name} {tuple(q.shape)})",
+        fail(ValueError, scale_name, f"shape {expected} (one scale per {block} of {name} {tuple(q.shape)})",
               f"shape {tuple(scale.shape)}")
     if scale.device != q.device:
-        _fail(ValueError, scale_name, f"{name}'s device {q.device}", scale.device)
-    if scale.numel() and not _capturing(scale) and not bool((torch.isfinite(scale) & (scale > 0)).all()):
-        _fail(ValueError, scale_name, "finite, positive scales", "NaN, Inf, zero or negative scales")
+        fail(ValueError, scale_name, f"{name}'s device {q.device}", scale.device)
+    if scale.numel() and not capturing(scale) and not bool((torch.isfinite(scale) & (scale > 0)).all()):
+        fail(ValueError, scale_name, "finite, positive scales", "NaN, Inf, zero or negative scales")

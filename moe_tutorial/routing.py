@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .checks import _capturing, as_int, check_holds_values, check_tensor
+from .checks import as_int, capturing, check_holds_values, check_tensor
 
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,7 +38,7 @@ def route(router_logits: torch.Tensor, top_k: int, renormalize: bool = True) -> 
     probs = torch.softmax(router_logits.float(), dim=-1)
     topk_weights, topk_ids = torch.topk(probs, top_k, dim=-1)
     # topk ranks NaN above every number, so a row without a softmax shows up in its first weight.
-    if topk_weights.numel() and not _capturing(topk_weights) and bool(topk_weights[:, 0].isnan().any()):
+    if topk_weights.numel() and not capturing(topk_weights) and bool(topk_weights[:, 0].isnan().any()):
         _refuse_logits(router_logits)
     if renormalize:
         topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)

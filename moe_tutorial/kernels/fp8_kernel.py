@@ -26,13 +26,13 @@ import triton.language as tl
 
 from .. import runtime
 from ..checks import (
-    _fail,
     check_ids_in_range,
     check_kernel_device,
     check_no_grad,
     check_tensor,
     check_topk_ids,
     check_topk_weights,
+    fail,
 )
 from ..quant import BLOCK, FP8_DTYPE, check_fp8_pair
 from .align import align_block_size, check_alignment
@@ -317,13 +317,13 @@ def fp8_moe_matmul(x_q: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tenso
     check_fp8_pair("x_q", x_q, "x_scale", x_scale, rows=1)
     check_fp8_pair("weight", weight, "weight_scale", weight_scale, rows=BLOCK)
     if x_q.dim() != 2 or weight.dim() != 3:
-        _fail(ValueError, "x_q, weight", "[M, K] and [E, N, K]", f"shapes {tuple(x_q.shape)}, {tuple(weight.shape)}")
+        fail(ValueError, "x_q, weight", "[M, K] and [E, N, K]", f"shapes {tuple(x_q.shape)}, {tuple(weight.shape)}")
     for name, t in (("x_q", x_q), ("weight", weight), ("topk_ids", topk_ids)):
         check_kernel_device(name, t)
     M, K = x_q.shape
     E, N, Kw = weight.shape
     if Kw != K:
-        _fail(ValueError, "weight", f"last dim equal to x_q's K={K}", f"shape {tuple(weight.shape)}")
+        fail(ValueError, "weight", f"last dim equal to x_q's K={K}", f"shape {tuple(weight.shape)}")
     topk = _check_ids(topk_ids, M, E)
     if topk_weights is not None:
         check_topk_weights(topk_weights, topk_ids)
@@ -367,14 +367,14 @@ def fp8_moe_layer(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w
     check_fp8_runtime()
     check_tensor("x", x, 2)
     if x.dtype in (FP8_DTYPE, torch.float8_e5m2):
-        _fail(TypeError, "x", "bf16/fp32 activations (the layer quantises them itself)", x.dtype)
+        fail(TypeError, "x", "bf16/fp32 activations (the layer quantises them itself)", x.dtype)
     check_tensor("w13", w13, 3)
     check_tensor("w2", w2, 3)
     check_fp8_pair("w13", w13, "w13_scale", w13_scale, rows=BLOCK, halves=True)
     check_fp8_pair("w2", w2, "w2_scale", w2_scale, rows=BLOCK)
     M, K, inter, E, topk = _layer_shapes(x, w13, w2, topk_weights, topk_ids)
     if x.dtype != out_dtype():
-        _fail(TypeError, "x", f"{out_dtype()} on this runtime", x.dtype)
+        fail(TypeError, "x", f"{out_dtype()} on this runtime", x.dtype)
     check_no_grad({"x": x, "topk_weights": topk_weights})
     if M == 0:
         return x.new_empty(0, K)
@@ -407,12 +407,12 @@ def _layer_shapes(x, w13, w2, topk_weights, topk_ids) -> tuple[int, int, int, in
     M, K = x.shape
     E, N13, Kw = w13.shape
     if Kw != K:
-        _fail(ValueError, "w13", f"last dim equal to x's K={K} (w13 is [E, 2I, K])", f"shape {tuple(w13.shape)}")
+        fail(ValueError, "w13", f"last dim equal to x's K={K} (w13 is [E, 2I, K])", f"shape {tuple(w13.shape)}")
     if N13 % 2:
-        _fail(ValueError, "w13", "an even second dim 2*I (gate rows then up rows)", f"shape {tuple(w13.shape)}")
+        fail(ValueError, "w13", "an even second dim 2*I (gate rows then up rows)", f"shape {tuple(w13.shape)}")
     inter = N13 // 2
     if tuple(w2.shape) != (E, K, inter):
-        _fail(ValueError, "w2", f"shape (E, K, I) = {(E, K, inter)}", f"shape {tuple(w2.shape)}")
+        fail(ValueError, "w2", f"shape (E, K, I) = {(E, K, inter)}", f"shape {tuple(w2.shape)}")
     for name, t in (("x", x), ("w13", w13), ("w2", w2), ("topk_ids", topk_ids)):
         check_kernel_device(name, t)
     topk = _check_ids(topk_ids, M, E)
