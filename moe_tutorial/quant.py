@@ -24,16 +24,12 @@ import math
 
 import torch
 
-from .checks import capturing, check_tensor, fail
+from .checks import check_fp8_pair, check_tensor, fail
+from .fp8_format import BLOCK, E4M3_MAX, FP8_DTYPE, MIN_AMAX, scale_shape
 
-#: The FP8 format the series uses: e4m3 without infinities ("fn"), largest finite value 448.
-FP8_DTYPE = torch.float8_e4m3fn
-#: Largest finite e4m3 value.
-E4M3_MAX = 448.0
-#: Block edge for weights and group width for activations.
-BLOCK = 128
-#: A block whose largest magnitude is below this is scaled as if it were this (no division by 0).
-MIN_AMAX = 1e-12
+#: The format's constants and checks, importable from here as before (they live in fp8_format and checks).
+__all__ = ["FP8_DTYPE", "E4M3_MAX", "BLOCK", "MIN_AMAX", "scale_shape", "check_fp8_pair", "quantize_weight",
+           "quantize_w13", "quantize_activations", "dequantize_weight", "dequantize_activations"]
 
 
 def _block_amax(t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
@@ -51,7 +47,13 @@ def _expand(scale: torch.Tensor, rows: int, cols: int, R: int, C: int) -> torch.
     return scale.repeat_interleave(rows, dim=-2)[..., :R, :].repeat_interleave(cols, dim=-1)[..., :C]
 
 
+@torch.no_grad()
 def _quantize(t: torch.Tensor, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    # No autograd: from an nn.Parameter the graph would keep the float64 copies (8 bytes a weight) alive.
+    t = t.detach()
+    if t.numel() == 0:                  # no experts, rows or columns: nothing to scale
+        return (torch.empty(t.shape, dtype=FP8_DTYPE, device=t.device),
+                torch.empty(scale_shape(t.shape, rows), dtype=torch.float32, device=t.device))
     if t.dim() >= 3 and t[0].numel() * 8 < t.numel() and t.numel() > 1 << 26:
         # A layer's experts in float64 would take 8 bytes per weight at once: a few at a time.
         step = max(1, (1 << 26) // t[0].numel())
@@ -138,45 +140,3 @@ def dequantize_activations(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor
     :func:`quantize_activations` returns them."""
     check_fp8_pair("q", q, "scale", scale, rows=1)
     return q.double() * _expand(scale.double(), 1, BLOCK, *q.shape[-2:])
-
-
-def scale_shape(shape, rows: int = BLOCK, *, halves: bool = False) -> tuple[int, ...]:
-    """The scale tensor's shape for an e4m3 tensor of ``shape``: 128-wide blocks along the last
-    dim, ``rows``-tall along the one before (128 for weights, 1 for activations); with ``halves``
-    the two halves of that dim blocked apart (:func:`quantize_w13`)."""
-    *lead, R, C = shape
-    nr = 2 * math.ceil(R // 2 / rows) if halves else math.ceil(R / rows)
-    return (*lead, nr, math.ceil(C / BLOCK))
-
-
-def check_fp8_pair(name: str, q, scale_name: str, scale, *, rows: int, halves: bool = False) -> None:
-    """An e4m3 tensor and its fp32 scales, as the FP8 kernels take them; errors name what is wrong.
-
-    ``q`` must be ``torch.float8_e4m3fn`` (e5m2, with 2 mantissa bits, is another format); ``scale``
-    a finite, positive fp32 tensor of :func:`scale_shape` on q's device.
-    """
-    if not isinstance(q, torch.Tensor):
-        fail(TypeError, name, "a torch.Tensor", type(q).__name__)
-    if q.dtype == torch.float8_e5m2:
-        fail(TypeError, name, "torch.float8_e4m3fn (e4m3: 3 mantissa bits, the format of block-scaled "
-              "checkpoints; e5m2 has 2 and a different range)", q.dtype)
-    if q.dtype != FP8_DTYPE:
-        fail(TypeError, name, "torch.float8_e4m3fn (quantise it first: moe_tutorial.quant)", q.dtype)
-    if scale is None:
-        fail(ValueError, scale_name, f"the fp32 block scales of {name} (FP8 values mean nothing without them)",
-              "None")
-    if not isinstance(scale, torch.Tensor):
-        fail(TypeError, scale_name, "a torch.Tensor", type(scale).__name__)
-    if scale.dtype != torch.float32:
-        fail(TypeError, scale_name, "torch.float32", scale.dtype)
-    if q.dim() < 2:
-        fail(ValueError, name, "a tensor of at least 2 dims", f"shape {tuple(q.shape)}")
-    expected = scale_shape(q.shape, rows, halves=halves)
-    if tuple(scale.shape) != expected:
-        block = "128 x 128 block" if rows == BLOCK else "token and 128-wide group"
-        fail(ValueError, scale_name, f"shape {expected} (one scale per {block} of {name} {tuple(q.shape)})",
-              f"shape {tuple(scale.shape)}")
-    if scale.device != q.device:
-        fail(ValueError, scale_name, f"{name}'s device {q.device}", scale.device)
-    if scale.numel() and not capturing(scale) and not bool((torch.isfinite(scale) & (scale > 0)).all()):
-        fail(ValueError, scale_name, "finite, positive scales", "NaN, Inf, zero or negative scales")
