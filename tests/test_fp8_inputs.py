@@ -7,11 +7,13 @@ The ``gpu`` tests at the end check the same on a GPU, where reading values back 
 """
 import moe_tutorial as mt  # noqa: I001  (first: picks the runtime)
 
+import json
+
 import numpy as np
 import pytest
 import torch
 
-from moe_tutorial import checks, quant, runtime
+from moe_tutorial import checkpoint, checks, quant, runtime
 from moe_tutorial.kernels.configs import CPU_FP8_CONFIG, KernelConfig
 from moe_tutorial.kernels.fp8_kernel import fp8_moe_layer, fp8_moe_matmul
 from moe_tutorial.kernels.fp8_quant import launch_quantize_rows, quantize_rows
@@ -203,6 +205,75 @@ def test_fp8_layer_checks_its_configs(configs, kind, words):
     with pytest.raises(kind, match=words):                 # an empty batch too: a bad pair is bad anyway
         fp8_moe_layer(**{k: v[:0] if k in ("x", "topk_weights", "topk_ids") else v for k, v in _layer().items()},
                       configs=configs)
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def _save_sharded(folder, E=4, I=128, K=128, prefix="model.layers.1.mlp."):  # noqa: E741
+    """A layer's experts in two shards (experts 0-1, 2-3) and the index that lists them."""
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(3)
+    q13, s13 = quant.quantize_w13(torch.randn(E, 2 * I, K, generator=g))
+    q2, s2 = quant.quantize_weight(torch.randn(E, K, I, generator=g))
+    sd = checkpoint.expert_state_dict(checkpoint.Fp8Experts(q13, s13, q2, s2), prefix)
+    weight_map = {}
+    for shard, experts in (("model-00001-of-00002.safetensors", (0, 1)), ("model-00002-of-00002.safetensors", (2, 3))):
+        part = {k: v for k, v in sd.items() if int(k[len(prefix) + len("experts."):].split(".")[0]) in experts}
+        save_file(part, folder / shard)
+        weight_map.update({k: shard for k in part})
+    (folder / checkpoint.INDEX_FILE).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return prefix, sd
+
+
+def test_a_missing_shard_is_named_with_what_it_holds(tmp_path):
+    prefix, sd = _save_sharded(tmp_path)
+    assert checkpoint.load_experts(tmp_path, prefix).num_experts == 4
+    (tmp_path / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match=r"model-00002-of-00002.safetensors missing \(no such file; it holds "
+                                                "12 of them, e.g. model.layers.1.mlp.experts.2."):
+        checkpoint.load_experts(tmp_path, prefix)
+
+
+def test_a_shard_left_out_of_the_files_given_is_named(tmp_path):
+    prefix, _ = _save_sharded(tmp_path)
+    with pytest.raises(FileNotFoundError, match="model-00002-of-00002.safetensors missing .not among the files given"):
+        checkpoint.load_experts([tmp_path / "model-00001-of-00002.safetensors"], prefix)
+
+
+def test_a_tensor_the_index_puts_in_a_shard_must_be_there(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    prefix, _ = _save_sharded(tmp_path)
+    shard = tmp_path / "model-00001-of-00002.safetensors"
+    tensors = load_file(shard)
+    del tensors[prefix + "experts.1.up_proj.weight"]
+    save_file(tensors, shard)
+    with pytest.raises(KeyError, match=r"'model.layers.1.mlp.experts.1.up_proj.weight' in .*model-00001-of-00002"
+                                       r".safetensors, as model.safetensors.index.json says"):
+        checkpoint.load_experts(tmp_path, prefix)
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated", "text", "pickle"])
+def test_an_unreadable_file_is_named(tmp_path, damage):
+    prefix, _ = _save_sharded(tmp_path)
+    shard = tmp_path / "model-00002-of-00002.safetensors"
+    data = shard.read_bytes()
+    if damage == "pickle":
+        torch.save({"a": torch.zeros(3)}, shard)
+    else:
+        shard.write_bytes({"empty": b"", "truncated": data[:len(data) // 2], "text": b"not tensors at all"}[damage])
+    with pytest.raises(ValueError, match=r"paths: expected .safetensors files, got .*model-00002-of-00002.safetensors"
+                                         ", which is empty, truncated or of another format"):
+        checkpoint.load_experts(tmp_path, prefix)
+
+
+def test_fewer_experts_than_the_model_has_is_an_error_when_told(tmp_path):
+    prefix, sd = _save_sharded(tmp_path)
+    first_two = {k: v for k, v in sd.items() if ".experts.2." not in k and ".experts.3." not in k}
+    assert checkpoint.stack_experts(first_two, prefix).num_experts == 2
+    with pytest.raises(KeyError, match=r"expected 4 experts under 'model.layers.1.mlp.' \(num_experts\), got "
+                                       "experts 0 to 1"):
+        checkpoint.stack_experts(first_two, prefix, num_experts=4)
 
 
 # ----------------------------------------------------------------------------- on a GPU
