@@ -32,10 +32,22 @@ def as_int(name: str, value) -> int:
         raise TypeError(f"{name}: expected an int, got {value!r}") from None
 
 
+def check_power_of_two(name: str, value, least: int = 1, why: str = "") -> int:
+    """``value`` (integer-like, read by :func:`as_int`) as an int that is a power of two of at
+    least ``least``; else a ValueError naming ``name``, with ``why`` in the expectation."""
+    value = as_int(name, value)
+    if value < least or value & (value - 1):
+        at_least = f" of at least {least}" if least > 1 else ""
+        fail(ValueError, name, f"a power of two{at_least}{f' ({why})' if why else ''}", value)
+    return value
+
+
 def check_tensor(name: str, t, ndim: int) -> None:
-    """``t`` must be a torch.Tensor of rank ``ndim``."""
+    """``t`` must be a dense torch.Tensor of rank ``ndim``."""
     if not isinstance(t, torch.Tensor):
         fail(TypeError, name, "a torch.Tensor", type(t).__name__)
+    if t.layout != torch.strided:
+        fail(TypeError, name, "a dense tensor (call .to_dense() first)", t.layout)
     if t.dim() != ndim:
         fail(ValueError, name, f"a {ndim}-D tensor", f"shape {tuple(t.shape)}")
 
@@ -112,13 +124,22 @@ _KERNEL_DTYPE_WHY = {
 }
 
 
+def kernel_dtypes_expected(dtype: torch.dtype) -> str:
+    """What the Triton kernels take instead of ``dtype`` on this runtime, and why not that one
+    (``""`` when they take it): the "expected" half of a refusal."""
+    if dtype in runtime.KERNEL_DTYPES:
+        return ""
+    where = "a CUDA GPU" if runtime.ON_GPU else "the CPU interpreter"
+    allowed = ", ".join(str(d) for d in runtime.KERNEL_DTYPES)
+    return f"one of {allowed} on {where}{_KERNEL_DTYPE_WHY.get(dtype, '')}"
+
+
 def check_kernel_dtype(name: str, t: torch.Tensor) -> None:
     """The Triton kernels take fp32 in the interpreter and fp32/fp16/bf16 on a GPU, on the
     runtime's device (:func:`check_kernel_device`)."""
-    if t.dtype not in runtime.KERNEL_DTYPES:
-        where = "a CUDA GPU" if runtime.ON_GPU else "the CPU interpreter"
-        allowed = ", ".join(str(d) for d in runtime.KERNEL_DTYPES)
-        fail(TypeError, name, f"one of {allowed} on {where}{_KERNEL_DTYPE_WHY.get(t.dtype, '')}", t.dtype)
+    expected = kernel_dtypes_expected(t.dtype)
+    if expected:
+        fail(TypeError, name, expected, t.dtype)
     check_kernel_device(name, t)
 
 

@@ -29,6 +29,9 @@ def route(router_logits: torch.Tensor, top_k: int, renormalize: bool = True) -> 
         raise TypeError(f"router_logits: expected a floating-point dtype, got {router_logits.dtype}")
     check_holds_values("router_logits", router_logits)
     num_experts = router_logits.shape[1]
+    if num_experts == 0:
+        raise ValueError(f"router_logits: expected at least one expert (router_logits is [M, E] with E >= 1), got "
+                         f"shape {tuple(router_logits.shape)}")
     top_k = as_int("top_k", top_k)
     if not isinstance(renormalize, (bool, np.bool_)):
         # A string like "no" is truthy: taken as True it would renormalise against the caller's wish.
