@@ -290,7 +290,11 @@ def test_nan_in_x_on_a_gpu_refused_and_nan_inside_a_cuda_graph():
     with pytest.raises(ValueError, match=r"got nan at \[3, 10\]"):
         quantize_rows(x)
     static = args["x"].clone()
-    fp8_moe_layer(**{**args, "x": static})                 # compile and warm up before capture
+    side = torch.cuda.Stream()                             # compile and warm up on a side stream, then capture
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fp8_moe_layer(**{**args, "x": static})
+    torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
