@@ -342,13 +342,19 @@ def test_a_function_that_ignores_the_alarm_is_killed_and_the_next_exercise_still
         "import signal\n\ndef route(router_logits, top_k, renormalize=True):\n"
         "    signal.signal(signal.SIGALRM, signal.SIG_IGN)\n    while True:\n        pass\n")
     nbformat.write(nb, tmp_path / "spinner.ipynb")
+    quitter = _part(7, "solutions")                 # a function that ends the process: its exercise only
+    _cells_with(quitter, "def quantize_block(")[0].source = "import os\n\ndef quantize_block(block):\n    os._exit(3)\n"
+    nbformat.write(quitter, tmp_path / "quitter.ipynb")
     start = time.monotonic()
-    result = grade("--details", "--allow-solutions", "--limit", "2", tmp_path / "spinner.ipynb")
+    result = grade("--details", "--allow-solutions", "--limit", "2", tmp_path / "spinner.ipynb",
+                   tmp_path / "quitter.ipynb")
     took = time.monotonic() - start
-    got = rows(result, ["spinner"])
-    assert got["spinner"][1:6] == ["FAIL", "PASS", "PASS", "PASS", "3/4"], result.stdout + result.stderr
+    got = rows(result, ["spinner", "quitter"])
+    assert got["spinner"][1:5] + got["spinner"][-1:] == ["FAIL", "PASS", "PASS", "PASS", "3/4"], result.stdout
     assert "your function did not return within 2 s, the time the checker gives it" in result.stdout
-    assert took < 60, took
+    assert got["quitter"][-3:] == ["FAIL", "PASS", "1/2"], result.stdout
+    assert "the process running the notebook's code ended during this call (exit status 3)" in result.stdout
+    assert took < 90, took
 
 
 @pytest.mark.timeout(400)

@@ -207,7 +207,11 @@ def run_call(fn: Callable, args: tuple, kwargs: dict, *, names: tuple | None = N
     if module.split(".")[0] == "moe_tutorial":
         return Outcome("package", text=f"{module}.{getattr(fn, '__qualname__', '?')}")
     names = tuple(names) if names else _parameter_names(fn, len(args))
-    made = [a.make() if isinstance(a, Lazy) else None for a in args]
+    try:
+        made = [a.make() if isinstance(a, Lazy) else None for a in args]
+    except Exception as e:  # noqa: BLE001  (the checker's input, not the student's code)
+        return Outcome("raised", text=f"the checker could not prepare an input here ({type(e).__name__}: {e}); "
+                                      "please tell your instructor")
     args = tuple(m[0] if m is not None else a for m, a in zip(made, args))
     passed, before = zip(*(_protected(a) for a in args)) if args else ((), ())
     recorder = Recorder()
