@@ -415,9 +415,10 @@ def _used_experts(ids: torch.Tensor):
     return used, torch.searchsorted(used, ids.long()).to(torch.int32)
 
 
-def first_fp8(inp: Inputs, config=None) -> Prepared:
+def first_fp8(inp: Inputs, config=None, kernel: str | None = None) -> Prepared:
     """Part 7's FP8 first GEMM on e4m3 activations quantised beforehand (their bytes and scales
-    are the floor's); checked against float64 on the dequantised inputs."""
+    are the floor's); checked against float64 on the dequantised inputs. ``kernel`` "tl" keeps to
+    the ``tl`` kernel where the table would take the Gluon one."""
     from ..kernels.align import align_block_size
     from ..kernels.configs import fp8_config
     from ..kernels.fp8_kernel import launch_fp8_gemm, out_dtype
@@ -428,7 +429,7 @@ def first_fp8(inp: Inputs, config=None) -> Prepared:
     wq, ws = fp8_experts(inp, layer=False)
     E, N, K = wq.shape
     M, topk = inp.M, inp.shape.topk
-    config = config or fp8_config(M, E, N, K, topk, "plain")
+    config = config or fp8_config(M, E, N, K, topk, "plain", kernel=kernel)
     quantised = [quantize_rows(x) for x in inp.xs]
     alignments = [align_block_size(ids, config.block_m, E) for ids in inp.ids]
     out = torch.empty(M * topk, N, dtype=out_dtype(), device=wq.device)
@@ -466,13 +467,17 @@ def first_fp8_step(step: str):
     return prepare
 
 
-def layer_fp8(inp: Inputs, configs=None) -> Prepared:
+def layer_fp8(inp: Inputs, configs=None, kernel: str | None = None) -> Prepared:
     """Part 7's whole FP8 layer (x quantised inside, as an engine runs it); checked against the
-    float64 layer that takes the same quantisation steps (reference_fp8_moe_layer)."""
-    from ..kernels.fp8_kernel import fp8_moe_layer
+    float64 layer that takes the same quantisation steps (reference_fp8_moe_layer). ``kernel``
+    "tl" keeps both GEMMs on the ``tl`` kernel."""
+    from ..kernels.fp8_kernel import fp8_moe_layer, layer_configs
     from ..reference import reference_fp8_moe_layer
 
     q13, s13, q2, s2 = fp8_experts(inp, layer=True)
+    s = inp.shape
+    if kernel is not None and configs is None:
+        configs = layer_configs(inp.M, s.num_experts, s.intermediate, s.hidden, s.topk, kernel=kernel)
 
     def reference(rows):
         used, local = _used_experts(inp.ids[0][rows])

@@ -89,9 +89,15 @@ IMPLEMENTATIONS: tuple[Implementation, ...] = (
         first=impls.first_grouped_mm),
     Implementation(
         "fp8", "Part 7, block FP8", "#d62728",
-        "Part 7's kernel on e4m3 experts with 128 x 128 block scales (activations quantised per token "
-        "in 128-wide groups; the layer quantises them inside); judged against the FP8 floor",
+        "Part 7's kernels on e4m3 experts with 128 x 128 block scales (activations quantised per token "
+        "in 128-wide groups; the layer quantises them inside), the tl or the Gluon kernel per M as the "
+        "tuned table says; judged against the FP8 floor",
         first=impls.first_fp8, layer=impls.layer_fp8, precision="fp8"),
+    Implementation(
+        "fp8-tl", "Part 7, tl kernel only (tuned)", "#ff7f0e",
+        "Part 7's tl kernel with its tuned tiles at every M: what the Gluon kernel is measured against",
+        first=lambda inp: impls.first_fp8(inp, kernel="tl"), layer=lambda inp: impls.layer_fp8(inp, kernel="tl"),
+        precision="fp8"),
     # Part 7 built up (notebook 07): each keeps the steps before it; tuned tiles give "fp8".
     Implementation(
         "fp8-step0", "Part 7 step 0: FP8 kernel, pointer loads", "#ff9896",
