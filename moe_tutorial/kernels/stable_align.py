@@ -51,7 +51,9 @@ def stable_align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: i
     flat = topk_ids.reshape(-1).long()
     # Stable: pairs of one expert keep their order, pair m * topk + j before (m + 1) * topk + j.
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=num_experts)
+    # Counted with index_add_, not bincount, which waits on the host for its size (integer sums are exact:
+    # the order of the additions changes nothing).
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=device).index_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block_m - 1) // block_m * block_m
     run_starts = torch.cumsum(padded, 0) - padded              # first row of each expert's run
     pair_starts = torch.cumsum(counts, 0) - counts             # first place of each expert in `order`

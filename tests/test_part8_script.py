@@ -1,0 +1,33 @@
+"""The GPU script of Part 8 on a toy shape in the interpreter: it runs its three steps end to end and
+writes rows the notebook's reader takes (moe_tutorial/experiments/backward.py)."""
+import importlib.util
+from pathlib import Path
+
+from moe_tutorial.experiments import backward
+from moe_tutorial.perf.results import read_csv
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "experiments" / "h200_backward.py"
+
+
+def test_the_dry_run_checks_times_and_sweeps(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("h200_backward", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--dry-run", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "1. gradients" in out and "2. times" in out and "3. tiles" in out
+    rows = backward.load_backward(tmp_path / "h200_backward.csv")
+    assert rows and all(r["status"] == "ok" and r["impl"] == "ours" for r in rows)
+    assert all(r[f"{p}_ms"] > 0 for r in rows for p in ("forward", "step", "backward"))
+    grads = read_csv(tmp_path / "h200_backward_grads.csv", floats={"rel_error"})
+    assert {g["tensor"] for g in grads} == {"out", "x", "w13", "w2", "topk_weights"}
+    assert all(g["rel_error"] < 1e-5 for g in grads)
+    tiles = read_csv(tmp_path / "h200_backward_tiles.csv")
+    assert {t["gemm"] for t in tiles} == {"up", "dact", "dx", "dw2", "dw13"}
+    assert sum(t["best"] == "True" for t in tiles) == 5
+    assert (tmp_path / "tuned_configs_training.json").exists()
+
+
+def test_the_shipped_data_file_has_the_readers_columns():
+    header = backward.BACKWARD.read_text().splitlines()[0].split(",")
+    assert header == backward.FIELDS
