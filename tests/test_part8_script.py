@@ -31,3 +31,18 @@ def test_the_dry_run_checks_times_and_sweeps(tmp_path, capsys):
 def test_the_shipped_data_file_has_the_readers_columns():
     header = backward.BACKWARD.read_text().splitlines()[0].split(",")
     assert header == backward.FIELDS
+
+
+def test_bench_backward_times_the_step_on_the_cpus_toy_shape(tmp_path, capsys):
+    from moe_tutorial import cli
+    from moe_tutorial.perf.results import load_rows
+
+    assert cli.main(["bench", "--backward", "--gemm", "step", "-M", "3", "--impls", "indexing,sorted,liger",
+                     "--no-progress", "--out", str(tmp_path)]) == 0
+    rows = load_rows(tmp_path / "bench.csv")
+    by_impl = {r["impl"]: r for r in rows}
+    assert {r["gemm"] for r in rows} == {"step"}
+    assert by_impl["sorted"]["status"] == by_impl["indexing"]["status"] == "ok"
+    assert by_impl["sorted"]["rel_error"] < 1e-5
+    assert by_impl["liger"]["status"].startswith("skipped: ")
+    assert "forward + backward" not in capsys.readouterr().err

@@ -544,3 +544,51 @@ def liger_layer(x, w13, w2, topk_weights, topk_ids):
     as the series' w13 (gate rows then up rows) and w2."""
     from liger_kernel.ops.fused_moe import LigerFusedMoEFunction  # optional package
     return LigerFusedMoEFunction.apply(x, w13, w2, topk_ids.to(torch.int32), topk_weights.to(x.dtype))
+
+
+def step_grad(inp: Inputs) -> torch.Tensor:
+    """The gradient of the layer's output that every "step" row backpropagates: ``[M, K]`` in the
+    case's dtype, made once per case from a fixed seed (so the check has one reference)."""
+    cache = inp.__dict__.setdefault("_step", {})
+    if "d_out" not in cache:
+        g = torch.Generator(device=runtime.DEVICE).manual_seed(7 + inp.M)
+        cache["d_out"] = torch.randn(inp.M, inp.shape.hidden, generator=g, device=runtime.DEVICE, dtype=inp.dtype)
+    return cache["d_out"]
+
+
+def step_of(layer: Callable, *, graphable: bool = True, support: Callable[[Inputs], str | None] = lambda inp: None):
+    """Prepare the layer's forward + backward: ``layer(x, w13, w2, topk_weights, topk_ids)`` with
+    autograd on and every float input a leaf, then ``torch.autograd.grad`` of :func:`step_grad`;
+    the call returns dx, which the bench checks on a few rows against float64."""
+    def prepare(inp: Inputs) -> Prepared:
+        if reason := support(inp):
+            raise Skip(reason)
+        d_out = step_grad(inp)
+        w13, w2 = inp.w13.detach().requires_grad_(), inp.w2.detach().requires_grad_()   # views: no copy
+
+        def run(x, ids, w):
+            x, w = x.detach().requires_grad_(), w.detach().requires_grad_()
+            return torch.autograd.grad(layer(x, w13, w2, w, ids), (x, w13, w2, w), d_out)[0]
+        return Prepared(_rotations(inp, run), graphable=graphable)
+    return prepare
+
+
+def _indexing_fits(inp: Inputs) -> str | None:
+    E, N13, K = inp.w13.shape
+    try:
+        check_indexing_fits(inp.M, inp.shape.topk, N13, K, inp.w13.element_size(), fraction=1 / 6)
+    except Skip as e:
+        return str(e)
+    return None
+
+
+def step_layer(impl: str):
+    """``moe_layer(impl=...)``'s forward + backward ("loop", "indexing", "sorted": Part 8's kernels)."""
+    def layer(x, w13, w2, w, ids):
+        return moe_layer(x, w13, w2, w, ids, impl=impl)
+    return step_of(layer, graphable=impl != "loop", support=_indexing_fits if impl == "indexing" else lambda inp: None)
+
+
+step_grouped_mm = step_of(grouped_mm_layer, support=lambda inp: grouped_mm_support(inp.dtype))
+step_liger = step_of(liger_layer, support=lambda inp: liger_support())
+
