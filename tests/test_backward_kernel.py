@@ -278,3 +278,26 @@ def test_bf16_gradients_near_1e_5_by_relative_error():
     errs = errors(p, grads)
     assert all(e < BF16_GRAD_TOLERANCE for e in errs.values()), errs
     assert math.isfinite(sum(errs.values()))
+
+
+def test_expert_tile_is_the_tile_each_program_of_the_kernel_stores():
+    """Launch the first n programs only, for n = 1, 2, ...: the tile that appears is program n - 1's."""
+    from moe_tutorial.kernels.backward_kernel import expert_grad_kernel, expert_tile
+
+    E, P, Q, bp, bq, group = 2, 40, 24, 16, 16, 2
+    ids = torch.tensor([[0], [1], [0]], dtype=torch.int32, device=DEV)
+    alignment = stable_align_block_size(ids, 16, E)
+    rows = expert_rows(alignment)
+    left, right = torch.ones(3, P, device=DEV), torch.ones(3, Q, device=DEV)
+    tiles = E * -(-P // bp) * -(-Q // bq)
+    for n in range(1, tiles + 1):
+        out = torch.full((E, P, Q), float("nan"), device=DEV)
+        expert_grad_kernel[(n,)](left, None, right, None, out, alignment[0], rows, P=P, Q=Q, num_pairs=3, row_div=1,
+                                 stride_lm=P, stride_rm=Q, stride_ce=P * Q, stride_cp=Q, stride_cq=1,
+                                 BLOCK_P=bp, BLOCK_Q=bq, BLOCK_R=16, GROUP_M=group, L_ROWS="gathered",
+                                 R_ROWS="gathered", EVEN_P=False, EVEN_Q=False, DOT_PRECISION="ieee")
+        e, tp, tq = expert_tile(n - 1, P, Q, bp, bq, group)
+        assert not out[e, tp * bp:(tp + 1) * bp, tq * bq:(tq + 1) * bq].isnan().any(), n
+        owned = {expert_tile(i, P, Q, bp, bq, group) for i in range(n)}
+        assert len(owned) == n                      # no two programs own one tile
+        assert int((~out.isnan()).sum()) == sum(min(bp, P - a * bp) * min(bq, Q - b * bq) for _, a, b in owned)

@@ -37,7 +37,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .configs import KernelConfig
-from .sorted_kernel import _tma_can_read, _weight_descriptor, grouped_tile, load_weight_tile
+from .sorted_kernel import _tma_can_read, _weight_descriptor, grouped_tile, load_weight_tile, pid_to_tile
 
 #: The epilogues of :func:`rows_gemm_kernel`.
 EPILOGUES = ("save_swiglu", "dswiglu", "scatter")
@@ -266,6 +266,16 @@ def expert_grad_kernel(
     # [store the tile]
     c_ptrs = c_ptr + expert.to(tl.int64) * stride_ce + offs_p[:, None] * stride_cp + offs_q[None, :] * stride_cq
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_p < P)[:, None] & (offs_q < Q)[None, :])
+
+
+def expert_tile(pid: int, P: int, Q: int, block_p: int, block_q: int, group_m: int) -> tuple[int, int, int]:
+    """:func:`expert_grad_kernel`'s program order in plain Python, for figures and checkers:
+    ``(expert, pid_p, pid_q)`` of program ``pid``, which owns rows ``pid_p * block_p`` on and
+    columns ``pid_q * block_q`` on of that expert's dW. Keep the two in step:
+    tests/test_backward_kernel.py checks this against the tiles the kernel's programs store."""
+    num_p, num_q = -(-P // block_p), -(-Q // block_q)
+    expert, tile = divmod(pid, num_p * num_q)
+    return (expert, *pid_to_tile(tile, num_p, num_q, group_m))
 
 
 # ---------------------------------------------------------------------------------- launchers
