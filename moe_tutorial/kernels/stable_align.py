@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ..checks import as_int, check_kernel_device, check_tensor
-from .align import MAX_BLOCK_M, MAX_EXPERTS, MAX_ROWS, Alignment, max_padded_rows
+from .align import Alignment, check_align_inputs
 
 
 def stable_align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int) -> Alignment:
@@ -34,19 +33,8 @@ def stable_align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: i
         ``m * topk + j`` grouped by expert, ascending inside each run, padding ``M * topk``),
         ``expert_ids`` int32 (``-1`` past the used rows) and ``num_tokens_post_padded`` int32 ``[1]``.
     """
-    check_tensor("topk_ids", topk_ids, 2)
-    if topk_ids.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"topk_ids: expected dtype torch.int32 or torch.int64, got {topk_ids.dtype}")
-    check_kernel_device("topk_ids", topk_ids)
-    block_m, num_experts = as_int("block_m", block_m), as_int("num_experts", num_experts)
-    if block_m < 1 or block_m & (block_m - 1) or block_m > MAX_BLOCK_M:
-        raise ValueError(f"block_m: expected a power of two from 1 to {MAX_BLOCK_M}, got {block_m!r}")
-    if not 1 <= num_experts <= MAX_EXPERTS:
-        raise ValueError(f"num_experts: expected an int from 1 to {MAX_EXPERTS}, got {num_experts!r}")
+    block_m, num_experts, max_padded = check_align_inputs(topk_ids, block_m, num_experts)
     numel = topk_ids.numel()
-    max_padded = max_padded_rows(numel, block_m, num_experts)
-    if max_padded > MAX_ROWS:
-        raise ValueError(f"topk_ids: expected at most {MAX_ROWS} padded rows, got {numel} pairs")
     device = topk_ids.device
     flat = topk_ids.reshape(-1).long()
     # Stable: pairs of one expert keep their order, pair m * topk + j before (m + 1) * topk + j.
