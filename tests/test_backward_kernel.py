@@ -246,8 +246,11 @@ BF16_GRAD_TOLERANCE = 2e-2
 def test_bf16_gradients_on_real_shapes(case):
     name, M, used = GPU_SHAPES[case]
     s = MODEL_SHAPES[name]
-    p = random_layer_problem(M, s.hidden, s.intermediate, s.num_experts, s.topk, device=DEV,
-                             dtype=torch.bfloat16, experts=used)
+    # The experts that get tokens made at random (on the CPU, as everywhere), the others zeros: DeepSeek-V3's
+    # 256 experts would be 11 G random values on the CPU, and an idle expert's weights change nothing.
+    p = random_layer_problem(M, s.hidden, s.intermediate, used, s.topk, device=DEV, dtype=torch.bfloat16)
+    for name_, t in (("w13", p["w13"]), ("w2", p["w2"])):
+        p[name_] = torch.cat([t, t.new_zeros(s.num_experts - used, *t.shape[1:])])
     _, grads = run_layer(p)
     ref = reference_layer_grads(p["x"], p["w13"][:used], p["w2"][:used], p["topk_weights"], p["topk_ids"],
                                 p["d_out"])
@@ -255,7 +258,7 @@ def test_bf16_gradients_on_real_shapes(case):
             "w2": rel_error(grads["w2"][:used], ref["w2"]),
             "topk_weights": rel_error(grads["topk_weights"], ref["topk_weights"])}
     assert all(e < BF16_GRAD_TOLERANCE for e in errs.values()), errs
-    assert float(grads["w13"][used:].abs().max()) == 0.0 and float(grads["w2"][used:].abs().max()) == 0.0
+    assert bool((grads["w13"][used:] == 0).all()) and bool((grads["w2"][used:] == 0).all())
 
 
 @pytest.mark.gpu

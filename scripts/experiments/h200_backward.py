@@ -74,6 +74,15 @@ def ours(x, w13, w2, topk_weights, topk_ids):
     return moe_layer(x, w13, w2, topk_weights, topk_ids, impl="sorted")
 
 
+def grouped_mm_schema() -> str:
+    """The schema of this torch's ``_grouped_mm`` (the composition's call is written for
+    ``_grouped_mm(Tensor self, Tensor mat2, Tensor? offs, ...)``), or why there is none."""
+    try:
+        return str(torch.ops.aten._grouped_mm.default._schema)
+    except (AttributeError, RuntimeError) as e:
+        return f"none ({type(e).__name__}: {e})"
+
+
 def available_impls(dry_run: bool) -> dict:
     """The implementations that run here, and why the others do not."""
     found, skipped = {"ours": ours}, {}
@@ -141,7 +150,11 @@ def check_gradients(models, found, dtype, machine, log) -> list[dict]:
             try:
                 lv = leaves(p)
                 out = fn(**lv)
-                grads = dict(zip(PARAMS, torch.autograd.grad(out, [lv[k] for k in PARAMS], p["d_out"])))
+                grads = dict(zip(PARAMS, torch.autograd.grad(out, [lv[k] for k in PARAMS], p["d_out"],
+                                                             allow_unused=True)))
+                missing = [k for k, g in grads.items() if g is None]
+                if missing:
+                    raise RuntimeError(f"no gradient for {', '.join(missing)}")
             except Exception as e:  # noqa: BLE001  (an anchor that fails is a result)
                 rows.append({**base, "tensor": "all", "status": f"error: {type(e).__name__}: {str(e)[:160]}"})
                 log(f"  {shape.name:14s} {name:11s} error: {type(e).__name__}: {str(e)[:120]}")
@@ -179,12 +192,12 @@ def prepare_case(name, fn, p):
         return fn(**lv)
 
     def step():
-        return torch.autograd.grad(forward(), params, p["d_out"])
+        return torch.autograd.grad(forward(), params, p["d_out"], allow_unused=True)
 
     kept = forward()
 
     def backward():
-        return torch.autograd.grad(kept, params, p["d_out"], retain_graph=True)
+        return torch.autograd.grad(kept, params, p["d_out"], retain_graph=True, allow_unused=True)
     return forward, step, backward, kept
 
 
@@ -200,7 +213,7 @@ def memory_of(fn, p) -> tuple[int, int]:
     out = fn(**lv)
     torch.cuda.synchronize()
     kept = torch.cuda.memory_allocated() - before - out.numel() * out.element_size()
-    grads = torch.autograd.grad(out, [lv[k] for k in PARAMS], p["d_out"])
+    grads = torch.autograd.grad(out, [lv[k] for k in PARAMS], p["d_out"], allow_unused=True)
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - before
     del out, grads, lv
@@ -254,7 +267,7 @@ def time_models(models, tokens, found, skipped, dtype, machine, matmul, args, st
                     if name not in first_call:
                         t0 = time.perf_counter()
                         lv = leaves(p)
-                        torch.autograd.grad(fn(**lv), [lv[k] for k in PARAMS], p["d_out"])
+                        torch.autograd.grad(fn(**lv), [lv[k] for k in PARAMS], p["d_out"], allow_unused=True)
                         timing.synchronize()
                         first_call[name] = time.perf_counter() - t0
                         row["first_call_s"] = first_call[name]
@@ -449,6 +462,7 @@ def main(argv=None) -> int:
     matmul = matmul_tflops(dtype)
     print(f"{machine['gpu']}, torch {machine['torch']}, Triton {machine['triton']}; "
           f"{str(dtype).replace('torch.', '')} matmul {matmul:.0f} TFLOP/s (cold-l2, {MATMUL_N}^3)")
+    print(f"torch._grouped_mm here: {grouped_mm_schema()}")
     print(f"implementations: {', '.join(found)}" + "".join(f"; {k} skipped: {v}" for k, v in skipped.items())
           + f"; Liger autotune {os.environ['LIGER_FUSED_MOE_AUTOTUNE']}")
     if not args.no_grads:
