@@ -1,11 +1,6 @@
 """Part 8 on one H200: the training step of the layer, checked, timed and weighed.
 
-1. Gradients on real shapes (real hidden size, intermediate size, E and topk; bf16): ours, the
-   torch._grouped_mm composition and Liger-Kernel's fused_moe against autograd through the float64
-   reference, by relative error, for the output, dx, dW13, dW2 and the router weights. The tokens
-   are routed among the first 16 experts (8 for Mixtral) so that the float64 reference holds only
-   those; every other expert must get a gradient of exactly zero.
-2. Times of the forward (autograd on: what training runs), the forward + backward and the backward
+1. Times of the forward (autograd on: what training runs), the forward + backward and the backward
    alone (a forward's graph kept and differentiated again), for Mixtral-8x7B, Qwen3-30B-A3B and
    DeepSeek-V3 at T = 4096 to 32768 tokens, under the cold-l2 protocol of
    moe_tutorial/perf/timing.py: one call captured in a CUDA graph, 256 MB read before each replay,
@@ -13,8 +8,14 @@
    timed with events around the call, L2 flushed before each, and the row names that timer. The
    implementations of a case are timed in order, then in reverse order, the lower median kept.
    With them: the memory kept for the backward (allocated after the forward beyond inputs and
-   output), the peak of the whole step (torch.cuda.max_memory_allocated), the first call's seconds,
-   and the bf16 matmul rate (8192^3) measured in the same run.
+   output), the peak of the whole step (torch.cuda.max_memory_allocated), the first call's seconds
+   (Triton compiling into an empty cache unless --warm-cache), and the bf16 matmul rate (8192^3)
+   measured in the same run. Each row's output is checked against float64 on a few tokens.
+2. Gradients on real shapes (real hidden size, intermediate size, E and topk; bf16): ours, the
+   torch._grouped_mm composition and Liger-Kernel's fused_moe against autograd through the float64
+   reference, by relative error, for the output, dx, dW13, dW2 and the router weights. The tokens
+   are routed among the first 16 experts (8 for Mixtral) so that the float64 reference holds only
+   those; every other expert must get a gradient of exactly zero.
 3. Tiles: a few configurations of each GEMM of the step on one case (default Qwen3-30B-A3B at
    T = 32768), each checked against the heuristic's output and timed alone under cold-l2; the best
    per GEMM is printed and written as a table the package reads (tuned_configs_training.json).
@@ -40,6 +41,7 @@ import gc
 import json
 import os
 import sys
+import tempfile
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -61,6 +63,9 @@ from moe_tutorial.shapes import HEADLINE_MODELS, MODEL_SHAPES, ModelShape
 import torch
 
 TOKENS = (4096, 8192, 16384, 32768)
+#: The timing step starts no new case after this share of --max-minutes: the gradient check and the
+#: tile sweep come after it.
+TIMING_SHARE = 0.7
 #: The toy of --dry-run: the interpreter runs it in seconds.
 DRY_SHAPE = ModelShape("toy", num_experts=6, topk=2, hidden=64, intermediate=32)
 DRY_TOKENS = (16,)
@@ -177,10 +182,14 @@ def check_gradients(models, found, dtype, machine, log) -> list[dict]:
 # ------------------------------------------------------------------------------ 2. times
 
 def timed(fn, max_seconds: float) -> tuple[float | None, str]:
+    """``(median ms, timer)`` under cold-l2, or ``(None, why)`` for a call too slow or one that failed."""
     try:
         return timing.measure_ms(fn, protocol="cold-l2", max_seconds=max_seconds)
     except timing.TooSlow as e:
         return None, f"skipped: {e}"
+    except Exception as e:  # noqa: BLE001  (out of memory, say: the row says so, the run goes on)
+        free()
+        return None, f"error: {type(e).__name__}: {str(e)[:120]}"
 
 
 def prepare_case(name, fn, p):
@@ -254,7 +263,7 @@ def time_models(models, tokens, found, skipped, dtype, machine, matmul, args, st
             base = {**machine, "protocol": "cold-l2" if runtime.ON_GPU else "perf_counter", "matmul_tflops": matmul,
                     "model": shape.name, "E": shape.num_experts, "hidden": shape.hidden,
                     "inter": shape.intermediate, "topk": shape.topk, "T": T}
-            over = time.monotonic() - started > 60 * args.max_minutes
+            over = time.monotonic() - started > 60 * args.max_minutes * TIMING_SHARE
             case = []
             if over:
                 rows += [{**base, "impl": n, "status": "skipped: over the --max-minutes budget"} for n in found]
@@ -287,7 +296,7 @@ def time_models(models, tokens, found, skipped, dtype, machine, matmul, args, st
                     for phase, fn in zip(("forward", "step", "backward"), case[i][1]):
                         ms, how = timed(fn, args.max_seconds)
                         best = times[i].get(phase)
-                        if ms is not None and (best is None or ms < best[0]):
+                        if ms is not None and (best is None or best[0] is None or ms < best[0]):
                             times[i][phase] = (ms, how)
                         elif best is None:
                             times[i][phase] = (None, how)
@@ -437,6 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--liger-autotune", action="store_true", help="let Liger-Kernel autotune (minutes per shape)")
     ap.add_argument("--max-minutes", type=float, default=7.5, help="start no new case after this (default 7.5)")
     ap.add_argument("--max-seconds", type=float, default=5.0, help="a call slower than this is skipped")
+    ap.add_argument("--warm-cache", action="store_true", help="keep Triton's cache (the first call may not compile)")
     ap.add_argument("--dry-run", action="store_true", help="a toy shape in the interpreter (no GPU needed)")
     return ap
 
@@ -448,6 +458,9 @@ def main(argv=None) -> int:
         return 2
     # Read when liger_kernel is first imported (by impls.liger_support below).
     os.environ.setdefault("LIGER_FUSED_MOE_AUTOTUNE", "1" if args.liger_autotune else "0")
+    if not args.warm_cache and runtime.ON_GPU:
+        # An empty Triton cache, so that the first call pays for compiling what it launches, as on a fresh machine.
+        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="h200_backward_triton_")
     started = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)
     machine = timing.machine_info()
@@ -466,17 +479,17 @@ def main(argv=None) -> int:
     print(f"torch._grouped_mm here: {grouped_mm_schema()}")
     print(f"implementations: {', '.join(found)}" + "".join(f"; {k} skipped: {v}" for k, v in skipped.items())
           + f"; Liger autotune {os.environ['LIGER_FUSED_MOE_AUTOTUNE']}")
-    if not args.no_grads:
-        print("\n1. gradients against autograd through the float64 reference (relative error):")
-        write_csv(args.out / "h200_backward_grads.csv", check_gradients(models, found, dtype, machine, print),
-                  GRAD_FIELDS)
-    print("\n2. times (cold-l2; TFLOP/s in brackets: forward 6 T topk H I FLOPs, backward twice that), "
-          "memory, first call:")
+    print("\n1. times (cold-l2; TFLOP/s in brackets: forward 6 T topk H I FLOPs, backward twice that), "
+          "memory, first call (Triton compiling into an empty cache):")
     rows = time_models(models, tokens, found, skipped, dtype, machine, matmul, args, started, print)
     for row in rows:
         if row["impl"] == "liger":
             row["note"] = f"LIGER_FUSED_MOE_AUTOTUNE={os.environ['LIGER_FUSED_MOE_AUTOTUNE']}"
     write_csv(args.out / "h200_backward.csv", rows, FIELDS)
+    if not args.no_grads:
+        print("\n2. gradients against autograd through the float64 reference (relative error):")
+        write_csv(args.out / "h200_backward_grads.csv", check_gradients(models, found, dtype, machine, print),
+                  GRAD_FIELDS)
     if not args.no_tiles:
         shape, T = tile_case
         print(f"\n3. tiles of each GEMM of the step, {shape.name} at T = {T} (cold-l2, each alone):")
