@@ -83,5 +83,9 @@ def test_without_balancing_the_busiest_expert_carries_more_than_twice_the_even_s
     shares = {line.split(":")[0].strip(): float(re.search(r"busiest expert ([\d.]+)x", line)[1])
               for line in out.splitlines() if "busiest" in line}
     assert shares["none"] > 2 > max(shares["aux loss"], shares["bias"])
+    losses = {line.split(":")[0].strip(): float(re.search(r"-> ([\d.]+)", line)[1])
+              for line in out.splitlines() if "busiest" in line}
+    assert losses["none"] < min(losses["aux loss"], losses["bias"])        # "both pay for it in loss"
+    assert_says(NOTEBOOK, "and here both pay for it in loss")
     assert_says(NOTEBOOK, "More than twice the even share")
     assert "1 expert(s) idle" in out
