@@ -61,6 +61,12 @@ _ALL = [
     Exercise("7.2", "scaled_matmul", "check_scaled_matmul", "The scaled K loop",
              "each 128-wide K group's e4m3 product times its activation and weight-block scales, summed in fp32",
              "medium", 20),
+    Exercise("8.1", "router_grad", "check_router_grad", "The router gradient",
+             "dS = <dA', A>: dA' = W2[e]^T dO_t, A = silu(gate) * up recomputed from H = W13[e] x_t; no Y needed",
+             "medium", 15),
+    Exercise("8.2", "dw2_tile", "check_dw2_tile", "One tile of dW2",
+             "a K-grouped GEMM's tile: the sum over an expert's sorted run of outer(dO[token], s * A[row]), "
+             "padding rows skipped", "medium", 15),
 ]
 
 #: Every exercise by id, in order.
