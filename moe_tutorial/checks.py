@@ -159,16 +159,16 @@ def check_holds_values(name: str, t: torch.Tensor) -> None:
 
 
 def check_no_grad(tensors: dict) -> None:
-    """The Triton kernels have no backward pass: refuse a tensor autograd would track, rather
-    than return an output silently cut from the graph. ``tensors`` maps names to arguments;
+    """Kernels without a backward pass (all but Part 8's layer) refuse a tensor autograd would
+    track, rather than return an output silently cut from the graph. ``tensors`` maps names to arguments;
     anything that is not a tensor is left to the other checks."""
     if not torch.is_grad_enabled():
         return
     for name, t in tensors.items():
         if isinstance(t, torch.Tensor) and t.requires_grad:
-            fail(ValueError, name, "a tensor that does not require grad (the Triton kernels have no backward: "
-                  "call them under torch.no_grad() or on .detach()ed tensors, or use impl='loop' or 'indexing', "
-                  "which autograd tracks)", "requires_grad=True")
+            fail(ValueError, name, "a tensor that does not require grad (this Triton kernel has no backward: "
+                 "call it under torch.no_grad() or on .detach()ed tensors; for gradients use moe_layer with "
+                 "impl='sorted' (Part 8's kernels), 'loop' or 'indexing')", "requires_grad=True")
 
 
 def check_topk_weights(topk_weights, topk_ids) -> None:

@@ -132,6 +132,9 @@ _P4_DOT_AND_WEIGHTS = '''        acc = tl.dot(a, b, acc)
         acc = acc * w[:, None]
 '''
 _P4_ROUTER = "router = out if topk_weights is None else topk_weights.reshape(-1).float().contiguous()"
+_P8_ACT = "act = F.silu(h[:inter]) * h[inter:]"
+_P8_PADDING = ("        if pair == M * topk:                           # a padding row of the run\n"
+               "            continue\n")
 _P4_B_LOAD = ("        b = tl.load(w_ptr + expert * stride_we + n[None, :] * stride_wn + k[:, None] * stride_wk,\n"
               "                    mask=(k[:, None] < K) & (n[None, :] < N), other=0.0)")
 
@@ -500,6 +503,24 @@ MUTANTS = [
            kind="shape"),
     Mutant("7.2", "bf16 accumulator", (("dtype=torch.float32)", "dtype=torch.bfloat16)"),), phrase="float32 sums",
            kind="dtype"),
+    # ------------------------------------------------------------------ 8.1 the router gradient
+    Mutant("8.1", "no silu", ((_P8_ACT, "act = h[:inter] * h[inter:]"),), phrase="A is silu(gate) * up"),
+    Mutant("8.1", "gate and up swapped", ((_P8_ACT, "act = F.silu(h[inter:]) * h[:inter]"),),
+           phrase="the gate rows first"),
+    Mutant("8.1", "W2 not transposed", (("d_act = w2[e].T @ d_out[t]", "d_act = w2[e] @ d_out[t]"),),
+           phrase="dA' = W2[e]^T dO_t", kind="shape"),
+    Mutant("8.1", "sigmoid for silu", ((_P8_ACT, "act = torch.sigmoid(h[:inter]) * h[inter:]"),),
+           phrase="silu(gate) = gate * sigmoid(gate)", kind="value"),
+    Mutant("8.1", "a flat dS", (("    return ds", "    return ds.flatten()"),), phrase="not flat", kind="shape"),
+    # ------------------------------------------------------------------ 8.2 one tile of dW2
+    Mutant("8.2", "padding rows not skipped", ((_P8_PADDING, ""),),
+           phrase="padding rows hold M * topk"),
+    Mutant("8.2", "d_out's row is the pair", (("token = pair // topk", "token = pair"),), phrase="one per token"),
+    Mutant("8.2", "s_act's row is the pair", (("s_act[r, q0:q0 + block]", "s_act[pair, q0:q0 + block]"),),
+           phrase="s_act is in sorted order"),
+    Mutant("8.2", "the edge tile not cut", (("tile = torch.zeros(min(block, K - p0), min(block, inter - q0))",
+                                            "tile = torch.zeros(block, block)"),),
+           phrase="the tile is cut where dW2 [K, I] = (40, 24) ends", kind="shape"),
 ]
 
 

@@ -49,7 +49,7 @@ def run(ex_id: str, fn, capsys) -> tuple[bool, str]:
 
 @pytest.fixture(scope="module")
 def solution_modules():
-    return {p: solutions(p) for p in (1, 2, 3, 4, 7)}
+    return {p: solutions(p) for p in (1, 2, 3, 4, 7, 8)}
 
 
 @pytest.mark.parametrize("ex_id", list(EXERCISES))

@@ -31,3 +31,10 @@ def test_readme_fp8_table_is_the_data():
     rows = results.load_rows(results.DATA_DIR / "h200_fp8_bench.csv")
     table = report.summary_table(rows, ("sorted", "fp8"), labels=registry.LABELS, protocol="cold-l2", markdown=True)
     assert table in README.read_text(), ("README.md's FP8 table is stale; paste this one:\n" + table)
+
+
+def test_readme_part8_table_is_the_data():
+    from moe_tutorial.experiments import backward
+
+    table = backward.summary_table(backward.load_backward(), markdown=True)
+    assert table in README.read_text(), ("README.md's Part 8 table is stale; paste this one:\n" + table)

@@ -29,6 +29,7 @@ from .part4 import (
     check_sorted_matmul,
 )
 from .part7 import check_quantize_block, check_scaled_matmul
+from .part8 import check_dw2_tile, check_router_grad
 
 __all__ = [
     "EXERCISES", "Exercise", "for_part",
@@ -37,4 +38,5 @@ __all__ = [
     "check_fused_columns", "check_fused_matmul", "check_fused_any_topk", "check_fused_int64",
     "check_align", "check_grouped_pid", "check_sorted_matmul", "check_router_epilogue",
     "check_quantize_block", "check_scaled_matmul",
+    "check_router_grad", "check_dw2_tile",
 ]

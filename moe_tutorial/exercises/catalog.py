@@ -42,6 +42,11 @@ _QUANTISERS = ("moe_tutorial.quant.quantize_weight", "moe_tutorial.quant.quantiz
                "moe_tutorial.kernels.fp8_quant.launch_quantize_rows")
 _DEQUANTISED = ("moe_tutorial.quant.dequantize_weight", "moe_tutorial.quant.dequantize_activations",
                 "moe_tutorial.kernels.fp8_kernel.fp8_moe_matmul")
+#: Part 8: the package's gradients (autograd through its layers too).
+_GRADIENTS = ("moe_tutorial.reference.reference_layer_grads",
+              "moe_tutorial.kernels.trainable_layer.trainable_moe_layer", *LAYERS)
+_ROUTER_GRADS = (*_GRADIENTS, "moe_tutorial.kernels.backward_kernel.launch_rows_gemm")
+_WEIGHT_GRADS = (*_GRADIENTS, "moe_tutorial.kernels.backward_kernel.launch_expert_grad")
 
 
 _ALL = [
@@ -100,6 +105,12 @@ _ALL = [
              "each 128-wide K group's e4m3 product times its activation and weight-block scales, summed in fp32",
              "medium", 20,
              package_impls=_DEQUANTISED),
+    Exercise("8.1", "router_grad", "check_router_grad", "The router gradient",
+             "dS = <dA', A>: dA' = W2[e]^T dO_t, A = silu(gate) * up recomputed from H = W13[e] x_t; no Y needed",
+             "medium", 15, package_impls=_ROUTER_GRADS),
+    Exercise("8.2", "dw2_tile", "check_dw2_tile", "One tile of dW2",
+             "a K-grouped GEMM's tile: the sum over an expert's sorted run of outer(dO[token], s * A[row]), "
+             "padding rows skipped", "medium", 15, package_impls=_WEIGHT_GRADS),
 ]
 
 #: Every exercise by id, in order.

@@ -115,9 +115,9 @@ stub.
 
 **What counts as an answer.** Your function must compute its result itself. Calling the package's
 own implementation of the step you are writing (`moe_tutorial.route` in 1.1, one of the
-package's first GEMMs in 1.3, 2.2, 3.2 to 3.4, 4.3 and 4.4, ...) is not an answer: the checker
-says so and fails it. Where an exercise gives you a step of an earlier one from the package (4.3
-uses `moe_tutorial.align_block_size`), use it.
+package's first GEMMs in 1.3, 2.2, 3.2 to 3.4, 4.3 and 4.4, its gradients in 8.1 and 8.2, ...)
+is not an answer: the checker says so and fails it. Where an exercise gives you a step of an
+earlier one from the package (4.3 uses `moe_tutorial.align_block_size`), use it.
 
 **How your notebook is graded.** The grader runs only your notebook's imports, `def` and `class`
 statements and simple assignments (`BLOCK_N = 16`), each in a fresh process, then calls each

@@ -28,8 +28,9 @@ from .. import runtime
 from ..checks import check_fp8_layer_inputs, check_fp8_matmul_inputs
 from ..quant import BLOCK, FP8_DTYPE
 from .align import align_block_size, check_alignment
-from .configs import KernelConfig, check_fp8_config, check_fp8_configs, fp8_config
+from .configs import GLUON_FUSED_DOWN, GLUON_PLAIN, KernelConfig, check_fp8_config, check_fp8_configs, fp8_config
 from .fp8_quant import E4M3_MAX_C, MIN_AMAX_C, launch_quantize_rows, quantize_group
+from .gluon_fp8_kernel import gluon_fp8_first_gemm, gluon_fp8_layer
 from .persistent_kernel import persistent_grid
 from .sorted_kernel import _tma_can_read, grouped_tile
 from .topk_sum import topk_sum
@@ -245,6 +246,12 @@ def launch_fp8_gemm(a, a_scale, b, b_scale, c, alignment, num_pairs: int, a_row_
     ``a_row_div``: topk to gather token rows, 1 for one row per pair, 0 for rows in sorted order
     (``sorted_rows``: then the writing side passes topk and the reading side 0).
     """
+    if config.gluon:
+        if sorted_rows or c_scale is not None or a_row_div < 1:
+            raise ValueError("config.gluon: the Gluon kernel runs the first GEMM here; the layer runs it through "
+                             "fp8_moe_layer")
+        return gluon_fp8_first_gemm(a, a_scale, b, b_scale, c, alignment, num_pairs, a_row_div, config,
+                                    router_weights)
     sorted_ids, expert_ids, num_post = alignment
     N, K = c.shape[1], a.shape[1]
     if c_scale is not None and config.block_n != BLOCK:
@@ -344,13 +351,16 @@ def fp8_moe_layer(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w
     if M == 0:
         return x.new_empty(0, K)
     if configs is None:
-        # Both GEMMs read one alignment: the down GEMM takes the gate/up GEMM's row blocks.
-        cfg_up = fp8_config(M, E, inter, K, topk, "gated")
-        cfg_down = replace(fp8_config(M, E, K, inter, topk, "down"), block_m=cfg_up.block_m)
+        cfg_up, cfg_down = layer_configs(M, E, inter, K, topk)
     else:
         cfg_up, cfg_down = configs
     num_pairs = M * topk
     alignment = align_block_size(topk_ids, cfg_up.block_m, E)
+    if cfg_up.gluon or cfg_down.gluon:
+        if not (cfg_up.gluon and cfg_down.gluon):
+            raise ValueError("configs: the Gluon layer hands the down GEMM its input with transposed scales, so "
+                             "both configs or neither set gluon")
+        return gluon_fp8_layer(x, w13, w13_scale, w2, w2_scale, topk_weights, alignment, topk, cfg_up, cfg_down)
     padded = alignment[0].numel()
     x_q, x_s = launch_quantize_rows(x)
     act = torch.empty(padded, inter, dtype=FP8_DTYPE, device=x.device)
@@ -362,3 +372,18 @@ def fp8_moe_layer(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w
     launch_fp8_gemm(act, act_s, w2, w2_scale, down, alignment, num_pairs, 0, cfg_down, router_weights=router,
                     sorted_rows=True)
     return topk_sum(down.view(M, topk, K))
+
+
+def layer_configs(M: int, E: int, inter: int, K: int, topk: int, kernel: str | None = None):
+    """``(gate/up, down)`` configurations of the FP8 layer: the gate/up GEMM's entry picks the kernel
+    (``tl`` or Gluon; ``kernel`` forces one), and the down GEMM follows it on the same row blocks,
+    since both GEMMs read one alignment (and the Gluon down GEMM reads the scales its gate/up GEMM
+    wrote, transposed)."""
+    up = fp8_config(M, E, inter, K, topk, "gated", kernel=kernel)
+    down = fp8_config(M, E, K, inter, topk, "down", kernel="gluon" if up.gluon else "tl")
+    if down.block_m == up.block_m:
+        return up, down
+    if up.gluon:
+        return up, GLUON_PLAIN if up.block_m == GLUON_PLAIN.block_m else GLUON_FUSED_DOWN
+    return up, replace(down, block_m=up.block_m)
+

@@ -100,3 +100,42 @@ def launch_quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ROWS=rows, GROUP=BLOCK, E4M3_MAX=E4M3_MAX, MIN_AMAX=MIN_AMAX, num_warps=4,
     )
     return q, scale
+
+
+@triton.jit
+def silu_mul_quantize_kernel(h_ptr, q_ptr, qs_ptr, num_post_ptr, inter, stride_hm, stride_qm, stride_qsn,
+                             ROWS: tl.constexpr, E4M3_MAX: tl.constexpr, MIN_AMAX: tl.constexpr):
+    """``silu(h[r, :I]) * h[r, I:]`` for ROWS sorted rows and one group of 128 columns, quantised:
+    e4m3 into ``q``, the rows' scales into ``qs`` transposed (``[groups, rows]``)."""
+    first = tl.program_id(0) * ROWS
+    if first < tl.load(num_post_ptr):                # past the real end no tile reads the rows
+        rows = (first + tl.arange(0, ROWS)).to(tl.int64)
+        cols = tl.program_id(1) * 128 + tl.arange(0, 128)
+        ok = cols[None, :] < inter
+        gate = tl.load(h_ptr + rows[:, None] * stride_hm + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        up = tl.load(h_ptr + rows[:, None] * stride_hm + inter + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        q, scale = quantize_group(gate * tl.sigmoid(gate) * up, E4M3_MAX, MIN_AMAX)
+        tl.store(q_ptr + rows[:, None] * stride_qm + cols[None, :], q.to(q_ptr.dtype.element_ty), mask=ok)
+        tl.store(qs_ptr + tl.program_id(1) * stride_qsn + rows, scale)
+
+
+def silu_mul_quantize(h: torch.Tensor, num_post: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The down GEMM's input from a gate/up GEMM's plain output, in one launch.
+
+    Args:
+        h: ``[R, 2I]`` bf16/fp32, gate columns then up columns, rows in sorted order.
+        num_post: the alignment's real number of rows (a 1-element int32 tensor); rows past it are
+            left unwritten.
+
+    Returns:
+        ``(q [R, I] e4m3, scale_t [ceil(I/128), R] fp32)``: ``silu(gate) * up`` per row and 128-wide
+        group, as the gate/up GEMM's quantising epilogue writes them (scales transposed for TMA).
+    """
+    R, inter = h.shape[0], h.shape[1] // 2
+    q = torch.empty(R, inter, dtype=FP8_DTYPE, device=h.device)
+    scale_t = torch.empty(triton.cdiv(inter, BLOCK), R, dtype=torch.float32, device=h.device)
+    rows = 32
+    silu_mul_quantize_kernel[(triton.cdiv(R, rows), triton.cdiv(inter, BLOCK))](
+        h, q, scale_t, num_post, inter, h.stride(0), q.stride(0), scale_t.stride(0),
+        ROWS=rows, E4M3_MAX=E4M3_MAX, MIN_AMAX=MIN_AMAX, num_warps=4)
+    return q, scale_t
