@@ -15,6 +15,7 @@ import matplotlib
 import torch
 
 from . import runtime
+from .checks import kernel_dtypes_expected
 from .figures.perf import save_bench_figures
 from .kernels.configs import user_table_path
 from .perf import tuning
@@ -279,7 +280,7 @@ def plan_from_args(parser: argparse.ArgumentParser, args):
     plan = default_plan(quick=args.quick)
     dtype = getattr(torch, args.dtype) if args.dtype else plan.dtype
     if dtype not in runtime.KERNEL_DTYPES:
-        parser.error(f"--dtype {args.dtype}: the CPU interpreter runs float32 only (bf16 is silently wrong there)")
+        parser.error(f"--dtype {args.dtype}: expected {kernel_dtypes_expected(dtype)}")
     custom = _custom_shape(parser, args)
     if args.models is not None or custom is not None:
         plan.shapes = list(args.models or []) + ([custom] if custom else [])

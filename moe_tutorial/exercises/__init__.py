@@ -4,7 +4,9 @@ Each checker runs the student's function on copies of random and edge-case input
 the package's float64 references, prints one verdict line (``[1.3] PASS ...``, ``FAIL`` with what
 is wrong, or ``NOT ATTEMPTED`` while the function is still a stub) and returns True or False.
 It never raises, so an exercise notebook full of stubs still runs top to bottom. The grader
-(``python -m moe_tutorial.exercises.grade``) runs the same checkers on a class's notebooks.
+(``python -m moe_tutorial.exercises.grade``) runs the same checkers on a class's notebooks, in
+its own process, with each notebook's functions in a child process; ``python -m
+moe_tutorial.exercises.release`` writes the class's copy of the series without the solutions.
 """
 from .catalog import EXERCISES, Exercise, for_part
 from .part1 import check_expert_pairs, check_loop_layer, check_loop_matmul, check_route

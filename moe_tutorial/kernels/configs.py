@@ -17,6 +17,7 @@ import torch
 
 from .. import runtime
 from ..checks import as_int
+from ..fp8_format import BLOCK as FP8_BLOCK
 from .gluon_kernel import HAVE_GLUON
 
 
@@ -74,6 +75,34 @@ def check_config(config, name: str = "config") -> KernelConfig:
         raise ValueError(f"{name}.warp_specialize: only the persistent kernel specialises warps; "
                          f"set persistent=True too")
     return replace(config, **fields)
+
+
+def check_fp8_config(config, name: str = "config", *, quant_out: bool = False) -> KernelConfig:
+    """:func:`check_config`, and the FP8 kernel's own rules: ``block_k`` divides 128 (one scale per
+    K step), and ``block_n`` is 128 where the GEMM quantises its output (``quant_out``: the layer's
+    gate/up GEMM writes one scale per row and 128 columns)."""
+    config = check_config(config, name)
+    if FP8_BLOCK % config.block_k:
+        raise ValueError(f"{name}.block_k: expected a power of two dividing {FP8_BLOCK} (one scale per K step), "
+                         f"got {config.block_k}")
+    if quant_out and config.block_n != FP8_BLOCK:
+        raise ValueError(f"{name}.block_n: expected {FP8_BLOCK}, since this GEMM quantises its output (one scale per "
+                         f"row and {FP8_BLOCK} columns), got {config.block_n}")
+    return config
+
+
+def check_fp8_configs(configs) -> tuple[KernelConfig, KernelConfig]:
+    """The FP8 layer's ``(gate/up, down)`` pair, each checked by :func:`check_fp8_config`, with one
+    ``block_m``: both GEMMs read one alignment."""
+    if not isinstance(configs, (tuple, list)) or len(configs) != 2:
+        got = f"{len(configs)} items" if isinstance(configs, (tuple, list)) else type(configs).__name__
+        raise TypeError(f"configs: expected a pair (gate/up KernelConfig, down KernelConfig), got {got}")
+    up = check_fp8_config(configs[0], "configs[0]", quant_out=True)
+    down = check_fp8_config(configs[1], "configs[1]")
+    if up.block_m != down.block_m:
+        raise ValueError(f"configs: the two GEMMs share one alignment, so one block_m; got {up.block_m} "
+                         f"and {down.block_m}")
+    return up, down
 
 
 #: In the interpreter warps and stages mean nothing and every program costs about a

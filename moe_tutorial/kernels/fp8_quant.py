@@ -12,7 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..quant import BLOCK, E4M3_MAX, FP8_DTYPE, MIN_AMAX
+from ..checks import check_fp8_activations, check_values
+from ..fp8_format import BLOCK, E4M3_MAX, FP8_DTYPE, MIN_AMAX
 
 #: The quantisation rule's constants, as kernels see them (a kernel reads globals only as constexpr).
 E4M3_MAX_C = tl.constexpr(E4M3_MAX)
@@ -40,9 +41,14 @@ def round_to_e4m3(v):
 def quantize_group(values, E4M3_MAX: tl.constexpr, MIN_AMAX: tl.constexpr):
     """``(q, scale)`` of a ``[rows, 128]`` fp32 block, one group per row: ``scale = amax / 448``,
     ``q = values / scale`` clamped to e4m3's range (division may carry 448 a hair over) and
-    rounded to e4m3 values (still fp32: the caller casts)."""
+    rounded to e4m3 values (still fp32: the caller casts).
+
+    A group holding NaN or +-Inf gets a NaN scale: ``tl.max`` skips NaN (the group would come out
+    finite, NaN stored as -448) and an Inf would make the scale Inf. With a NaN scale everything
+    computed from the group is NaN, never a finite number that looks right."""
     amax = tl.maximum(tl.max(tl.abs(values), axis=1), MIN_AMAX)
-    scale = amax / E4M3_MAX
+    finite = tl.max(tl.where(tl.abs(values) < float("inf"), 0, 1), axis=1) == 0    # NaN < inf is False too
+    scale = tl.where(finite, amax / E4M3_MAX, float("nan"))
     q = round_to_e4m3(tl.clamp(values / scale[:, None], -E4M3_MAX, E4M3_MAX))
     return q, scale
 
@@ -67,12 +73,22 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token, 128-group FP8 quantisation of activations, on the runtime's device.
 
     Args:
-        x: ``[M, K]`` float (fp32 in the interpreter; bf16/fp16/fp32 on a GPU); any strides.
+        x: ``[M, K]`` float (fp32 in the interpreter; bf16/fp16/fp32 on a GPU); any strides; finite:
+            NaN or Inf has no scale and is refused with a ValueError naming the element. Reading that
+            verdict back is one host sync on a GPU (skipped while a CUDA graph is captured, where a
+            group with NaN or Inf gets a NaN scale instead, so it never comes out finite).
 
     Returns:
         ``(q [M, K] float8_e4m3fn, scale [M, ceil(K/128)] fp32)``, as
         :func:`moe_tutorial.quant.quantize_activations` computes them in float64.
     """
+    check_fp8_activations("x", x)
+    check_values(finite={"x": x})
+    return launch_quantize_rows(x)
+
+
+def launch_quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize_rows` on inputs already checked (the FP8 layer's first step)."""
     M, K = x.shape
     q = torch.empty(M, K, dtype=FP8_DTYPE, device=x.device)
     scale = torch.empty(M, triton.cdiv(K, BLOCK), dtype=torch.float32, device=x.device)

@@ -34,7 +34,7 @@ import triton.language as tl
 from .. import runtime
 from ..quant import BLOCK, FP8_DTYPE
 from .configs import sm_count
-from .fp8_quant import E4M3_MAX_C, MIN_AMAX_C, quantize_group, quantize_rows, silu_mul_quantize
+from .fp8_quant import E4M3_MAX_C, MIN_AMAX_C, launch_quantize_rows, quantize_group, silu_mul_quantize
 from .gluon_kernel import HAVE_GLUON
 from .topk_sum import topk_sum
 
@@ -506,7 +506,7 @@ def gluon_fp8_layer(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor,
     M, K = x.shape
     inter = w2.shape[2]
     num_pairs = M * topk
-    x_q, x_s = quantize_rows(x)
+    x_q, x_s = launch_quantize_rows(x)          # x was checked at the door (fp8_moe_layer)
     a, a_scale_t = gather_sorted_fp8(x_q, x_s, alignment, num_pairs, topk, cfg_up.block_m)
     R = a.shape[0]
     if cfg_up.block_m == 64:
