@@ -105,7 +105,7 @@ IMPLEMENTATIONS: tuple[Implementation, ...] = (
         "fp8-tl", "Part 7, tl kernel only (tuned)", "#ff7f0e",
         "Part 7's tl kernel with its tuned tiles at every M: what the Gluon kernel is measured against",
         first=lambda inp: impls.first_fp8(inp, kernel="tl"), layer=lambda inp: impls.layer_fp8(inp, kernel="tl"),
-        precision="fp8"),
+        precision="fp8", in_default_sweep=False),
     # Part 7 built up (notebook 07): each keeps the steps before it; tuned tiles give "fp8".
     Implementation(
         "fp8-step0", "Part 7 step 0: FP8 kernel, pointer loads", "#ff9896",
