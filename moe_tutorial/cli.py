@@ -15,10 +15,11 @@ import matplotlib
 import torch
 
 from . import runtime
+from .checks import kernel_dtypes_expected
 from .figures.perf import save_bench_figures
 from .kernels.configs import user_table_path
 from .perf import tuning
-from .perf.bench import CPU_BATCH_SIZES, CPU_SHAPE, GEMMS, INTERPRETER_NOTE, default_plan, run_bench
+from .perf.bench import ALL_GEMMS, CPU_BATCH_SIZES, CPU_SHAPE, GEMMS, INTERPRETER_NOTE, STEP, default_plan, run_bench
 from .perf.registry import BY_NAME, LAYER_IMPLS
 from .perf.report import fraction_table, geomean_table, skipped_reasons, time_table
 from .perf.timing import PROTOCOLS
@@ -169,8 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
                        metavar="NAMES", help="comma-separated implementations; each gemm runs those it has "
                        "(default: all but Part 4's production steps; sorted-heuristic only where a tuned "
                        "table exists)")
-    shape.add_argument("--gemm", type=_choice_list(GEMMS, "gemm"), default=GEMMS, metavar="first,layer",
-                       help="which problems: the first GEMM, the whole layer, or both (default: both)")
+    shape.add_argument("--gemm", type=_choice_list(ALL_GEMMS, "gemm"), default=GEMMS, metavar="first,layer",
+                       help="which problems: the first GEMM, the whole layer, or both (default: both); 'step' is "
+                            "the layer's forward + backward, as --backward adds it")
+    shape.add_argument("--backward", action="store_true",
+                       help="also time the layer's forward + backward (gemm 'step', Part 8): moe_layer with "
+                            "autograd for loop, indexing and sorted (Part 8's kernels), the torch._grouped_mm "
+                            "composition and Liger-Kernel's fused_moe where they run; each checked on dx")
     shape.add_argument("--dtype", type=_dtype, default=None,
                        help="bfloat16 (GPU default), float16, or float32 (the only one on the CPU)")
     shape.add_argument("--quick", action="store_true",
@@ -274,7 +280,7 @@ def plan_from_args(parser: argparse.ArgumentParser, args):
     plan = default_plan(quick=args.quick)
     dtype = getattr(torch, args.dtype) if args.dtype else plan.dtype
     if dtype not in runtime.KERNEL_DTYPES:
-        parser.error(f"--dtype {args.dtype}: the CPU interpreter runs float32 only (bf16 is silently wrong there)")
+        parser.error(f"--dtype {args.dtype}: expected {kernel_dtypes_expected(dtype)}")
     custom = _custom_shape(parser, args)
     if args.models is not None or custom is not None:
         plan.shapes = list(args.models or []) + ([custom] if custom else [])
@@ -289,7 +295,7 @@ def plan_from_args(parser: argparse.ArgumentParser, args):
     if args.batch_sizes:
         plan.batch_sizes = args.batch_sizes
     plan.dtype = dtype
-    plan.gemms = args.gemm
+    plan.gemms = args.gemm + ((STEP,) if args.backward and STEP not in args.gemm else ())
     plan.impls = args.impls
     plan.protocol = args.protocol
     plan.max_seconds = args.max_seconds_per_case

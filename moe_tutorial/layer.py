@@ -10,6 +10,7 @@ from .checks import check_kernel_dtype, check_layer_inputs, check_no_grad
 from .indexing import indexing_moe_matmul
 from .kernels.fused_kernel import fused_moe_matmul
 from .kernels.sorted_kernel import sorted_moe_layer
+from .kernels.trainable_layer import trainable_moe_layer
 from .loop import loop_moe_layer
 
 IMPLS = ("loop", "indexing", "fused", "sorted")
@@ -40,9 +41,11 @@ def moe_layer(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
         topk_weights: ``[M, topk]`` float router weights (see :func:`moe_tutorial.route`).
         topk_ids: ``[M, topk]`` int32/int64 expert ids in ``[0, E)``.
         impl: "loop" (Part 1), "indexing" (Part 2), "fused" (Part 3 kernel) or
-            "sorted" (Part 4 kernel). The kernels need fp32 in the interpreter, and have no
-            backward pass: with them, inputs that require grad are refused (ValueError) unless
-            autograd is off (``torch.no_grad()``); "loop" and "indexing" are differentiable.
+            "sorted" (Part 4 kernel). The kernels need fp32 in the interpreter. "loop",
+            "indexing" and "sorted" are differentiable: with "sorted", inputs that require grad
+            (autograd on) take Part 8's kernels, whose backward gives gradients for x, w13, w2
+            and topk_weights. "fused" has no backward: inputs that require grad are refused
+            (ValueError) unless autograd is off (``torch.no_grad()``).
 
     Returns:
         ``[M, K]`` in x's dtype. ``M = 0`` gives an empty ``[0, K]``.
@@ -53,6 +56,8 @@ def moe_layer(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     if impl == "loop":
         return loop_moe_layer(x, w13, w2, topk_weights, topk_ids)
     if impl == "sorted":
+        if _tracked(x, w13, w2, topk_weights):
+            return trainable_moe_layer(x, w13, w2, topk_weights, topk_ids)   # Part 8: forward and backward
         return sorted_moe_layer(x, w13, w2, topk_weights, topk_ids)
     if impl == "fused":
         check_no_grad({"x": x, "w13": w13, "w2": w2, "topk_weights": topk_weights})
@@ -64,3 +69,8 @@ def moe_layer(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     if impl == "indexing":
         return two_gemm_layer(indexing_moe_matmul, x, w13, w2, topk_weights, topk_ids)
     return two_gemm_layer(fused_moe_matmul, x, w13, w2, topk_weights, topk_ids)
+
+
+def _tracked(*tensors) -> bool:
+    """True when autograd would record an operation on any of ``tensors``."""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)

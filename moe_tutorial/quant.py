@@ -24,16 +24,12 @@ import math
 
 import torch
 
-from .checks import _capturing, _fail, check_tensor
+from .checks import check_fp8_pair, check_tensor, fail
+from .fp8_format import BLOCK, E4M3_MAX, FP8_DTYPE, MIN_AMAX, scale_shape
 
-#: The FP8 format the series uses: e4m3 without infinities ("fn"), largest finite value 448.
-FP8_DTYPE = torch.float8_e4m3fn
-#: Largest finite e4m3 value.
-E4M3_MAX = 448.0
-#: Block edge for weights and group width for activations.
-BLOCK = 128
-#: A block whose largest magnitude is below this is scaled as if it were this (no division by 0).
-MIN_AMAX = 1e-12
+#: The format's constants and checks, importable from here as before (they live in fp8_format and checks).
+__all__ = ["FP8_DTYPE", "E4M3_MAX", "BLOCK", "MIN_AMAX", "scale_shape", "check_fp8_pair", "quantize_weight",
+           "quantize_w13", "quantize_activations", "dequantize_weight", "dequantize_activations"]
 
 
 def _block_amax(t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
@@ -51,7 +47,13 @@ def _expand(scale: torch.Tensor, rows: int, cols: int, R: int, C: int) -> torch.
     return scale.repeat_interleave(rows, dim=-2)[..., :R, :].repeat_interleave(cols, dim=-1)[..., :C]
 
 
+@torch.no_grad()
 def _quantize(t: torch.Tensor, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    # No autograd: from an nn.Parameter the graph would keep the float64 copies (8 bytes a weight) alive.
+    t = t.detach()
+    if t.numel() == 0:                  # no experts, rows or columns: nothing to scale
+        return (torch.empty(t.shape, dtype=FP8_DTYPE, device=t.device),
+                torch.empty(scale_shape(t.shape, rows), dtype=torch.float32, device=t.device))
     if t.dim() >= 3 and t[0].numel() * 8 < t.numel() and t.numel() > 1 << 26:
         # A layer's experts in float64 would take 8 bytes per weight at once: a few at a time.
         step = max(1, (1 << 26) // t[0].numel())
@@ -65,13 +67,13 @@ def _quantize(t: torch.Tensor, rows: int, cols: int) -> tuple[torch.Tensor, torc
 
 def _check_float(name: str, t, min_dim: int) -> None:
     if not isinstance(t, torch.Tensor):
-        _fail(TypeError, name, "a torch.Tensor", type(t).__name__)
+        fail(TypeError, name, "a torch.Tensor", type(t).__name__)
     if t.dim() < min_dim:
-        _fail(ValueError, name, f"a tensor of at least {min_dim} dims", f"shape {tuple(t.shape)}")
+        fail(ValueError, name, f"a tensor of at least {min_dim} dims", f"shape {tuple(t.shape)}")
     if not t.is_floating_point() or t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        _fail(TypeError, name, "an fp32, fp16, bf16 or fp64 tensor to quantise", t.dtype)
+        fail(TypeError, name, "an fp32, fp16, bf16 or fp64 tensor to quantise", t.dtype)
     if not torch.isfinite(t).all():
-        _fail(ValueError, name, "finite values (NaN or Inf has no e4m3 block scale)", "NaN or Inf")
+        fail(ValueError, name, "finite values (NaN or Inf has no e4m3 block scale)", "NaN or Inf")
 
 
 def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,7 +100,7 @@ def quantize_w13(w13: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """
     _check_float("w13", w13, 3)
     if w13.shape[-2] % 2:
-        _fail(ValueError, "w13", "an even second dim 2*I (gate rows then up rows)", f"shape {tuple(w13.shape)}")
+        fail(ValueError, "w13", "an even second dim 2*I (gate rows then up rows)", f"shape {tuple(w13.shape)}")
     inter = w13.shape[-2] // 2
     (qg, sg), (qu, su) = _quantize(w13[..., :inter, :], BLOCK, BLOCK), _quantize(w13[..., inter:, :], BLOCK, BLOCK)
     return torch.cat([qg, qu], dim=-2), torch.cat([sg, su], dim=-2)
@@ -138,45 +140,3 @@ def dequantize_activations(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor
     :func:`quantize_activations` returns them."""
     check_fp8_pair("q", q, "scale", scale, rows=1)
     return q.double() * _expand(scale.double(), 1, BLOCK, *q.shape[-2:])
-
-
-def scale_shape(shape, rows: int = BLOCK, *, halves: bool = False) -> tuple[int, ...]:
-    """The scale tensor's shape for an e4m3 tensor of ``shape``: 128-wide blocks along the last
-    dim, ``rows``-tall along the one before (128 for weights, 1 for activations); with ``halves``
-    the two halves of that dim blocked apart (:func:`quantize_w13`)."""
-    *lead, R, C = shape
-    nr = 2 * math.ceil(R // 2 / rows) if halves else math.ceil(R / rows)
-    return (*lead, nr, math.ceil(C / BLOCK))
-
-
-def check_fp8_pair(name: str, q, scale_name: str, scale, *, rows: int, halves: bool = False) -> None:
-    """An e4m3 tensor and its fp32 scales, as the FP8 kernels take them; errors name what is wrong.
-
-    ``q`` must be ``torch.float8_e4m3fn`` (e5m2, with 2 mantissa bits, is another format); ``scale``
-    a finite, positive fp32 tensor of :func:`scale_shape` on q's device.
-    """
-    if not isinstance(q, torch.Tensor):
-        _fail(TypeError, name, "a torch.Tensor", type(q).__name__)
-    if q.dtype == torch.float8_e5m2:
-        _fail(TypeError, name, "torch.float8_e4m3fn (e4m3: 3 mantissa bits, the format of block-scaled "
-              "checkpoints; e5m2 has 2 and a different range)", q.dtype)
-    if q.dtype != FP8_DTYPE:
-        _fail(TypeError, name, "torch.float8_e4m3fn (quantise it first: moe_tutorial.quant)", q.dtype)
-    if scale is None:
-        _fail(ValueError, scale_name, f"the fp32 block scales of {name} (FP8 values mean nothing without them)",
-              "None")
-    if not isinstance(scale, torch.Tensor):
-        _fail(TypeError, scale_name, "a torch.Tensor", type(scale).__name__)
-    if scale.dtype != torch.float32:
-        _fail(TypeError, scale_name, "torch.float32", scale.dtype)
-    if q.dim() < 2:
-        _fail(ValueError, name, "a tensor of at least 2 dims", f"shape {tuple(q.shape)}")
-    expected = scale_shape(q.shape, rows, halves=halves)
-    if tuple(scale.shape) != expected:
-        block = "128 x 128 block" if rows == BLOCK else "token and 128-wide group"
-        _fail(ValueError, scale_name, f"shape {expected} (one scale per {block} of {name} {tuple(q.shape)})",
-              f"shape {tuple(scale.shape)}")
-    if scale.device != q.device:
-        _fail(ValueError, scale_name, f"{name}'s device {q.device}", scale.device)
-    if scale.numel() and not _capturing(scale) and not bool((torch.isfinite(scale) & (scale > 0)).all()):
-        _fail(ValueError, scale_name, "finite, positive scales", "NaN, Inf, zero or negative scales")

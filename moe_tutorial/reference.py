@@ -89,3 +89,17 @@ def reference_fp8_moe_layer(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_
     h_deq = dequantize_activations(*quantize_activations(h.reshape(M * topk, inter)))
     down = reference_moe_matmul(h_deq, dequantize_weight(w2, w2_scale), topk_ids.reshape(M * topk, 1))
     return (down.view(M, topk, -1) * topk_weights.double()[..., None]).sum(dim=1)
+
+
+#: The names of the layer's differentiable inputs, in :func:`reference_moe_layer`'s order.
+LAYER_GRAD_INPUTS = ("x", "w13", "w2", "topk_weights")
+
+
+def reference_layer_grads(x, w13, w2, topk_weights, topk_ids, d_out) -> dict:
+    """Autograd through :func:`reference_moe_layer` in float64: the gradients of
+    ``<d_out, layer(...)>`` by input, ``{"x": [M, K], "w13": [E, 2I, K], "w2": [E, K, I],
+    "topk_weights": [M, topk]}``, all float64 (``d_out`` ``[M, K]``, any float dtype)."""
+    leaves = [t.detach().double().requires_grad_() for t in (x, w13, w2, topk_weights)]
+    with torch.enable_grad():
+        reference_moe_layer(*leaves, topk_ids).backward(d_out.double())
+    return dict(zip(LAYER_GRAD_INPUTS, (t.grad for t in leaves)))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .checks import _capturing, as_int, check_holds_values, check_tensor
+from .checks import as_int, capturing, check_holds_values, check_tensor
 
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -29,6 +29,9 @@ def route(router_logits: torch.Tensor, top_k: int, renormalize: bool = True) -> 
         raise TypeError(f"router_logits: expected a floating-point dtype, got {router_logits.dtype}")
     check_holds_values("router_logits", router_logits)
     num_experts = router_logits.shape[1]
+    if num_experts == 0:
+        raise ValueError(f"router_logits: expected at least one expert (router_logits is [M, E] with E >= 1), got "
+                         f"shape {tuple(router_logits.shape)}")
     top_k = as_int("top_k", top_k)
     if not isinstance(renormalize, (bool, np.bool_)):
         # A string like "no" is truthy: taken as True it would renormalise against the caller's wish.
@@ -38,7 +41,7 @@ def route(router_logits: torch.Tensor, top_k: int, renormalize: bool = True) -> 
     probs = torch.softmax(router_logits.float(), dim=-1)
     topk_weights, topk_ids = torch.topk(probs, top_k, dim=-1)
     # topk ranks NaN above every number, so a row without a softmax shows up in its first weight.
-    if topk_weights.numel() and not _capturing(topk_weights) and bool(topk_weights[:, 0].isnan().any()):
+    if topk_weights.numel() and not capturing(topk_weights) and bool(topk_weights[:, 0].isnan().any()):
         _refuse_logits(router_logits)
     if renormalize:
         topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)

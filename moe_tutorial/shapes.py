@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .routing import route
+
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -74,3 +76,27 @@ def random_problem(M: int, N: int, K: int, num_experts: int, topk: int, *, dtype
     weight = (torch.randn(num_experts, N, K, generator=g) * scale).to(device=device, dtype=dtype)
     ids = random_topk_ids(M, num_experts, topk, generator=g, device=device)
     return x, weight, ids
+
+
+def random_layer_problem(M: int, hidden: int, inter: int, num_experts: int, topk: int, *, dtype=torch.float32,
+                         device="cpu", seed: int = 0, x_scale: float = 1.0, experts: int | None = None) -> dict:
+    """Random inputs of the whole layer and a gradient for its output, for the backward's checks.
+
+    Returns ``{"x": [M, hidden], "w13": [E, 2I, hidden], "w2": [E, hidden, I], "topk_weights":
+    [M, topk] fp32, "topk_ids": [M, topk] int32, "d_out": [M, hidden]}``: weights scaled so that
+    activations stay O(x_scale), routing from a softmax over random logits (:func:`route`) among
+    the first ``experts`` experts only if given (the others get no token; ``topk <= experts``).
+    Made on the CPU from ``seed``, then moved: the same values on every device.
+    """
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(M, hidden, generator=g) * x_scale
+    w13 = torch.randn(num_experts, 2 * inter, hidden, generator=g) * hidden ** -0.5
+    w2 = torch.randn(num_experts, hidden, inter, generator=g) * inter ** -0.5
+    logits = torch.randn(M, num_experts, generator=g)
+    if experts is not None:
+        logits[:, experts:] = float("-inf")
+    topk_weights, topk_ids = route(logits, topk)
+    d_out = torch.randn(M, hidden, generator=g)
+    tensors = dict(x=x, w13=w13, w2=w2, topk_weights=topk_weights, topk_ids=topk_ids, d_out=d_out)
+    return {k: v.to(device=device, dtype=dtype if v.is_floating_point() and k != "topk_weights" else v.dtype)
+            for k, v in tensors.items()}

@@ -117,6 +117,7 @@ KINDS = {
 }
 
 # Source lines of the solutions that several mutants edit.
+_P1_PAIRS = "    return idx, slot\n"
 _P1_LOOP_OUT = "    out = x.new_empty(M, topk, N)\n    counts"
 _P2_MATMUL = "return torch.matmul(selected, x[:, None, :, None]).squeeze(-1)"
 _P3_X_LOAD = "x = tl.load(x_ptr + pid_m * stride_xm + k * stride_xk, mask=k_ok, other=0.0)   # [BLOCK_K]"
@@ -131,6 +132,9 @@ _P4_DOT_AND_WEIGHTS = '''        acc = tl.dot(a, b, acc)
         acc = acc * w[:, None]
 '''
 _P4_ROUTER = "router = out if topk_weights is None else topk_weights.reshape(-1).float().contiguous()"
+_P8_ACT = "act = F.silu(h[:inter]) * h[inter:]"
+_P8_PADDING = ("        if pair == M * topk:                           # a padding row of the run\n"
+               "            continue\n")
 _P4_B_LOAD = ("        b = tl.load(w_ptr + expert * stride_we + n[None, :] * stride_wn + k[:, None] * stride_wk,\n"
               "                    mask=(k[:, None] < K) & (n[None, :] < N), other=0.0)")
 
@@ -160,6 +164,12 @@ MUTANTS = [
            (("def route(router_logits, top_k, renormalize=True):",
              "def route(router_logits, top_k, renormalize=False):"),),
            phrase="its default must be True", kind="value"),
+    Mutant("1.1", "softmax shifted by the batch's max",
+           (("    probs = torch.softmax(router_logits.float(), dim=-1)",
+             "    logits = router_logits.float()\n"
+             "    e = (logits - (logits.max() if logits.numel() else 0.0)).exp()\n"
+             "    probs = e / e.sum(dim=-1, keepdim=True)"),),
+           phrase="your softmax subtracts one max for the whole batch", kind="value"),
     # ------------------------------------------------------------------ 1.2 expert_pairs
     Mutant("1.2", "(slot, idx)", (("    return idx, slot\n", "    return slot, idx\n"),),
            phrase="you returned (slot, idx)"),
@@ -171,6 +181,12 @@ MUTANTS = [
            phrase="an extra axis of size 1", kind="shape"),
     Mutant("1.2", "indices as floats", (("    return idx, slot\n", "    return idx.float(), slot.float()\n"),),
            phrase="idx: expected an integer tensor (indices), got torch.float32", kind="dtype"),
+    Mutant("1.2", "indices as uint8", ((_P1_PAIRS, "    return idx.to(torch.uint8), slot.to(torch.uint8)\n"),),
+           phrase="idx: expected int64 (or int32) indices, got torch.uint8: torch reads a uint8 tensor used as an "
+                  "index as a mask", kind="dtype"),
+    Mutant("1.2", "indices as int16", ((_P1_PAIRS, "    return idx.to(torch.int16), slot.to(torch.int16)\n"),),
+           phrase="idx: expected int64 (or int32) indices, got torch.int16: torch refuses it as an index",
+           kind="dtype"),
     # ------------------------------------------------------------------ 1.3 the loop
     Mutant("1.3", "wrong expert index", (("idx, slot = expert_pairs(topk_ids, e)\n        out[",
                                           "idx, slot = expert_pairs(topk_ids.flip(1), e)\n        out["),),
@@ -217,6 +233,10 @@ MUTANTS = [
             ("rows = (act @ w2[e].T).float() * topk_weights[idx, slot, None].float()",
              "rows = (act @ w2[e].T) * topk_weights[idx, slot, None].to(x.dtype)")),
            phrase="the products or the sum over the slots are kept in torch.bfloat16", kind="dtype"),
+    Mutant("1.4", "router weight on the activation, in bfloat16",
+           (("rows = (act @ w2[e].T).float() * topk_weights[idx, slot, None].float()",
+             "rows = ((act * topk_weights[idx, slot, None].to(x.dtype)) @ w2[e].T).float()"),),
+           phrase="or the router weight multiplies the activation before the down GEMM", kind="dtype"),
     # ------------------------------------------------------------------ 2.1 select_weights
     Mutant("2.1", "ids transposed", (("return weight[topk_ids.long()]", "return weight[topk_ids.long().t()]"),),
            phrase="wrong order"),
@@ -242,6 +262,11 @@ MUTANTS = [
     Mutant("2.3", "int32 overflow", (("return M * topk * N * K * itemsize",
                                       "return int(torch.tensor(M, dtype=torch.int32) * topk * N * K * itemsize)"),),
            phrase="wrapped around"),
+    Mutant("2.3", "a float result", (("return M * topk * N * K * itemsize", "return M * topk * N * K * itemsize / 1"),),
+           phrase="expected a number of bytes (an int), got float", kind="dtype"),
+    Mutant("2.3", "a float32 product", (("return M * topk * N * K * itemsize",
+                                         "return int(torch.tensor(float(M)) * topk * N * K * itemsize)"),),
+           phrase="off by 59,434: a rounding", kind="value"),
     # ------------------------------------------------------------------ 2.4 the layer from one function
     Mutant("2.4", "no router weights", ((" * topk_weights[..., None].float()", ""),), phrase="without router weights"),
     Mutant("2.4", "slot 0 only", (("return weighted.sum(dim=1).to(x.dtype)", "return weighted[:, 0].to(x.dtype)"),),
@@ -377,6 +402,13 @@ MUTANTS = [
                                             "torch.full((num_post,), num_pairs, dtype=torch.float32,"),
                                            ("order.to(torch.int32)", "order.float()")),
            phrase="sorted_token_ids: expected a 1-D integer tensor", kind="dtype"),
+    Mutant("4.1", "expert ids in int8", (("return sorted_ids, expert_ids.to(torch.int32),",
+                                          "return sorted_ids, expert_ids.to(torch.int8),"),),
+           phrase="expert_ids: expected an int32 (or int64) tensor, got torch.int8", kind="dtype"),
+    Mutant("4.1", "sorted ids in uint8", (("torch.full((num_post,), num_pairs, dtype=torch.int32,",
+                                           "torch.full((num_post,), num_pairs, dtype=torch.uint8,"),
+                                          ("order.to(torch.int32)", "order.to(torch.uint8)")),
+           phrase="sorted_token_ids: expected an int32 (or int64) tensor, got torch.uint8", kind="dtype"),
     # ------------------------------------------------------------------ 4.2 grouped_pid
     Mutant("4.2", "no min for the last group", (("group_rows = min(num_pid_m - first_m, group_m)",
                                                  "group_rows = group_m"),),
@@ -420,6 +452,8 @@ MUTANTS = [
              "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=x_ptr.dtype.element_ty)"),
             ("acc = tl.dot(a, b, acc)", "acc += tl.dot(a, b).to(acc.dtype)")),
            phrase="the sum is kept in float16", kind="dtype"),
+    Mutant("4.3", "int32 expert offsets", ((".to(tl.int64)   # expert * stride_we passes 2**31", "   # 2**31"),),
+           phrase="in int32 it wraps around", kind="value"),
     # ------------------------------------------------------------------ 4.4 the epilogue
     Mutant("4.4", "no router weights", (("acc = acc * w[:, None]", "acc = acc"),), phrase="without the router weights"),
     Mutant("4.4", "weights by token", (("router_ptr + pair, mask=row_ok", "router_ptr + pair // TOPK, mask=row_ok"),),
@@ -449,6 +483,14 @@ MUTANTS = [
     Mutant("7.1", "multiplies by the scale", (("(block / scale)", "(block * scale)"),), phrase="divide by the scale"),
     Mutant("7.1", "no floor for zero blocks", ((".clamp_min(1e-12)", ""),), phrase="finite, positive", kind="value"),
     Mutant("7.1", "stays float32", ((".to(torch.float8_e4m3fn)", ""),), phrase="float8_e4m3fn", kind="dtype"),
+    Mutant("7.1", "amax skips row 0", (("amax = block.abs().max()", "amax = block[1:].abs().max()"),),
+           phrase="your amax skips row 0 of the block", kind="value"),
+    Mutant("7.1", "amax skips the last column", (("amax = block.abs().max()", "amax = block[:, :-1].abs().max()"),),
+           phrase="your amax skips the last column (127) of the block", kind="value"),
+    Mutant("7.1", "floor at 1e-8", ((".clamp_min(1e-12)", ".clamp_min(1e-8)"),),
+           phrase="is your floor larger than 1e-12?", kind="value"),
+    Mutant("7.1", "floor only for all-zero blocks", ((".clamp_min(1e-12)", ".where(block.abs().max() > 0, 1e-12)"),),
+           phrase="so a floor applies to tiny blocks too", kind="value"),
     # ------------------------------------------------------------------ 7.2 the scaled K loop
     Mutant("7.2", "no scales", (("(a @ w.T) * a_scale[:, g, None] * w_scale[col_scale_row, g][None, :]", "(a @ w.T)"),),
            phrase="never applied"),
@@ -461,6 +503,24 @@ MUTANTS = [
            kind="shape"),
     Mutant("7.2", "bf16 accumulator", (("dtype=torch.float32)", "dtype=torch.bfloat16)"),), phrase="float32 sums",
            kind="dtype"),
+    # ------------------------------------------------------------------ 8.1 the router gradient
+    Mutant("8.1", "no silu", ((_P8_ACT, "act = h[:inter] * h[inter:]"),), phrase="A is silu(gate) * up"),
+    Mutant("8.1", "gate and up swapped", ((_P8_ACT, "act = F.silu(h[inter:]) * h[:inter]"),),
+           phrase="the gate rows first"),
+    Mutant("8.1", "W2 not transposed", (("d_act = w2[e].T @ d_out[t]", "d_act = w2[e] @ d_out[t]"),),
+           phrase="dA' = W2[e]^T dO_t", kind="shape"),
+    Mutant("8.1", "sigmoid for silu", ((_P8_ACT, "act = torch.sigmoid(h[:inter]) * h[inter:]"),),
+           phrase="silu(gate) = gate * sigmoid(gate)", kind="value"),
+    Mutant("8.1", "a flat dS", (("    return ds", "    return ds.flatten()"),), phrase="not flat", kind="shape"),
+    # ------------------------------------------------------------------ 8.2 one tile of dW2
+    Mutant("8.2", "padding rows not skipped", ((_P8_PADDING, ""),),
+           phrase="padding rows hold M * topk"),
+    Mutant("8.2", "d_out's row is the pair", (("token = pair // topk", "token = pair"),), phrase="one per token"),
+    Mutant("8.2", "s_act's row is the pair", (("s_act[r, q0:q0 + block]", "s_act[pair, q0:q0 + block]"),),
+           phrase="s_act is in sorted order"),
+    Mutant("8.2", "the edge tile not cut", (("tile = torch.zeros(min(block, K - p0), min(block, inter - q0))",
+                                            "tile = torch.zeros(block, block)"),),
+           phrase="the tile is cut where dW2 [K, I] = (40, 24) ends", kind="shape"),
 ]
 
 

@@ -7,6 +7,7 @@ checker that rejects a right answer written differently is a bug too
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import moe_tutorial
@@ -31,7 +32,7 @@ from moe_tutorial.kernels import interpreter
 import numpy as np
 import pytest
 import torch
-from exercise_mutants import ALTERNATIVES, KINDS, MUTANTS, PACKAGE_ANSWERS, solutions, stubs
+from exercise_mutants import ALTERNATIVES, KINDS, MUTANTS, PACKAGE_ANSWERS, notebook_code, solutions, stubs
 
 KERNEL_PARTS = {3, 4}
 interpreter_only = pytest.mark.skipif(not runtime.INTERPRETED,
@@ -48,7 +49,7 @@ def run(ex_id: str, fn, capsys) -> tuple[bool, str]:
 
 @pytest.fixture(scope="module")
 def solution_modules():
-    return {p: solutions(p) for p in (1, 2, 3, 4, 7)}
+    return {p: solutions(p) for p in (1, 2, 3, 4, 7, 8)}
 
 
 @pytest.mark.parametrize("ex_id", list(EXERCISES))
@@ -70,13 +71,32 @@ def _through_float32(fn):
     return wrapped
 
 
+def _held(fn):
+    """``fn`` called through a closure that holds it: the checker's values test, without its refusal of the package's
+    own function handed in, or called through the package's names (the tripwire replaces those, not this reference)."""
+    def held(*args, **kwargs):
+        return fn(*args, **kwargs)
+    return held
+
+
 @pytest.mark.parametrize("ex_id", sorted(PACKAGE_ANSWERS))
 def test_package_implementation_passes(ex_id, capsys):
-    fn = PACKAGE_ANSWERS[ex_id]
+    fn = _held(PACKAGE_ANSWERS[ex_id])
     if int(ex_id[0]) in KERNEL_PARTS and ex_id != "4.1" and not runtime.ON_GPU:
         fn = _through_float32(fn)
     ok, out = run(ex_id, fn, capsys)
     assert ok, out
+
+
+@pytest.mark.parametrize("ex_id", sorted(PACKAGE_ANSWERS))
+def test_the_package_answer_is_no_answer(ex_id, capsys):
+    """Handed in as is, or called from the student's function, the package's own answer fails, named."""
+    fn = PACKAGE_ANSWERS[ex_id]
+    ok, out = run(ex_id, fn, capsys)
+    assert not ok and "this is the package's own implementation, moe_tutorial." in out, out
+    module = __import__(fn.__module__, fromlist=["_"])
+    ok, out = run(ex_id, lambda *args, **kwargs: getattr(module, fn.__name__)(*args, **kwargs), capsys)
+    assert not ok and f"your function calls the package's own `{fn.__module__}.{fn.__name__}`" in out, out
 
 
 @pytest.mark.parametrize("ex_id", list(EXERCISES))
@@ -186,9 +206,9 @@ def test_odd_returns_fail_without_blaming_the_checker(ex_id, capsys):
         assert "the checker itself failed" not in out, (value, out)
 
 
-def test_an_input_changed_in_place_fails_even_when_the_result_is_right(capsys):
+def test_an_input_changed_in_place_fails_even_when_the_result_is_right(solution_modules, capsys):
     def route_and_scale(router_logits, top_k, renormalize=True):
-        result = moe_tutorial.route(router_logits, top_k, renormalize)
+        result = solution_modules[1].route(router_logits, top_k, renormalize)
         router_logits.mul_(2)
         return result
 
@@ -223,13 +243,13 @@ def test_hints_match_whole_names():
     assert "x load" in pointer_hint("x") and "expert-id" in pointer_hint("topk_ids_ptr")
 
 
-def test_wrong_return_types_are_explained(capsys):
+def test_wrong_return_types_are_explained(solution_modules, capsys):
     assert not exercises.check_loop_matmul(lambda x, w, ids: x.tolist())
     assert "expected a torch.Tensor of shape [M, topk, N] = (2, 2, 2), got list" in capsys.readouterr().out
     assert not exercises.check_route(lambda logits, k, renormalize=True: logits)
     assert "expected a pair" in capsys.readouterr().out
     assert not exercises.check_route(lambda logits, k, renormalize=True:
-                                     moe_tutorial.route(logits, k, renormalize)[::-1])
+                                     solution_modules[1].route(logits, k, renormalize)[::-1])
     assert "return (topk_weights, topk_ids)" in capsys.readouterr().out
     assert not exercises.check_loop_matmul(lambda x, w, ids:
                                            torch.einsum("mk,enk->men", x, w)[:, :ids.shape[1]].double())
@@ -334,7 +354,7 @@ def test_gpu_tests_collect_without_nbformat(tmp_path):
 
 
 def test_last_verdict_records_what_the_checker_decided(capsys):
-    exercises.check_intermediate_bytes(moe_tutorial.intermediate_bytes)
+    exercises.check_intermediate_bytes(_held(moe_tutorial.intermediate_bytes))
     assert last_verdict("2.3")[0] == "PASS"
     exercises.check_intermediate_bytes(lambda *a: print("[2.3] PASS intermediate_bytes: forged") or 0)
     assert last_verdict("2.3")[0] == "FAIL" and "[2.3] FAIL" in last_verdict("2.3")[1]
@@ -343,7 +363,7 @@ def test_last_verdict_records_what_the_checker_decided(capsys):
 def test_a_function_that_never_returns_times_out_with_a_clear_message(capsys, monkeypatch):
     from moe_tutorial.exercises import timelimit
 
-    monkeypatch.setattr(timelimit, "CALL_LIMIT_S", 1.0)
+    monkeypatch.setattr(timelimit, "CHECK_LIMIT_S", 1.0)
 
     def forever(router_logits, top_k, renormalize=True):
         while True:
@@ -352,5 +372,34 @@ def test_a_function_that_never_returns_times_out_with_a_clear_message(capsys, mo
             except Exception:          # a student's broad except must not swallow the limit
                 pass
 
+    start = time.monotonic()
     ok, out = run("1.1", forever, capsys)
-    assert not ok and "did not return within 1 s" in out and "loop that never ends" in out, out
+    assert time.monotonic() - start < 1.5
+    assert not ok and "did not return within 1 s, the time the checker gives it for this exercise" in out, out
+    assert "loop that never ends" in out, out
+
+
+@pytest.mark.parametrize("ex_id", ["1.3", "3.2", "4.2"])
+def test_the_time_limit_is_for_the_whole_check_not_each_call(ex_id, solution_modules, capsys, monkeypatch):
+    """A checker calls the function many times (each problem, each pid in 4.2, a second probe after a failure); the
+    limit its message names is what the whole check takes at most. A right answer that takes 0.4 s a call is stopped
+    after 1 s in all, not let run for 0.4 s times the number of calls (it used to be allowed each call's limit)."""
+    from moe_tutorial.exercises import timelimit
+
+    monkeypatch.setattr(timelimit, "CHECK_LIMIT_S", 1.0)
+    right = getattr(solution_modules[int(ex_id[0])], EXERCISES[ex_id].function)
+
+    def slow(*args, **kwargs):
+        time.sleep(0.4)
+        return right(*args, **kwargs)
+
+    start = time.monotonic()
+    ok, out = run(ex_id, slow, capsys)
+    assert time.monotonic() - start < 1.6, out
+    assert not ok and "did not return within 1 s, the time the checker gives it for this exercise" in out, out
+
+
+def test_calling_the_package_is_fine_for_an_earlier_exercise_step(solution_modules, capsys):
+    """4.3 takes the alignment from the package's align_block_size (4.1's step), as its text says."""
+    assert "moe_tutorial.align_block_size(" in notebook_code("part4_solutions.ipynb", "solution")
+    assert run("4.3", solution_modules[4].sorted_moe_matmul, capsys)[0]

@@ -52,6 +52,12 @@ def test_explorer_sliders_and_redraw():
         slider.value = 1
         assert bytes(image.value) not in seen
         seen.add(bytes(image.value))
+    # Past the grid ipywidgets clamps silently; the box's note says where each slider stops, and so.
+    box.sliders["pid_m"].value = 99
+    assert box.sliders["pid_m"].value == 3
+    assert box.children[2].value == ("pid_m runs 0..3 (M = 4 tokens), pid_n 0..1 (cdiv(N, BLOCK_N) = cdiv(6, 4)), "
+                                     "k step 0..1 (cdiv(K, BLOCK_K) = cdiv(8, 4)). A value set past a slider's end is "
+                                     "clamped to it: the grid has no program there.")
 
 
 def test_static_figures_draw():

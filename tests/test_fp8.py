@@ -215,8 +215,10 @@ def _fp8_inputs():
     (lambda a: {**a, "weight": a["weight"].float().to(torch.float8_e5m2)}, TypeError,
      "weight: expected torch.float8_e4m3fn"),
     (lambda a: {**a, "weight": a["weight"].float()}, TypeError, "quantise it first"),
-    (lambda a: {**a, "weight_scale": a["weight_scale"] * float("nan")}, ValueError, "finite, positive"),
-    (lambda a: {**a, "x_scale": a["x_scale"] * float("inf")}, ValueError, "x_scale: expected finite, positive"),
+    (lambda a: {**a, "weight_scale": a["weight_scale"] * float("nan")}, ValueError,
+     r"weight_scale: expected finite scales, none negative .*, got nan at block \[0, 0, 0\]"),
+    (lambda a: {**a, "x_scale": a["x_scale"] * float("inf")}, ValueError,
+     r"x_scale: expected finite scales, none negative .*, got inf at block \[0, 0\]"),
     (lambda a: {**a, "x_scale": a["x_scale"][:, :0]}, ValueError, "x_scale: expected shape"),
     (lambda a: {**a, "topk_ids": a["topk_ids"] + 5}, ValueError, r"expert ids in \[0, 2\)"),
 ])
@@ -233,7 +235,7 @@ def test_fp8_layer_refuses_fp8_x_and_unscaled_halves():
     q2, s2 = quant.quantize_weight(torch.randn(2, 128, 256))
     tw, ti = mt.route(torch.randn(2, 2), 1)
     args = [q13.to(DEV), s13.to(DEV), q2.to(DEV), s2.to(DEV), tw.to(DEV), ti.to(DEV)]
-    with pytest.raises(TypeError, match="the layer quantises them itself"):
+    with pytest.raises(TypeError, match="the FP8 path quantises them itself"):
         fp8_moe_layer(x.to(torch.float8_e4m3fn), *args)
     with pytest.raises(ValueError, match="w13_scale: expected shape"):
         fp8_moe_layer(x, args[0], args[1][:, :1], *args[2:])

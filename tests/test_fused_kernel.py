@@ -208,11 +208,11 @@ def test_zero_k_gives_zeros():
     assert torch.equal(fused_moe_matmul(x, weight, ids), torch.zeros(2, 2, 8, device=DEV))
 
 
-@pytest.mark.parametrize("bad", [0, 2.0, True])
-def test_block_sizes_zero_or_not_int_are_rejected(bad):
-    """0 must not silently mean "use the default"; floats and bools are not block sizes."""
+@pytest.mark.parametrize("bad, kind", [(0, ValueError), (2.0, TypeError), (True, TypeError)])
+def test_block_sizes_zero_or_not_int_are_rejected(bad, kind):
+    """0 must not silently mean "use the default"; floats and bools are not block sizes (not ints at all)."""
     x, weight, ids = random_problem(2, 8, 8, 4, 2, device=DEV)
-    with pytest.raises(ValueError, match="block_n"):
+    with pytest.raises(kind, match="block_n: expected a"):
         fused_moe_matmul(x, weight, ids, block_n=bad)
 
 

@@ -102,3 +102,27 @@ def test_a_malformed_tuned_table_names_the_file(tmp_path, monkeypatch, text, fou
     path.write_text(text)
     with pytest.raises(ValueError, match=re.escape(f"tuned-config table {path}: {found}")):
         configs.load_tables()
+
+
+def test_route_refuses_sparse_logits_and_no_experts_by_their_names():
+    with pytest.raises(TypeError, match=r"^router_logits: expected a dense tensor \(call .to_dense\(\) first\), got "
+                                        r"torch.sparse_coo$"):
+        mt.route(torch.randn(3, 4).to_sparse(), 2)
+    with pytest.raises(ValueError, match=r"^router_logits: expected at least one expert .*, got shape \(3, 0\)$"):
+        mt.route(torch.randn(3, 0), 1)            # it blamed top_k: "between 1 and E=0"
+
+
+def test_numpy_block_sizes_are_ints_in_parts_3_and_4():
+    """``block_n=np.int64(16)`` was refused as "expected a power of two, got 16"."""
+    x, w, ids = _problem()
+    want = mt.fused_moe_matmul(x, w, ids, block_n=16, block_k=32)
+    assert torch.equal(mt.fused_moe_matmul(x, w, ids, block_n=np.int64(16), block_k=np.int32(32)), want)
+    with pytest.raises(ValueError, match=r"^block_n: expected a power of two, got 12$"):
+        mt.fused_moe_matmul(x, w, ids, block_n=np.int64(12))
+    from moe_tutorial.kernels.minimal_sorted_kernel import minimal_sorted_moe_matmul
+
+    want = minimal_sorted_moe_matmul(x, w, ids, block_m=16)
+    assert torch.equal(minimal_sorted_moe_matmul(x, w, ids, block_m=np.int64(16)), want)
+    with pytest.raises(ValueError, match=r"^block_k: expected a power of two of at least 16 \(tl.dot's minimum\), "
+                                         "got 8$"):
+        minimal_sorted_moe_matmul(x, w, ids, block_k=8)

@@ -171,7 +171,10 @@ def test_04_noise_from_same_kernel_pairs(rows):
 def test_04_grouped_order(rows):
     assert_says(P4, "5 row blocks, 3 column blocks, `GROUP_M = 2`")
     assert "num_pid_m, num_pid_n, GROUP_M = 5, 3, 2" in code(P4)
-    assert 5 % 2 == 1                               # "The last group has only one row block."
+    # "The last group has only one row block.": the row blocks each group of GROUP_M * num_pid_n = 6 pids covers.
+    pids = part4.tile_pids(5, 3, 2)
+    rows_of_group = [sorted({m for m in range(5) for p in pids[m] if p // 6 == g}) for g in range(3)]
+    assert rows_of_group == [[0, 1], [2, 3], [4]], rows_of_group
     assert part4.tile_pids(5, 3, 2)[4, 1] == 13     # the answer the reader predicts
     assert_says(P4, "40 tokens with top-2 of 4 experts, `BLOCK_M = 8`, 12 column blocks, in three orders:")
     assert "random_topk_ids(40, 4, 2," in code(P4) and "num_pid_n=12" in code(P4)

@@ -76,3 +76,10 @@ def test_readme_fp8_sentence_is_the_data():
                 f"{max(at1, key=at1.get)}); at M >= 4096 it reaches under half of the FP8 matmul rate, and at "
                 f"M = 16384 it is slower than bf16 on {words[len(slower)]} of the {words[len(models)]} models")
     assert sentence in text, sentence
+
+
+def test_readme_part8_table_is_the_data():
+    from moe_tutorial.experiments import backward
+
+    table = backward.summary_table(backward.load_backward(), markdown=True)
+    assert table in README.read_text(), ("README.md's Part 8 table is stale; paste this one:\n" + table)

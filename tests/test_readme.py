@@ -162,6 +162,10 @@ def test_venv_python_commands_run_as_written(command, tmp_path):
     elif "exercises.grade" in command:
         row = [line.split() for line in result.stdout.splitlines() if line.startswith("example ")]
         assert row == [["example", "PASS", "todo", "todo", "todo", "1/4"]], out[-3000:]
+    elif "exercises.release" in command:
+        folder = tmp_path / shlex.split(command)[-1]
+        assert (folder / "notebooks" / "exercises" / "part1_exercises.ipynb").exists(), out[-3000:]
+        assert not list(folder.rglob("*_solutions.ipynb")), "a release holds no solutions"
     else:
         raise AssertionError(f"{command!r}: this test does not know what the command should print; teach it")
 

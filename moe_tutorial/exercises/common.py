@@ -70,13 +70,15 @@ def strides_note(p: Problem) -> str:
 
 
 def check_first_gemm_fn(ex_id: str, fn: Callable, problems: list[Problem], tol: float, *,
-                        hints: Callable[[str], str] | None = None, weighted: bool = False, extra: str = "") -> bool:
-    """Exercise ``ex_id``: ``fn(x, weight, topk_ids[, topk_weights]) -> [M, topk, N]`` on every problem."""
+                        hints: Callable[[str], str] | None = None, weighted: bool = False,
+                        then: Callable[[Callable], str] | None = None) -> bool:
+    """Exercise ``ex_id``: ``fn(x, weight, topk_ids[, topk_weights]) -> [M, topk, N]`` on every problem,
+    then ``then(fn)`` if given (a further check, which returns what to add to the PASS line)."""
     def body() -> str:
         for p in problems:
             with on(p.describe()):
                 first_gemm_on(fn, p, max(tol, tolerance(p.x.dtype)), hints=hints, weighted=weighted)
-        return summary(problems, extra)
+        return summary(problems, then(fn) if then else "")
     return run_check(ex_id, body)
 
 

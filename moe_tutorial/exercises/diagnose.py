@@ -89,6 +89,19 @@ def expect_integer(t, what: str) -> None:
                    "(torch.where, nonzero, arange and bincount give int64); drop the conversion to floats")
 
 
+def expect_index_dtype(t: torch.Tensor, what: str) -> None:
+    """An integer tensor ``t`` must be int64 or int32, the dtypes that index as indices."""
+    if t.dtype in (torch.int64, torch.int32):
+        return
+    if t.dtype == torch.uint8:
+        raise Fail(f"{what}: expected int64 (or int32) indices, got torch.uint8: torch reads a uint8 tensor used as "
+                   "an index as a mask (x[idx] picks the rows where idx is nonzero), not as indices. Keep the int64 "
+                   "torch.where gives, or convert with .long()")
+    raise Fail(f"{what}: expected int64 (or int32) indices, got {t.dtype}: torch refuses it as an index "
+               f"(x[idx] takes int64, int32 or a bool mask), and {t.dtype} holds only up to "
+               f"{torch.iinfo(t.dtype).max}. Keep the int64 torch.where gives, or convert with .long()")
+
+
 # --------------------------------------------------------------------------- first GEMM
 def expect_first_gemm(out, problem: Problem, tol: float, recorder: Recorder | None = None) -> None:
     """``out`` must equal ``problem.first_gemm_reference()`` ``[M, topk, N]`` within ``tol``.
@@ -477,8 +490,10 @@ def expect_layer(out, problem: Problem, tol: float) -> None:
             raise Fail(f"{head}: every error is within a few {problem.x.dtype} roundings of the slots' terms "
                        f"(here up to {terms.max().item():.3g}, while the results are about "
                        f"{exp.abs().mean().item():.2g}): the products or the sum over the slots are kept in "
-                       f"{problem.x.dtype}. Multiply by topk_weights.float() and sum in float32 (y = torch.zeros(..., "
-                       "dtype=torch.float32)), then convert with .to(x.dtype) at the end.")
+                       f"{problem.x.dtype}, or the router weight multiplies the activation before the down GEMM "
+                       f"(where that product rounds to {problem.x.dtype}). Multiply each down-GEMM output row by "
+                       "topk_weights.float() and sum in float32 (y = torch.zeros(..., dtype=torch.float32)), then "
+                       "convert with .to(x.dtype) at the end.")
     if not rows:
         raise Fail(f"{head}: small errors everywhere; accumulate the sum in float32.")
     m = rows[0]

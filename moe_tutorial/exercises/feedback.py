@@ -1,11 +1,15 @@
 """How a checker talks to a student: one verdict line, a few lines of detail, never a crash.
 
 A checker's body raises :class:`Fail` with a message a student can act on, or returns a
-short summary of what passed. :func:`run_check` turns that into printed feedback and a bool;
-:func:`call_student` runs the student's function on copies of its inputs, with poisoned
-allocations and (in the interpreter) bounds-checked memory and poisoned masked-off lanes,
-fails when the function changed an input in place, and turns whatever it raises into a
-:class:`Fail` or :class:`NotAttempted`.
+short summary of what passed. :func:`run_check` turns that into printed feedback and a bool,
+within one time budget for the whole check (:mod:`~moe_tutorial.exercises.timelimit`).
+:func:`call_student` is the only way a checker calls the student's function. The call itself,
+:func:`run_call`, runs where the function lives: in this process for a notebook's own check
+cells, or in the grader's child process for a :class:`Remote` function. It passes copies of the
+inputs, with poisoned allocations and (in the interpreter) bounds-checked memory and poisoned
+masked-off lanes, notes calls of the package's own answer (:mod:`~moe_tutorial.exercises.tripwire`),
+and sums up what happened as an :class:`Outcome` of plain values; :func:`call_student` turns
+that into the returned value, a :class:`Fail` or :class:`NotAttempted`, here, where the checker runs.
 """
 from __future__ import annotations
 
@@ -13,14 +17,16 @@ import contextlib
 import inspect
 import os
 import re
+import time
 import traceback
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
-from . import timelimit
+from . import timelimit, tripwire
 from .catalog import EXERCISES
-from .guard import Recorder, find_out_of_bounds, memory_guard, poisoned_allocations, poisoned_masked_loads
+from .guard import Lazy, Recorder, find_out_of_bounds, memory_guard, poisoned_allocations, poisoned_masked_loads
 from .timelimit import TookTooLong, time_limit
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -31,11 +37,14 @@ PASS, FAIL, NOT_ATTEMPTED = "PASS", "FAIL", "NOT ATTEMPTED"
 #: The last verdict of every exercise checked in this process: ``{id: (verdict, message)}``.
 _LAST: dict[str, tuple[str, str]] = {}
 
+#: The exercise whose check is running (set by :func:`run_check`), for the tripwire's list.
+_CURRENT: list[str] = []
+
 
 def last_verdict(ex_id: str) -> tuple[str, str] | None:
     """``(verdict, message)`` of the last check of exercise ``ex_id`` in this process, or None.
 
-    The grader reads verdicts here, never from printed text, which the student's code could print too.
+    The grader reads verdicts here, in its own process, never from printed text.
     """
     return _LAST.get(ex_id)
 
@@ -51,12 +60,15 @@ class NotAttempted(Exception):
 def run_check(ex_id: str, body: Callable[[], str]) -> bool:
     """Run one checker body, print the verdict for exercise ``ex_id``, return True on success.
 
+    All calls of the student's function share one time budget (:data:`timelimit.CHECK_LIMIT_S`).
     Never raises (except KeyboardInterrupt): a student's notebook keeps running.
     """
     name = EXERCISES[ex_id].function
     _LAST.pop(ex_id, None)
+    _CURRENT.append(ex_id)
     try:
-        summary = body()
+        with timelimit.budget():
+            summary = body()
     except NotAttempted as e:
         return _verdict(ex_id, NOT_ATTEMPTED, f"[{ex_id}] {NOT_ATTEMPTED} {name}: {e}")
     except Fail as e:
@@ -64,6 +76,8 @@ def run_check(ex_id: str, body: Callable[[], str]) -> bool:
     except Exception as e:  # noqa: BLE001  (a checker bug must not stop the student either)
         return _verdict(ex_id, FAIL, f"[{ex_id}] {FAIL} {name}\n" + _indent(
             f"the checker itself failed ({type(e).__name__}: {e}); please tell your instructor"))
+    finally:
+        _CURRENT.pop()
     return _verdict(ex_id, PASS, f"[{ex_id}] {PASS} {name}: {summary}")
 
 
@@ -86,9 +100,42 @@ def on(context: str):
         raise Fail(f"on {context}:\n{e}") from None
 
 
+@dataclass
+class Outcome:
+    """What one call of a student's function did, in plain values (it crosses processes).
+
+    ``kind``: "ok" (``value`` holds the result), "not_attempted", "not_callable", "package" (the
+    package's own function handed in), "package_call" (it called the package's answer), "raised",
+    "oob" (an out-of-range pointer, in ``oob_name``'s memory), "changed" (an input changed in
+    place), "timeout", or "died" (the grader's child process ended). ``text``: the message, or
+    what it is built from. The rest is what the guards saw (:class:`~moe_tutorial.exercises.guard.Recorder`).
+    """
+
+    kind: str
+    value: object = None
+    text: str = ""
+    oob_name: str = ""
+    no_other: list = field(default_factory=list)
+    grids: list = field(default_factory=list)
+    launches: int = 0
+    #: Indices of the inputs whose memory some kernel launch received.
+    inputs_launched: list = field(default_factory=list)
+    package_calls: list = field(default_factory=list)
+    seconds: float = 0.0
+
+
+class Remote:
+    """A student's function that lives in another process (the grader's child): calling it goes
+    through :meth:`remote_call`, which runs :func:`run_call` there and returns its :class:`Outcome`."""
+
+    def remote_call(self, args: tuple, kwargs: dict, names: tuple | None, limit: float,
+                    watch: tuple[str, ...]) -> Outcome:
+        raise NotImplementedError
+
+
 def call_student(fn: Callable, *args, hints: Callable[[str], str] | None = None, names: tuple | None = None,
                  recorder: Recorder | None = None, **kwargs):
-    """Call ``fn(*args, **kwargs)`` the way every checker does.
+    """Call ``fn(*args, **kwargs)`` the way every checker does, and return what it returned.
 
     The function gets copies of the tensor arguments (same strides, same storage layout), so
     the checker's own inputs stay intact, and a copy it changed in place is a :class:`Fail`
@@ -98,42 +145,109 @@ def call_student(fn: Callable, *args, hints: Callable[[str], str] | None = None,
     ``recorder``. A stub's ``NotImplementedError`` becomes :class:`NotAttempted`; any other
     exception a :class:`Fail` explaining it and, for an out-of-range pointer, adding the hint
     ``hints(name)``, where ``name`` is the input the pointer reached past (a name of
-    ``names``) or else the kernel's pointer argument.
+    ``names``) or else the kernel's pointer argument. A call of the package's own answer to the
+    running exercise, a call past the check's time budget, or the package's function handed in
+    as the answer, is a :class:`Fail` too. Arguments may be lazy (:class:`~moe_tutorial.exercises.guard.Lazy`):
+    they are made where the function runs.
     """
+    limit = timelimit.remaining()
+    if limit <= 0:
+        raise Fail(timelimit.message(timelimit.total()))
+    watch = EXERCISES[_CURRENT[-1]].package_impls if _CURRENT else ()
+    if isinstance(fn, Remote):
+        outcome = fn.remote_call(args, kwargs, names, limit, watch)
+    else:
+        outcome = run_call(fn, args, kwargs, names=names, limit=limit, watch=watch)
+    if recorder is not None:
+        recorder.absorb(outcome)
+    return _result(outcome, hints)
+
+
+def _result(outcome: Outcome, hints) -> object:
+    """The value of an "ok" :class:`Outcome`; for any other kind, the Fail or NotAttempted it means."""
+    kind, text = outcome.kind, outcome.text
+    if kind == "ok":
+        return outcome.value
+    if kind == "not_attempted":
+        raise NotAttempted(text or "the function still raises NotImplementedError")
+    if kind == "timeout":
+        raise Fail(timelimit.message(timelimit.total()))
+    if kind == "not_callable":
+        raise Fail(f"expected a function, got {text}")
+    if kind == "package":
+        raise Fail(f"this is the package's own implementation, {text}, handed in as the answer: write the function "
+                   "yourself (the checker compares your function with the package's)")
+    if kind == "package_call":
+        calls = ", ".join(f"`{name}`" for name in outcome.package_calls)
+        raise Fail(f"your function calls the package's own {calls}, which computes this exercise's answer (the checker "
+                   "compares with it): that is not an answer. Write this step yourself; the package may do only the "
+                   "steps of earlier exercises, where the exercise says so")
+    if kind == "oob":
+        hint = hints(outcome.oob_name) if hints else ""
+        message = "out-of-range pointer: " + text
+        if outcome.no_other:
+            loaded = ", ".join(f"`{name}`" for name in outcome.no_other)
+            message += (f"\nyour kernel loads {loaded} with a mask and no other=: on a GPU the masked-off lanes are "
+                        "undefined (the checker fills them with NaN or a large negative int), and an address built "
+                        "from one lands anywhere. If this access uses such a value, give that load other= (e.g. "
+                        "other=0), or mask every load and store that uses it")
+        raise Fail(message + (f"\nhint: {hint}" if hint else ""))
+    raise Fail(text)        # "raised", "changed", "died"
+
+
+def run_call(fn: Callable, args: tuple, kwargs: dict, *, names: tuple | None = None, limit: float | None = None,
+             watch: tuple[str, ...] = (), namespaces: tuple = ()) -> Outcome:
+    """Call the student's ``fn`` once, in this process, under every guard; never raises (but for
+    KeyboardInterrupt). ``limit``: seconds it may take (default the whole check budget);
+    ``watch``: the package's functions it must not call (dotted names), looked for in the
+    package's modules, ``fn``'s globals and ``namespaces``."""
     if not callable(fn):
-        raise Fail(f"expected a function, got {type(fn).__name__}")
+        return Outcome("not_callable", text=type(fn).__name__)
+    module = getattr(fn, "__module__", None) or ""
+    if module.split(".")[0] == "moe_tutorial":
+        return Outcome("package", text=f"{module}.{getattr(fn, '__qualname__', '?')}")
     names = tuple(names) if names else _parameter_names(fn, len(args))
-    passed, before = zip(*(_protected(a) for a in args)) if args else ((), ())
-    recorder = recorder if recorder is not None else Recorder()
-    default_dtype = torch.get_default_dtype()
     try:
-        with time_limit() as limit, poisoned_allocations(), memory_guard(recorder), poisoned_masked_loads(recorder):
+        made = [a.make() if isinstance(a, Lazy) else None for a in args]
+    except Exception as e:  # noqa: BLE001  (the checker's input, not the student's code)
+        return Outcome("raised", text=f"the checker could not prepare an input here ({type(e).__name__}: {e}); "
+                                      "please tell your instructor")
+    args = tuple(m[0] if m is not None else a for m, a in zip(made, args))
+    passed, before = zip(*(_protected(a) for a in args)) if args else ((), ())
+    recorder = Recorder()
+    default_dtype = torch.get_default_dtype()
+    start = time.monotonic()
+    hits: list[str] = []
+    try:
+        with time_limit(timelimit.CHECK_LIMIT_S if limit is None else limit), poisoned_allocations(), \
+                memory_guard(recorder), poisoned_masked_loads(recorder), \
+                tripwire.watching(watch, (getattr(fn, "__globals__", None), *namespaces)) as hits:
             out = fn(*passed, **kwargs)
-    except TookTooLong as e:
-        raise Fail(timelimit.message(e.args[0] if e.args else limit)) from None
+    except TookTooLong:
+        outcome = Outcome("timeout")
     except NotImplementedError as e:
-        if _raised_by(e, fn):
-            raise NotAttempted(str(e) or "the function still raises NotImplementedError") from None
-        raise Fail(explain_exception(e)) from None
-    except (Fail, NotAttempted):
-        raise
+        outcome = (Outcome("not_attempted", text=str(e)) if _raised_by(e, fn)
+                   else Outcome("raised", text=explain_exception(e)))
     except (Exception, SystemExit) as e:  # noqa: BLE001
         oob = find_out_of_bounds(e)
-        if oob is not None:
-            name = _input_at(oob.lo, passed, names) or oob.arg
-            hint = hints(name) if hints else ""
-            text = "out-of-range pointer: " + oob.explain()
-            if recorder.no_other:
-                text += (f"\nyour kernel loads {recorder.no_other_text()} with a mask and no other=: on a GPU the "
-                         "masked-off lanes are undefined (the checker fills them with NaN or a large negative int), "
-                         "and an address built from one lands anywhere. If this access uses such a value, give that "
-                         "load other= (e.g. other=0), or mask every load and store that uses it")
-            raise Fail(text + (f"\nhint: {hint}" if hint else "")) from None
-        raise Fail(explain_exception(e)) from None
+        outcome = (Outcome("oob", text=oob.explain(), oob_name=_input_at(oob.lo, passed, names) or oob.arg)
+                   if oob is not None else Outcome("raised", text=explain_exception(e)))
+    else:
+        changed = _changed_in_place(passed, before, names)
+        outcome = Outcome("changed", text=changed) if changed else Outcome("ok", value=out)
     finally:
         torch.set_default_dtype(default_dtype)     # a student's set_default_dtype must not leak into the checks
-    _expect_unchanged(passed, before, names)
-    return out
+        for m in made:
+            if m is not None:
+                m[1]()
+    if hits:
+        outcome = Outcome("package_call")
+    outcome.seconds = time.monotonic() - start
+    outcome.package_calls = list(hits)
+    outcome.no_other, outcome.grids = list(recorder.no_other), list(recorder.grids)
+    outcome.launches = len(recorder.launches)
+    outcome.inputs_launched = recorder.inputs_launched(passed)
+    return outcome
 
 
 #: Inputs whose storage is larger than this are passed as they are (the 3.4 test's sparse
@@ -175,8 +289,8 @@ def _input_at(address, passed, names) -> str | None:
     return None
 
 
-def _expect_unchanged(passed, before, names) -> None:
-    """Fail when the student's function changed one of its tensor inputs in place."""
+def _changed_in_place(passed, before, names) -> str:
+    """The message when the student's function changed one of its tensor inputs in place, else ``""``."""
     for t, snap, name in zip(passed, before, names):
         if snap is None:
             continue
@@ -184,17 +298,18 @@ def _expect_unchanged(passed, before, names) -> None:
         what = f"your function changed its input `{name}` in place"
         if tuple(t.shape) != shape or t.stride() != stride or t.dtype != dtype:
             got = f"shape {tuple(t.shape)}, strides {t.stride()}, {t.dtype}"
-            raise Fail(f"{what}: it was shape {shape}, strides {stride}, {dtype}; now {got}. "
-                       "Methods ending in _ (unsqueeze_, t_, resize_) change the caller's tensor; use the "
-                       "versions without _ (unsqueeze, .t()), which return a new view")
+            return (f"{what}: it was shape {shape}, strides {stride}, {dtype}; now {got}. "
+                    "Methods ending in _ (unsqueeze_, t_, resize_) change the caller's tensor; use the "
+                    "versions without _ (unsqueeze, .t()), which return a new view")
         now = t.detach()
         changed = ~((now == values) | (now.isnan() & values.isnan())) if values.is_floating_point() else now != values
         if changed.any():
             idx = tuple(int(i) for i in changed.nonzero()[0])
-            raise Fail(f"{what}: {name}[{', '.join(map(str, idx))}] was {values[idx].item():.9g}, now "
-                       f"{now[idx].item():.9g}. The caller still needs its tensor: in-place operations (`/=`, `-=`, "
-                       "`.mul_()`, `out=`, writing into it) change it; compute into a new tensor "
-                       f"(`{name} = {name} / s` makes one)")
+            return (f"{what}: {name}[{', '.join(map(str, idx))}] was {values[idx].item():.9g}, now "
+                    f"{now[idx].item():.9g}. The caller still needs its tensor: in-place operations (`/=`, `-=`, "
+                    "`.mul_()`, `out=`, writing into it) change it; compute into a new tensor "
+                    f"(`{name} = {name} / s` makes one)")
+    return ""
 
 
 def _raised_by(exc: BaseException, fn) -> bool:

@@ -1,90 +1,67 @@
-"""Grade a class: run each student's exercise notebook, then run the checkers on the functions it defined.
+"""Grade a class: for each notebook, its functions run in a process of their own, the checkers here.
 
-    python -m moe_tutorial.exercises.grade submissions/*.ipynb
-    python -m moe_tutorial.exercises.grade --details --csv grades.csv submissions/*.ipynb
+    python -m moe_tutorial.exercises.grade HANDED_IN/*.ipynb
+    python -m moe_tutorial.exercises.grade --details --csv grades.csv HANDED_IN/*.ipynb
 
-Nothing a notebook prints counts. Each notebook runs top to bottom in its own kernel (a fresh
-temporary copy of its folder as working directory, errors allowed so that one broken cell does not
-hide the rest) with its check cells left out. While it runs, the installed package's files and
-folders are read-only (where the OS enforces it: not for root), and its files are compared before
-and after anyway, and put back if the notebook changed them. Then, in that kernel, the grader drops
-every ``moe_tutorial`` module the notebook may have imported or patched, imports the checkers
-afresh from the installed package's source (a fresh bytecode cache, every module's file checked)
-and runs the checker of each
-exercise of the notebook's part on the function of the exercise's name (``route`` for 1.1, ...).
-Each verdict comes back as a display output tagged with a key drawn for this run, so text the
-notebook prints, or outputs it forges, are never read. The score is out of the number of
-exercises of the part in the catalogue: a notebook that breaks at its import cell scores 0/4.
-Executing a notebook runs the student's code: do it in a throwaway environment.
+Run it from the class folder that ``python -m moe_tutorial.exercises.release`` wrote (``make
+setup`` there first): it refuses to grade while a solution notebook lies where the graded code
+would find it by looking around (:func:`~moe_tutorial.exercises.release.solutions_within_reach`),
+unless told ``--allow-solutions``.
+
+How a notebook is graded, by design rather than by guarding against each trick:
+
+- Nothing the notebook prints or displays is read, and its code never runs in this process. A
+  child process (:mod:`~moe_tutorial.exercises.sandbox`) runs only the notebook's imports,
+  definitions and assignments that call nothing, with a private copy of the package, in an empty
+  temporary folder, so check cells, demos and any other top-level code do not run at all.
+- The checkers run here, in the grader: each call of the student's function is sent to the
+  child, which runs it under the checkers' guards and sends back plain values (:mod:`~moe_tutorial.exercises.wire`:
+  tensors, numbers, containers; nothing that runs code when read). The verdict is made here from
+  those values and this process's own references, so whatever the notebook's code does in its
+  process (patch the checkers, hook imports, forge outputs) cannot reach it.
+- Each exercise has one time budget for all its calls (``--limit``); a child that does not answer
+  in time is killed, and the next exercise gets a fresh one.
+- Every submission is read before any notebook's code runs, and the installed package is read-only
+  meanwhile (where the OS enforces it: not for root) and compared before and after each notebook
+  anyway: a change is put back and that notebook's verdicts are void.
+
+The score is out of the number of exercises of the part in the catalogue, so a notebook that
+breaks at its import cell scores 0. The exit status is 0 when at least one notebook was graded,
+1 when none was (or the CSV could not be written), 2 when the grader refused to grade. Executing a
+notebook runs the student's code with your rights: do it in a throwaway account or container.
 """
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
-import copy
 import csv
+import io
 import os
 import secrets
-import shutil
 import signal
 import stat
+import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import exercises as checkers
+from . import feedback, timelimit, wire
 from .catalog import EXERCISES, for_part
+from .feedback import Outcome, Remote
+from .release import solutions_within_reach
+from .sandbox import BOOTSTRAP
 
 SHORT = {"PASS": "PASS", "FAIL": "FAIL", "NOT ATTEMPTED": "todo"}
 
-#: The MIME type of the grader's verdict outputs.
-VERDICT_MIME = "application/vnd.moe-tutorial.verdict+json"
-
-_CHECKERS = {ex.checker for ex in EXERCISES.values()}
 _PARTS = sorted({ex.part for ex in EXERCISES.values()})
 
-# Run in the student's kernel, once per exercise, after every cell of the notebook. It first drops
-# the package's modules and puts the installed package's folder first on sys.path (taking out the
-# notebook's own folder, where it may have written a package of that name), clears the import
-# system's cached finders and points the bytecode cache at a folder it makes (a .pyc planted in the
-# package's __pycache__ is never read), so that the checkers it imports are the
-# installed source files, not objects the notebook replaced or patched. It checks that every
-# moe_tutorial module came from the installed package before running any of it: a fake would
-# write its own verdict.
-_GRADE_CELL = """\
-import sys as _moe_sys, os as _moe_os
-for _moe_name in [n for n in _moe_sys.modules if n == "moe_tutorial" or n.startswith("moe_tutorial.")]:
-    del _moe_sys.modules[_moe_name]
-_moe_sys.path[:] = [{root!r}] + [p for p in _moe_sys.path
-                                 if _moe_os.path.realpath(p or ".") != _moe_os.path.realpath(_moe_os.getcwd())]
-_moe_sys.path_importer_cache.clear()        # finders the notebook's imports cached, for its own folder too
-# Bytecode compiled afresh into a folder made now, under a name the notebook's code could not know
-# (kept for this notebook's next grading cells under an attribute named after the run's key), never
-# read from the package's __pycache__.
-_moe_pyc = getattr(_moe_sys, "_moe_grade_pyc_{key}", None)
-if _moe_pyc is None:
-    import tempfile as _moe_tempfile
-    _moe_pyc = _moe_tempfile.mkdtemp(dir={pycache!r})
-    setattr(_moe_sys, "_moe_grade_pyc_{key}", _moe_pyc)
-_moe_sys.pycache_prefix = _moe_pyc
-_moe_sys.dont_write_bytecode = False
-import moe_tutorial as _moe_pkg
-import moe_tutorial.exercises.grade as _moe_grade
-_moe_files = {{str(getattr(m, "__file__", None)) for n, m in list(_moe_sys.modules.items())
-               if n == "moe_tutorial" or n.startswith("moe_tutorial.")}}
-_moe_from = sorted(f for f in _moe_files if not _moe_os.path.realpath(f).startswith({package!r} + _moe_os.sep))
-if _moe_from:
-    from IPython.display import display as _moe_display
-    _moe_display({{{mime!r}: {{"key": {key!r}, "id": {ex_id!r}, "verdict": "FAIL", "message":
-        "[{ex_id}] FAIL: moe_tutorial was imported from " + ", ".join(_moe_from[:3]) + ", not from the installed "
-        "package at {package}"}}}}, raw=True)
-else:
-    _moe_grade.verdict_cell({key!r}, {ex_id!r}, get_ipython().user_ns)
-"""
-
-#: The installed package the grader runs: the graded kernels must import this one.
+#: The installed package the grader runs; each child gets a private copy of its files.
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
+
+#: Seconds a child may run past an exercise's budget before it is killed (its own alarm rings at the budget).
+GRACE_S = 5.0
 
 
 def snapshot(folder: Path = PACKAGE_DIR) -> dict[Path, bytes]:
@@ -174,49 +151,6 @@ class Report:
         return sum(self.verdicts.get(i, ("",))[0] == "PASS" for i in ids), len(ids)
 
 
-# ----------------------------------------------------------------------------- in the student's kernel
-def verdict_cell(key: str, ex_id: str, namespace: dict) -> None:
-    """Run exercise ``ex_id``'s checker on ``namespace[<the exercise's function>]`` and display the
-    verdict as a :data:`VERDICT_MIME` output tagged with ``key``. Runs inside the graded kernel."""
-    import contextlib
-    import importlib
-    import io
-
-    from IPython.display import display
-
-    from . import feedback
-
-    checkers = importlib.import_module(__package__)        # moe_tutorial.exercises, as fresh as this module
-
-    ex = EXERCISES[ex_id]
-    fn = namespace.get(ex.function)
-    head = f"[{ex_id}] {feedback.FAIL} {ex.function}\n  "
-    if fn is None:
-        verdict = (feedback.FAIL, head + f"the notebook defines no `{ex.function}`")
-    elif (getattr(fn, "__module__", None) or "").split(".")[0] == "moe_tutorial":
-        verdict = (feedback.FAIL, head + f"`{ex.function}` is the package's own implementation "
-                                         f"({fn.__module__}), not the student's")
-    else:
-        # What the verdict depends on, taken before the student's code runs inside the checker: if
-        # any of it is replaced during the call, the verdict is void.
-        checker, store = getattr(checkers, ex.checker), feedback._LAST
-        machinery = {name: getattr(feedback, name)
-                     for name in ("run_check", "_verdict", "last_verdict", "call_student")}
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            returned = checker(fn)
-        swapped = [name for name, f in machinery.items() if getattr(feedback, name) is not f]
-        if feedback._LAST is not store or getattr(checkers, ex.checker) is not checker:
-            swapped.append("the checker or its verdict store")
-        verdict = store.get(ex_id) or (feedback.FAIL, head + "the checker gave no verdict")
-        if swapped:
-            verdict = (feedback.FAIL,
-                       head + f"the checker's own functions were replaced while it ran ({', '.join(swapped)})")
-        elif (returned is True) != (verdict[0] == feedback.PASS):
-            verdict = (feedback.FAIL,
-                       head + "the checker's verdict and its return value disagree (changed while it ran)")
-    display({VERDICT_MIME: {"key": key, "id": ex_id, "verdict": verdict[0], "message": verdict[1]}}, raw=True)
-
-
 # ----------------------------------------------------------------------------- reading notebooks
 def part_of(nb) -> int | None:
     """The part a notebook is for, from the exercises' functions and checkers it names; None if unclear."""
@@ -226,18 +160,6 @@ def part_of(nb) -> int | None:
     best = max(counts.values())
     found = [part for part, n in counts.items() if n == best]
     return found[0] if best > 0 and len(found) == 1 else None
-
-
-def is_check_cell(source: str) -> bool:
-    """True for a cell that only calls checkers (``check_route(route)``): the grader runs those itself."""
-    code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!")))
-    try:
-        tree = ast.parse(code)
-    except SyntaxError:
-        return False
-    calls = [node.value for node in tree.body if isinstance(node, ast.Expr)]
-    return bool(tree.body) and len(calls) == len(tree.body) and all(
-        isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id in _CHECKERS for c in calls)
 
 
 def read_submission(path: Path):
@@ -262,98 +184,192 @@ def read_submission(path: Path):
     return nb, None
 
 
-def grade_notebook(path: Path, name: str, *, timeout: int = 300, part: int | None = None) -> Report:
-    """Execute one notebook without its check cells, in a fresh temporary copy of its folder, then
-    grade every exercise of its part. The installed package is read-only meanwhile (:func:`read_only`);
-    a notebook that changed its files on disk all the same (as root) has them put back and every
+# ----------------------------------------------------------------------------- the child processes
+class Sandbox:
+    """The grading run's temporary folder: a private copy of the package for each child, its
+    working folder and its log. ``package`` is the package's files as read when grading began."""
+
+    def __init__(self, root: Path, package: dict[Path, bytes]):
+        self.root, self.package, self.count = root, package, 0
+
+    def child(self, cells: list, functions: list[str], timeout: float) -> "Child":
+        self.count += 1
+        home = self.root / f"child{self.count}"
+        for path, data in self.package.items():
+            rel = path.relative_to(PACKAGE_DIR)
+            if "__pycache__" in rel.parts:
+                continue
+            target = home / "lib" / "moe_tutorial" / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        for sub in ("work", "cells", "home", "tmp", "triton"):
+            (home / sub).mkdir(parents=True, exist_ok=True)
+        return Child(home, cells, functions, timeout)
+
+
+class Child:
+    """One notebook's code in a process of its own: started with its definitions run (or failed),
+    then asked to call its functions. ``errors``: what running the definitions raised, cell by cell;
+    ``functions``: ``{name: (kind, module)}`` of the exercises' functions; ``ended``: why the process
+    is gone, "" while it runs."""
+
+    def __init__(self, home: Path, cells: list, functions: list[str], timeout: float):
+        self.home, self.errors, self.functions, self.ended = home, [], {}, ""
+        to_child, self._w = os.pipe()
+        self._r, from_child = os.pipe()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON") and k not in ("PWD", "OLDPWD")}
+        env.update(HOME=str(home / "home"), TMPDIR=str(home / "tmp"), TRITON_CACHE_DIR=str(home / "triton"))
+        self.log = open(home / "log.txt", "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-B", "-c", BOOTSTRAP, str(home / "lib"), str(to_child), str(from_child)],
+            pass_fds=(to_child, from_child), cwd=home / "work", env=env, stdin=subprocess.DEVNULL,
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        os.close(to_child)
+        os.close(from_child)
+        answer = self._ask(("define", cells, functions, str(home / "cells")), timeout, "its definitions")
+        if isinstance(answer, str):
+            self.errors.append(f"the notebook's imports and definitions did not finish within {timeout:g} s "
+                               "(--timeout)" if answer == "timeout" else answer)
+            return
+        self.errors = [f"{text} (code cell {number})" for number, text in answer.get("errors", [])]
+        self.functions = {str(k): (str(v[0]), str(v[1])) for k, v in answer.get("functions", {}).items()}
+
+    def _ask(self, request, timeout: float, during: str = "this call"):
+        """The child's answer as a dict, or why there is none ("timeout", or how the process ended)."""
+        if self.ended:
+            return self.ended
+        try:
+            wire.send(self._w, wire.request(request))
+            return wire.unpack(wire.receive(self._r, timeout=timeout))
+        except wire.TimedOut:
+            self.stop("it ran past its time and was stopped")
+            return "timeout"
+        except (wire.Closed, BrokenPipeError, OSError):
+            code = self.proc.wait()
+            self.stop(f"the process running the notebook's code ended during {during} ({_exit_text(code)}): "
+                      "did its code call exit() or os._exit(), or crash the interpreter?")
+            return self.ended
+        except wire.TooLarge:
+            self.stop("it answered more than the grader takes")
+            return self.ended
+        except Exception as e:  # noqa: BLE001  (an answer that is not plain values)
+            self.stop(f"its answer could not be read ({type(e).__name__})")
+            return self.ended
+
+    def call(self, name: str, args, kwargs, names, limit: float, watch) -> Outcome:
+        answer = self._ask(("call", name, args, kwargs, names, limit, watch), limit + GRACE_S)
+        if answer == "timeout":
+            return Outcome("timeout")
+        if isinstance(answer, str):
+            return Outcome("died", text=answer)
+        return _outcome(answer)
+
+    def stop(self, why: str = "stopped") -> None:
+        if not self.ended:
+            self.ended = why
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)      # the child and anything it started
+            self.proc.wait()
+            for fd in (self._r, self._w):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self.log.close()
+
+
+def _exit_text(code: int) -> str:
+    return f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+
+
+_KINDS = {"ok", "not_attempted", "not_callable", "package", "package_call", "raised", "oob", "changed", "timeout",
+          "died"}
+
+
+def _outcome(answer: dict) -> Outcome:
+    """The child's answer as an Outcome, every field checked to be what it should be."""
+    def strings(v, n=50):
+        return [str(x)[:200] for x in v[:n]] if isinstance(v, (list, tuple)) else []
+
+    kind = answer.get("kind") if answer.get("kind") in _KINDS else "raised"
+    grids = [tuple(int(i) for i in g) if isinstance(g, (list, tuple)) and all(isinstance(i, int) for i in g) else None
+             for g in (answer.get("grids") or [])[:1000]]
+    launches = answer.get("launches")
+    return Outcome(kind, value=wire.from_plain(answer.get("value")), text=str(answer.get("text", ""))[:20000],
+                   oob_name=str(answer.get("oob_name", ""))[:200], no_other=strings(answer.get("no_other")),
+                   grids=grids, launches=launches if isinstance(launches, int) else 0,
+                   inputs_launched=[i for i in (answer.get("inputs_launched") or []) if isinstance(i, int)][:100],
+                   package_calls=strings(answer.get("package_calls")))
+
+
+class RemoteFunction(Remote):
+    """A notebook's function, living in a :class:`Child`: the checkers call it through ``call_student``."""
+
+    def __init__(self, child: Child, name: str):
+        self.child, self.name = child, name
+
+    def remote_call(self, args, kwargs, names, limit, watch) -> Outcome:
+        return self.child.call(self.name, args, kwargs, names, limit, watch)
+
+
+# ----------------------------------------------------------------------------- grading
+@dataclass
+class Submission:
+    """A notebook as read before any notebook's code runs: ``nb``, or ``why`` it cannot be graded."""
+
+    path: Path
+    name: str
+    nb: object = None
+    why: str = ""
+
+
+def grade_notebook(sub: Submission, sandbox: Sandbox, *, timeout: float = 300, part: int | None = None) -> Report:
+    """Grade every exercise of the notebook's part: its definitions in a child process, each
+    exercise's checker here. The installed package is read-only meanwhile (:func:`read_only`); a
+    notebook that changed its files on disk all the same (as root) has them put back and every
     verdict void."""
-    nb, why = read_submission(path)
-    if nb is None:
-        return Report(name, part, not_graded=why)
-    report = Report(name, part if part is not None else part_of(nb))
+    if sub.nb is None:
+        return Report(sub.name, part, not_graded=sub.why)
+    report = Report(sub.name, part if part is not None else part_of(sub.nb))
     if report.part is None:
         report.not_graded = "cannot tell which part this notebook is for (pass --part)"
         return report
-    with tempfile.TemporaryDirectory(prefix="moe_grade_") as tmp:
-        # A fresh copy of the notebook's folder: what an earlier notebook wrote there is not seen.
-        work = Path(tmp) / "work"
-        shutil.copytree(path.parent, work, ignore=shutil.ignore_patterns(".*", "__pycache__"), symlinks=True)
-        before = snapshot()
-        try:
-            with read_only() as report.read_only:
-                pycache = Path(tmp) / "pycache"     # the grading cells make their bytecode folder in it
-                pycache.mkdir()
-                _execute(nb, report, work, timeout, pycache)
-        finally:
-            changed = restore(before)
+    cells = [(n, cell.source) for n, cell in enumerate((c for c in sub.nb.cells if c.cell_type == "code"), start=1)]
+    exercises = for_part(report.part)
+    functions = [ex.function for ex in exercises]
+    before = snapshot()
+    try:
+        with read_only() as report.read_only:
+            child = sandbox.child(cells, functions, timeout)
+            report.errors += child.errors
+            try:
+                for ex in exercises:
+                    if child.ended:           # killed or ended in an earlier exercise: a fresh one
+                        child.stop()
+                        child = sandbox.child(cells, functions, timeout)
+                    report.verdicts[ex.id] = _grade_exercise(ex, child)
+            finally:
+                child.stop()
+    finally:
+        changed = restore(before)
     if changed:
-        for ex in for_part(report.part):
+        for ex in exercises:
             report.verdicts[ex.id] = ("FAIL", f"[{ex.id}] FAIL {ex.function}\n  the notebook changed the installed "
                                               f"package's files ({', '.join(changed[:5])}); its verdicts are void "
                                               "(the files are restored)")
     return report
 
 
-def _execute(nb, report: Report, work: Path, timeout: int, pycache: Path) -> None:
-    """Run ``nb`` without its check cells in ``work`` and put each exercise's verdict in ``report``;
-    the grading cells compile the package into a bytecode cache they make inside ``pycache``."""
-    import nbformat
-    from nbclient import NotebookClient
-    from nbclient.exceptions import DeadKernelError
-
-    graded = copy.deepcopy(nb)
-    for cell in graded.cells:
-        if cell.cell_type == "code" and is_check_cell(cell.source):
-            cell.source = ""          # nbclient skips empty cells
-            cell.outputs = []
-    first = len(graded.cells)
-    key = secrets.token_hex(16)
-    exercises = for_part(report.part)
-    for ex in exercises:
-        graded.cells.append(nbformat.v4.new_code_cell(_GRADE_CELL.format(
-            key=key, ex_id=ex.id, mime=VERDICT_MIME, root=str(PACKAGE_DIR.parent), package=str(PACKAGE_DIR),
-            pycache=str(pycache))))
-
-    client = NotebookClient(graded, timeout=timeout, allow_errors=True, interrupt_on_timeout=True,
-                            error_on_timeout={"ename": "Timeout", "evalue": f"the cell ran longer than {timeout} s"},
-                            resources={"metadata": {"path": str(work)}})
-    died = ""
-    # No bytecode written by the kernel: the notebook's own imports of the package leave its folder as it was.
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    try:
-        client.execute(env=env)
-    except DeadKernelError as e:
-        died = f"the kernel died ({str(e).splitlines()[0] if str(e) else 'no reason given'})"
-    for cell in graded.cells[:first]:
-        report.errors += _cell_errors(cell, timeout)
-    for ex, cell in zip(exercises, graded.cells[first:]):
-        why = died or (_cell_errors(cell, timeout) or ["the grading cell did not run"])[0]
-        report.verdicts[ex.id] = _verdict_from(cell, key, ex.id) or (
-            "FAIL", f"[{ex.id}] FAIL {ex.function}\n  no verdict: {why}")
-    if died:
-        report.errors.append(died)
-
-
-def _verdict_from(cell, key: str, ex_id: str) -> tuple[str, str] | None:
-    """The verdict this run's grading cell displayed, if it did; nothing else is believed."""
-    for out in cell.get("outputs", []):
-        data = out.get("data", {}) if out.get("output_type") == "display_data" else {}
-        v = data.get(VERDICT_MIME)
-        if isinstance(v, dict) and v.get("key") == key and v.get("id") == ex_id and v.get("verdict") in SHORT:
-            return v["verdict"], str(v.get("message", ""))
-    return None
-
-
-def _cell_errors(cell, timeout: int) -> list[str]:
-    """The errors a cell's outputs show; an interrupted cell ran past the time limit."""
-    errors = []
-    for out in cell.get("outputs", []):
-        if out.get("output_type") == "error":
-            if out.get("ename") == "KeyboardInterrupt":
-                errors.append(f"interrupted after {timeout} s (--timeout)")
-            else:
-                errors.append(f"{out.get('ename')}: {out.get('evalue')}")
-    return errors
+def _grade_exercise(ex, child: Child) -> tuple[str, str]:
+    """Exercise ``ex``'s verdict: its checker, run here, on the child's function of its name."""
+    kind, _ = child.functions.get(ex.function, ("missing", ""))
+    if child.ended and not child.functions:
+        return "FAIL", f"[{ex.id}] FAIL {ex.function}\n  no verdict: {child.ended}"
+    if kind == "missing":
+        return "FAIL", (f"[{ex.id}] FAIL {ex.function}\n  the notebook defines no `{ex.function}`. The grader runs "
+                        "only a notebook's imports, def and class statements and assignments that call nothing: a "
+                        "function made any other way, or defined in a cell that fails, is not seen")
+    with contextlib.redirect_stdout(io.StringIO()):
+        getattr(checkers, ex.checker)(RemoteFunction(child, ex.function))
+    return feedback.last_verdict(ex.id) or ("FAIL", f"[{ex.id}] FAIL {ex.function}\n  the checker gave no verdict")
 
 
 # ----------------------------------------------------------------------------- the table
@@ -387,18 +403,44 @@ def main(argv=None) -> int:
                                      description=__doc__.splitlines()[0])
     parser.add_argument("notebooks", nargs="+", type=Path, help="the students' exercise notebooks")
     parser.add_argument("--part", type=int, choices=_PARTS, help="the part, when a notebook does not show it")
-    parser.add_argument("--timeout", type=int, default=300, help="seconds per cell (default 300)")
+    parser.add_argument("--timeout", type=float, default=300,
+                        help="seconds a notebook's imports and definitions may take (default 300)")
+    parser.add_argument("--limit", type=float, default=timelimit.CHECK_LIMIT_S,
+                        help=f"seconds each exercise's checks may spend in the student's function, all calls "
+                             f"together (default {timelimit.CHECK_LIMIT_S:g})")
     parser.add_argument("--details", action="store_true", help="print every FAIL message and cell error")
     parser.add_argument("--csv", type=Path, help="also write the table as CSV")
+    parser.add_argument("--allow-solutions", action="store_true",
+                        help="grade even where solution notebooks lie within reach of the graded code (a development "
+                             "clone): a notebook written to find them could then score with them")
     args = parser.parse_args(argv)
+    import nbformat  # noqa: F401  (the grader's own dependency: read before any notebook's code runs)
+
+    # Every module this process needs is imported; from here on it writes no bytecode into the package, so
+    # that the comparison of the package's files before and after each notebook sees only the notebook's doing.
+    sys.dont_write_bytecode = True
 
     # SIGTERM as an exception, so that read_only() puts the package's modes back on the way out.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     print(f"grading with moe_tutorial from {PACKAGE_DIR}", file=sys.stderr)
+    subs = [Submission(path, name) for path, name in zip(args.notebooks, _names(args.notebooks))]
+    for sub in subs:                          # every submission read before any notebook's code runs
+        sub.nb, sub.why = read_submission(sub.path)
+    found = solutions_within_reach()
+    if found and not args.allow_solutions:
+        print(f"not grading: solution notebooks lie where the graded code could find them by looking around it, "
+              f"e.g. {found[0]}. Grade from the class folder that `python -m moe_tutorial.exercises.release` "
+              "writes (make setup there, then this command from there), with no clone of the series beside it; or "
+              "pass --allow-solutions to grade here all the same (notebooks/exercises/README.md says what that "
+              "costs)", file=sys.stderr)
+        return 2
+    timelimit.CHECK_LIMIT_S = args.limit
     reports = []
-    for path, name in zip(args.notebooks, _names(args.notebooks)):
-        print(f"grading {name} ...", file=sys.stderr)
-        reports.append(grade_notebook(path, name, timeout=args.timeout, part=args.part))
+    with tempfile.TemporaryDirectory(prefix="moe_grade_") as tmp:
+        sandbox = Sandbox(Path(tmp), snapshot())
+        for sub in subs:
+            print(f"grading {sub.name} ...", file=sys.stderr)
+            reports.append(grade_notebook(sub, sandbox, timeout=args.timeout, part=args.part))
     if any(r.read_only is False for r in reports):
         print("note: the package could not be made read-only (running as root, or its files are not yours): its "
               "files were compared before and after each notebook instead, and put back where changed",
@@ -412,6 +454,11 @@ def main(argv=None) -> int:
             if fails or r.errors:
                 print(f"\n== {r.name}")
                 print("\n".join(fails + [f"cell error: {e}" for e in r.errors]))
+    status = 0
+    if not any(r.part is not None and not r.not_graded for r in reports):
+        print("\nnothing was graded: no notebook could be read and matched to a part (see the reasons above)",
+              file=sys.stderr)
+        status = 1
     if args.csv:
         try:
             write_csv(args.csv, reports)
@@ -419,7 +466,7 @@ def main(argv=None) -> int:
             print(f"\n--csv: could not write {args.csv} ({e.strerror or e}); the table above is complete",
                   file=sys.stderr)
             return 1
-    return 0
+    return status
 
 
 def write_csv(path: Path, reports: list[Report]) -> None:

@@ -25,6 +25,7 @@ import contextlib
 import mmap
 import sys
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
@@ -105,13 +106,17 @@ class Recorder:
     ``launches``: the tensor arguments of every launch, in order (:class:`~moe_tutorial.kernels.interpreter.Extent`),
     and ``grids`` their grids;
     ``no_other``: the kernel arguments read by a masked ``tl.load`` without ``other=`` whose mask
-    was off somewhere, in order of first use. Both stay empty on a GPU.
+    was off somewhere, in order of first use. All stay empty on a GPU. A checker gets these
+    facts as plain values (:meth:`absorb`), wherever the call ran: ``launch_count`` and
+    ``inputs``, the indices of the call's inputs whose memory some launch received.
     """
 
     launches: list = field(default_factory=list)
     no_other: list[str] = field(default_factory=list)
     #: Each launch's grid ``(x, y, z)``, seen at its first access (None for a launch that touched no memory).
     grids: list = field(default_factory=list)
+    launch_count: int = 0
+    inputs: list[int] = field(default_factory=list)
 
     def on_launch(self, extents) -> None:
         self.launches.append(list(extents))
@@ -126,9 +131,22 @@ class Recorder:
         if name not in self.no_other:
             self.no_other.append(name)
 
-    def launched_from(self, lo: int, hi: int) -> bool:
-        """Did any launch get a tensor whose first element lies in the bytes ``[lo, hi)``?"""
-        return any(lo <= e.lo < hi for extents in self.launches for e in extents)
+    def inputs_launched(self, inputs) -> list[int]:
+        """The indices of ``inputs`` (a call's arguments) whose storage holds the first element of a
+        tensor some launch got: the kernel read that input itself, not a copy of it."""
+        found = set()
+        for i, t in enumerate(inputs):
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                lo = t.untyped_storage().data_ptr()
+                hi = lo + max(t.untyped_storage().nbytes(), 1)
+                if any(lo <= e.lo < hi for extents in self.launches for e in extents):
+                    found.add(i)
+        return sorted(found)
+
+    def absorb(self, outcome) -> None:
+        """Take the facts of a call's :class:`~moe_tutorial.exercises.feedback.Outcome`."""
+        self.no_other, self.grids = list(outcome.no_other), list(outcome.grids)
+        self.launch_count, self.inputs = outcome.launches, list(outcome.inputs_launched)
 
     def no_other_text(self) -> str:
         """``"`x_ptr`"`` or ``"`x_ptr`, `w_ptr`"``: the arguments loaded with a mask and no other=."""
@@ -246,6 +264,15 @@ def find_out_of_bounds(exc: BaseException) -> OutOfBounds | None:
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0)
 
 
+class Lazy:
+    """An argument made where the student's function runs, not sent there (a sparse buffer of
+    43 GB of address space cannot be copied into another process). :meth:`make` returns
+    ``(the argument, a function that releases it)``."""
+
+    def make(self) -> tuple[object, Callable[[], None]]:
+        raise NotImplementedError
+
+
 class SparseBuffer:
     """A float32 CPU buffer of billions of elements of which only the touched pages cost memory.
 
@@ -277,3 +304,43 @@ class SparseBuffer:
             self._mm.close()
         except BufferError:   # a view is still alive somewhere; the OS frees it at exit
             pass
+
+
+@dataclass
+class SparseWeight(Lazy):
+    """The weight ``[E, N, K]`` whose experts lie ``stride`` elements apart in a :class:`SparseBuffer`,
+    holding ``compact``'s values: made by :meth:`make` where the student's function runs."""
+
+    compact: torch.Tensor
+    stride: int
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.compact.shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.compact.dtype
+
+    def make(self):
+        E, N, K = self.compact.shape
+        buf = SparseBuffer.create(E * self.stride)
+        if buf is None:
+            raise RuntimeError("could not reserve the address space of the big-stride weight")
+        weight = buf.tensor.as_strided((E, N, K), (self.stride, K, 1))
+        weight.copy_(self.compact)
+
+        def release():
+            nonlocal weight
+            weight = None
+            buf.close()
+        return weight, release
+
+    @staticmethod
+    def possible(numel: int) -> bool:
+        """Can this machine reserve ``numel`` float32 elements of address space?"""
+        buf = SparseBuffer.create(numel)
+        if buf is None:
+            return False
+        buf.close()
+        return True

@@ -7,7 +7,7 @@ from .. import runtime
 from ..reference import tolerance
 from ..routing import route
 from .common import check_first_gemm_fn, check_layer_fn
-from .diagnose import expect_integer, expect_tensor
+from .diagnose import expect_index_dtype, expect_integer, expect_tensor
 from .feedback import Fail, NotAttempted, call_student, on, run_check
 from .problems import layer_problems, torch_first_gemm_problems, worked_first_gemm
 
@@ -25,6 +25,8 @@ def _route_cases():
         ("M=0, E=4, top_k=2 (an empty batch)", torch.randn(0, 4, generator=g).to(dev), 2, True),
         # exp overflows float32 past about 88: a softmax must subtract each row's max first.
         (LARGE_LOGITS, (torch.randn(3, 8, generator=g) * 50 + 150).to(dev), 2, True),
+        # ... each row's own max: shifted by the batch's, token 0's exp underflows to 0 and 0 / 0 is NaN.
+        (FAR_APART, (torch.randn(2, 8, generator=g) + torch.tensor([[0.0], [120.0]])).to(dev), 2, True),
         # renormalize not passed: every other case passes it, so only here does its default count.
         (DEFAULT_RENORMALIZE, torch.randn(5, 8, generator=g).to(dev), 3, None),
     ]
@@ -32,6 +34,9 @@ def _route_cases():
 
 #: Label of the route case whose logits overflow exp in float32.
 LARGE_LOGITS = "M=3, E=8, top_k=2, large logits (about 150)"
+
+#: Label of the route case whose two tokens' logits are far apart (a softmax shifted by the batch's max fails).
+FAR_APART = "M=2, E=8, top_k=2, token 1's logits about 120 above token 0's"
 
 #: Label of the route case that leaves ``renormalize`` out (``None`` in :func:`_route_cases`).
 DEFAULT_RENORMALIZE = "M=5, E=8, top_k=3, renormalize not passed (its default is True)"
@@ -85,10 +90,8 @@ def _expect_route(got, logits, k: int, renorm: bool) -> None:
     if w.dtype != torch.float32:
         raise Fail(f"topk_weights: expected dtype torch.float32, got {w.dtype}: do the softmax in float32 "
                    "(router_logits.float()), whatever the logits' dtype")
-    if w.numel() and not bool(torch.isfinite(w.float()).all()) and float(logits.float().abs().max()) > 80:
-        raise Fail(f"topk_weights holds NaN or inf on logits up to {float(logits.float().max()):.0f}: exp() overflows "
-                   "float32 past about 88, so exp(l) / sum(exp(l)) is inf / inf. Subtract each row's max logit "
-                   "before exp (the result is the same), or use torch.softmax, which does")
+    if w.numel() and not bool(torch.isfinite(w.float()).all()):
+        _expect_finite_weights(w, logits, k)
     hint = _route_variant_message(w, logits, k, renorm)
     for m in range(logits.shape[0]):
         want, have = exp_ids[m].tolist(), ids[m].tolist()
@@ -103,6 +106,27 @@ def _expect_route(got, logits, k: int, renorm: bool) -> None:
         m = int(((w.float() - exp_w).abs() > 1e-6).any(1).nonzero()[0])
         raise Fail(f"token {m}'s weights should be {[round(v, 5) for v in exp_w[m].tolist()]}, yours are "
                    f"{[round(v, 5) for v in w[m].float().tolist()]}" + (f": {hint}" if hint else ""))
+
+
+def _expect_finite_weights(w, logits, k: int) -> None:
+    """Fail for NaN or inf weights, naming the softmax slip that gives them."""
+    rows = (~torch.isfinite(w.float())).any(1).nonzero().flatten().tolist()
+    l = logits.float()                                                              # noqa: E741
+    e = (l - l.max()).exp()                                                         # shifted by the batch's max
+    batch = (e / e.sum(-1, keepdim=True)).topk(k, -1).values
+    if rows == (~torch.isfinite(batch)).any(1).nonzero().flatten().tolist() and len(l) > 1:
+        m = rows[0]
+        below = float(l.max() - l[m].max())
+        raise Fail(f"topk_weights holds NaN for token {m}, whose logits are about {below:.0f} below the batch's "
+                   "largest: your softmax subtracts one max for the whole batch, so exp() of this token's logits "
+                   "underflows to 0 and 0 / 0 is NaN. Subtract each token's own max, "
+                   "l - l.max(dim=-1, keepdim=True).values, or use torch.softmax(l, dim=-1), which does")
+    if float(l.abs().max()) > 80:
+        raise Fail(f"topk_weights holds NaN or inf on logits up to {float(l.max()):.0f}: exp() overflows "
+                   "float32 past about 88, so exp(l) / sum(exp(l)) is inf / inf. Subtract each row's max logit "
+                   "before exp (the result is the same), or use torch.softmax, which does")
+    raise Fail(f"topk_weights holds NaN or inf for token {rows[0]}, on finite logits: the softmax must give each "
+               "token's weights in [0, 1]")
 
 
 def check_route(fn) -> bool:
@@ -122,7 +146,7 @@ def check_route(fn) -> bool:
                                    "renormalize=True)") from None
                     raise
         return (f"right on all {len(cases)} cases (renormalize on, off and left at its default, E = 60, bfloat16 "
-                "logits, top_k = 1, one token, an empty batch, large logits).")
+                "logits, top_k = 1, one token, an empty batch, large logits, tokens whose logits are far apart).")
     return run_check("1.1", body)
 
 
@@ -136,9 +160,10 @@ def _passes_route(fn, logits, k: int) -> bool:
 
 
 def _index_list(t, what: str) -> list[int]:
-    """The entries of a 1-D integer tensor (or a list of Python ints) as a list."""
+    """The entries of a 1-D int64 or int32 tensor (or a list of Python ints) as a list."""
     if isinstance(t, torch.Tensor):
         expect_integer(t, what)
+        expect_index_dtype(t, what)
         if t.dim() != 1:
             extra = (f": an extra axis of size 1 (take [:, 0], or .squeeze(1)); {what} is used to index x's rows"
                      if t.dim() == 2 and t.shape[1] == 1 else "")

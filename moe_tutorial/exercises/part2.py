@@ -1,6 +1,8 @@
 """Checkers for Part 2, the token view: the gather, the broadcast matmul, its cost, the layer."""
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from ..indexing import intermediate_bytes
@@ -58,21 +60,32 @@ def _bytes_cases():
         ("an empty batch", (0, 2, 8, 8), 2),
         ("one token, one expert", (1, 1, 16, 8), 4),
         ("itemsize left at its default, 2", (5, 2, 12, 16), None),
+        # Odd sizes whose product passes 2**24 and 2**31: float32 rounds it (off by 59434), int32 wraps.
+        (ODD_SIZES, (4097, 7, 4099, 7167), 2),
     ]
+
+
+#: Label of the 2.3 case whose product a float32 rounds.
+ODD_SIZES = "odd sizes, 1.7e12 bytes"
 
 
 def _expect_bytes(got, dims, itemsize: int) -> None:
     want = intermediate_bytes(*dims, itemsize)
+    if isinstance(got, bool) or not hasattr(got, "__index__") or \
+            (isinstance(got, torch.Tensor) and (got.is_floating_point() or got.is_complex() or got.numel() != 1)):
+        kind = f"{type(got).__name__} {got!r}" if isinstance(got, (int, float)) else type(got).__name__
+        why = (": a byte count is a whole number, and a float holds whole numbers exactly only up to 2**53 "
+               "(float32: 2**24), so a product of sizes in floating point is off on large sizes. Multiply the "
+               "Python ints themselves (and use // if you divide)") if isinstance(got, float) or (
+                   isinstance(got, torch.Tensor) and got.is_floating_point()) else ""
+        raise Fail(f"expected a number of bytes (an int), got {kind}{why}")
     try:
-        value = int(got)
-        whole = bool(value == got)
-    except Exception:  # noqa: BLE001  (anything that is not one number)
+        value = operator.index(got)
+    except Exception:  # noqa: BLE001  (an object that claims to be an integer and is not)
         raise Fail(f"expected a number of bytes (an int), got {type(got).__name__}") from None
-    if value == want and whole:
+    if value == want:
         return
-    text = f"expected {want:,} bytes, got {got!r}"
-    if not whole:
-        raise Fail(text + ": not a whole number of bytes")
+    text = f"expected {want:,} bytes, got {value!r}"
     M, topk = dims[0], dims[1]
     for factor, why in ((topk, "each token has topk experts, each with its own [N, K] weights"),
                         (itemsize, "that counts elements: multiply by itemsize for bytes"),
@@ -82,6 +95,10 @@ def _expect_bytes(got, dims, itemsize: int) -> None:
     if value < 0 or want >= 2**31 > abs(value):
         raise Fail(text + ": the number wrapped around. int32 holds at most 2**31 - 1; "
                           "Python ints never overflow (avoid int32 tensors or numpy scalars here)")
+    if abs(value - want) <= 1e-6 * want:
+        raise Fail(text + f", off by {value - want:,}: a rounding. The product was computed in floating point, which "
+                          "holds whole numbers exactly only up to 2**24 (float32) or 2**53 (float64); multiply "
+                          "Python ints")
     raise Fail(text)
 
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import torch
 
-from .. import runtime
-from .common import FIRST_GEMM_NAMES, check_first_gemm_fn, first_gemm_on, hint_by_name, kernel_tolerance, summary
-from .diagnose import expect_first_gemm, expect_integer, expect_tensor, ranges
+from .big_stride import big_stride_check
+from .common import check_first_gemm_fn, first_gemm_on, hint_by_name, kernel_tolerance, summary
+from .diagnose import expect_integer, expect_tensor, ranges
 from .feedback import Fail, call_student, on, run_check
-from .guard import Recorder, SparseBuffer, int_poison
-from .problems import TAILS, Problem, kernel_problems, random_first_gemm
+from .guard import int_poison
+from .problems import TAILS, kernel_problems, random_first_gemm
 
 #: Hints for an out-of-range access, by the input it reached past (x, weight, topk_ids) or else by
 #: the kernel's pointer argument; names match by whole words (``out`` matches ``out_ptr``, not ``router``).
@@ -181,33 +181,6 @@ def check_fused_any_topk(fn) -> bool:
 
 
 # --------------------------------------------------------------------------- 3.4
-#: The big problem's expert stride: fits in int32 (so Triton passes it as int32), but expert 2's
-#: offset passes 2**31 and experts 3 and 4's pass 2**32, as DeepSeek-V3's last experts' (about 7.5e9) do.
-BIG_STRIDE = 2**31 - 2**20
-
-#: The big problem's experts: pairs of every expert, so each offset range shows.
-_BIG_IDS = [[4, 0], [1, 4], [2, 3], [3, 2]]
-
-
-def big_stride_problem() -> tuple[Problem, SparseBuffer] | None:
-    """A weight ``[5, 24, 16]`` whose experts lie ``BIG_STRIDE`` elements apart (43 GB of address
-    space, a few KB of memory), so that ``expert * BIG_STRIDE`` passes ``2**31`` for expert 2 and
-    ``2**32`` for experts 3 and 4.
-
-    None where the address space cannot be reserved.
-    """
-    small = random_first_gemm(len(_BIG_IDS), 24, 16, 5, 2, seed=41)
-    E, N, K = small.weight.shape
-    buf = SparseBuffer.create(E * BIG_STRIDE)
-    if buf is None:
-        return None
-    weight = buf.tensor.as_strided((E, N, K), (BIG_STRIDE, K, 1))
-    weight.copy_(small.weight)
-    ids = torch.tensor(_BIG_IDS, dtype=torch.int32)
-    problem = Problem(small.x, weight, ids, "experts 2**31 - 2**20 elements apart", compact_weight=small.weight)
-    return problem, buf
-
-
 def check_fused_int64(fn) -> bool:
     """Exercise 3.4: the launcher must survive offsets past ``2**31`` and ``2**32``: ``expert * stride_we`` in int64.
 
@@ -224,65 +197,5 @@ def check_fused_int64(fn) -> bool:
         for p in problems:
             with on(p.describe()):
                 first_gemm_on(fn, p, kernel_tolerance(), hints=pointer_hint)
-        if not runtime.INTERPRETED:
-            return summary(problems, "the int32-overflow test runs only in the CPU interpreter and was skipped")
-        made = big_stride_problem()
-        if made is None:
-            return summary(problems, "the int32-overflow test was skipped: could not reserve 43 GB of address space")
-        p, buf = made
-        try:
-            with on(p.describe()):
-                _expect_big_stride(fn, p, buf)
-        finally:
-            p.weight = None
-            buf.close()
-        return summary(problems, "and with experts 2**31 - 2**20 elements apart, where expert * stride_we "
-                                 "passes 2**31 and 2**32")
+        return summary(problems, big_stride_check(fn))
     return run_check("3.4", body)
-
-
-def _expect_big_stride(fn, p: Problem, buf: SparseBuffer) -> None:
-    recorder = Recorder()
-    try:
-        # No pointer hint here: the "Why" below is the hint.
-        out = call_student(fn, p.x, p.weight, p.topk_ids, names=FIRST_GEMM_NAMES[:3], recorder=recorder)
-    except Fail as e:
-        raise Fail(f"{e}\n{_OVERFLOW}") from None
-    if not recorder.launches:
-        raise Fail("no Triton kernel ran: this exercise is about the kernel's offsets, so the launcher must launch it")
-    if not recorder.launched_from(buf.lo, buf.hi):
-        raise Fail("the kernel never read the weight you were given: your launcher handed it a copy (.contiguous(), "
-                   ".clone(), .to(...)?). A real DeepSeek-V3 weight is 7.5e9 elements whichever way it is stored, "
-                   "so a copy does not avoid the overflow, and it costs a copy of every weight on every call. "
-                   "Pass the weight and its strides as they are, and compute the offsets in int64.")
-    try:
-        expect_first_gemm(out, p, kernel_tolerance(), recorder)
-    except Fail as e:
-        raise Fail(f"{e}\n{_why_wrong(out, p)}") from None
-
-
-def _why_wrong(out, p: Problem) -> str:
-    """Which experts' pairs are wrong says how wide the student's offsets are."""
-    ref = p.first_gemm_reference()
-    if not isinstance(out, torch.Tensor) or out.shape != ref.shape:
-        return _OVERFLOW
-    close = ((out.detach().double() - ref).abs() <= 1e-3 * ref.abs().max()).all(-1)      # [M, topk]
-    ids = p.topk_ids.long()
-    right = {e: bool(close[ids == e].all()) for e in ids.unique().tolist()}
-    past_32 = [e for e in right if e * BIG_STRIDE >= 2**32]
-    below_32 = [e for e in right if 2**31 <= e * BIG_STRIDE < 2**32]
-    if past_32 and below_32 and all(right[e] for e in below_32) and not any(right[e] for e in past_32):
-        offsets = ", ".join(f"{e * BIG_STRIDE}" for e in past_32)
-        return (f"Why: the pairs of experts {', '.join(map(str, past_32))}, whose weights start past 2**32 "
-                f"({offsets} elements), are wrong, while expert {below_32[0]}'s, past 2**31 but below 2**32, are "
-                "right: your offsets are 32 bits without a sign (tl.uint32?), which wrap around at 2**32 = "
-                "4294967296. DeepSeek-V3's last experts start near 7.5e9: cast to int64 before multiplying, "
-                "expert.to(tl.int64) * stride_we.")
-    return _OVERFLOW
-
-
-_OVERFLOW = (f"Why: expert e's weights start at element e * stride_we, and here stride_we = 2**31 - 2**20 = "
-             f"{BIG_STRIDE} (a real model's expert stride is N * K: DeepSeek-V3's last expert starts near 7.5e9). "
-             f"Expert 2's offset, {2 * BIG_STRIDE}, is past 2**31 - 1: in int32 it wraps around to "
-             f"{2 * BIG_STRIDE - 2**32}. Experts 3 and 4 start past 2**32, where an unsigned 32-bit offset "
-             "wraps too. Cast to int64 before multiplying: expert.to(tl.int64) * stride_we.")

@@ -8,6 +8,7 @@ import torch
 from .. import runtime
 from ..kernels.sorted_kernel import pid_to_tile  # the kernel's grouped order, in Python
 from ..shapes import random_topk_ids
+from .big_stride import big_stride_check
 from .common import check_first_gemm_fn, hint_by_name, kernel_tolerance
 from .diagnose import ranges
 from .feedback import Fail, call_student, on, run_check
@@ -26,6 +27,8 @@ def _align_cases():
         ("M=1, topk=1, E=3, block_m=2", torch.tensor([[1]], dtype=torch.int32, device=dev), 2, 3),
         ("M=5, topk=2, E=4, block_m=1: no padding", random_topk_ids(5, 4, 2, generator=g).to(dev), 1, 4),
         ("M=7, topk=6, E=64, block_m=16 (DeepSeek-V2-Lite)", random_topk_ids(7, 64, 6, generator=g).to(dev), 16, 64),
+        ("M=5, topk=8, E=256, block_m=4 (DeepSeek-V3: expert ids past 127)",
+         random_topk_ids(5, 256, 8, generator=g).to(dev), 4, 256),
         ("an empty batch, E=4, block_m=4", torch.zeros(0, 2, dtype=torch.int32, device=dev), 4, 4),
     ]
 
@@ -51,6 +54,10 @@ def _as_list(value, what: str) -> list[int]:
             or value.dtype == torch.bool:
         got = f"shape {tuple(value.shape)} {value.dtype}" if isinstance(value, torch.Tensor) else type(value).__name__
         raise Fail(f"{what}: expected a 1-D integer tensor, got {got}")
+    if value.dtype not in (torch.int32, torch.int64):
+        raise Fail(f"{what}: expected an int32 (or int64) tensor, got {value.dtype}: the kernel loads it as int32 "
+                   f"indices, and {value.dtype} holds only {torch.iinfo(value.dtype).min} to "
+                   f"{torch.iinfo(value.dtype).max} (DeepSeek-V3 has 256 experts, and a batch many more pairs)")
     return value.tolist()
 
 
@@ -129,7 +136,7 @@ def check_align(fn) -> bool:
                 got = call_student(fn, ids, block_m, E, names=("topk_ids", "block_m", "num_experts"))
                 _expect_alignment(got, ids, block_m, E)
         return (f"right on all {len(cases)} cases (an empty expert, a count that is already a multiple, "
-                "block_m = 1, E = 64, an empty batch).")
+                "block_m = 1, E = 64 and 256, an empty batch).")
     return run_check("4.1", body)
 
 
@@ -227,8 +234,10 @@ def _sorted_problems(weighted: bool):
 
 
 def check_sorted_matmul(fn) -> bool:
-    """Exercise 4.3: the sorted kernel's launcher ``fn(x, weight, topk_ids) -> [M, topk, N]``."""
-    return check_first_gemm_fn("4.3", fn, _sorted_problems(False), kernel_tolerance(), hints=sorted_pointer_hint)
+    """Exercise 4.3: the sorted kernel's launcher ``fn(x, weight, topk_ids) -> [M, topk, N]``; in the
+    interpreter also on 3.4's weight whose expert offsets pass 2**31 and 2**32 (:mod:`.big_stride`)."""
+    return check_first_gemm_fn("4.3", fn, _sorted_problems(False), kernel_tolerance(), hints=sorted_pointer_hint,
+                               then=big_stride_check)
 
 
 def check_router_epilogue(fn) -> bool:

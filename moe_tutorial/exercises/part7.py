@@ -7,6 +7,7 @@ from ..quant import (
     BLOCK,
     E4M3_MAX,
     FP8_DTYPE,
+    MIN_AMAX,
     dequantize_activations,
     dequantize_weight,
     quantize_activations,
@@ -25,12 +26,47 @@ def _block_cases():
     ragged = torch.randn(100, 37, generator=g) * 5   # a partial last block of a weight
     zeros = torch.zeros(128, 128)
     wide = torch.randn(128, 128, generator=g) * torch.logspace(-3, 2, 128)[None, :]
+    # The largest magnitude in a corner: an amax that skips a row or a column of the block misses it.
+    first, last = torch.rand(128, 128, generator=g), torch.rand(100, 37, generator=g) - 0.5
+    first[0, 0], last[-1, -1] = 9.0, -9.0
+    tiny = torch.randn(128, 128, generator=g) * 1e-12           # amax about 4e-12: above the floor, far below 1e-8
+    below = torch.randn(64, 64, generator=g) * 1e-14            # amax about 4e-14: below the floor, which applies
     return [("a 128 x 128 block of randn", torch.randn(128, 128, generator=g)),
             ("a block whose largest magnitude is negative (-40)", neg),
             ("a block of values near 1e-3 (far below 448: it must be scaled up)", small),
             ("a partial block, 100 x 37, as at the edge of a weight", ragged),
             ("values spread over five decades", wide),
-            ("a block of zeros (the scale must stay finite and positive)", zeros)]
+            ("a block whose largest magnitude is at [0, 0]", first),
+            ("a partial block whose largest magnitude is at its last element [99, 36]", last),
+            (TINY, tiny),
+            ("a block of zeros (the scale must stay finite and positive)", zeros),
+            (BELOW_FLOOR, below)]
+
+
+#: Labels of the 7.1 blocks whose largest magnitude is tiny: above the 1e-12 floor, and below it.
+TINY = "a block whose largest magnitude is tiny (about 4e-12, above the 1e-12 floor)"
+BELOW_FLOOR = "a block whose largest magnitude is below the 1e-12 floor (about 4e-14)"
+
+
+def _scale_slip(s: float, block: torch.Tensor, want: float) -> str:
+    """Why the scale ``s`` is not ``want``, when it matches a known slip; else ``""``."""
+    R, C = block.shape
+    mags = block.abs()
+    parts = {"row 0": mags[1:], f"the last row ({R - 1})": mags[:-1], "column 0": mags[:, 1:],
+             f"the last column ({C - 1})": mags[:, :-1]}
+    for what, rest in parts.items():
+        if rest.numel() and abs(s - max(float(rest.max()), MIN_AMAX) / E4M3_MAX) <= 1e-6 * s:
+            return (f"your amax skips {what} of the block, where its largest magnitude is: take the largest "
+                    "magnitude over every element (block.abs().max())")
+    amax = float(mags.max())
+    floor = s * E4M3_MAX
+    if amax < MIN_AMAX and abs(floor - amax) <= 1e-6 * amax:
+        return (f"this block's largest magnitude, {amax:.3g}, is below the floor {MIN_AMAX:g}: the scale must be "
+                f"max(amax, {MIN_AMAX:g}) / 448, so a floor applies to tiny blocks too, not only to all-zero ones")
+    if floor > 1.5 * max(amax, MIN_AMAX):
+        return (f"amax * 448 would be {floor:.3g}, above this block's largest magnitude {amax:.3g}: is your floor "
+                f"larger than {MIN_AMAX:g}? Floor amax at {MIN_AMAX:g}, so that only blocks below it use the floor")
+    return ""
 
 
 def check_quantize_block(fn) -> bool:
@@ -66,7 +102,9 @@ def check_quantize_block(fn) -> bool:
                 if amax > 0 and abs(s - float(block.max()) / E4M3_MAX) < 1e-6 * s and abs(s - want) > 1e-6 * want:
                     raise Fail("scale comes from the largest value, not the largest magnitude: take block.abs().max()")
                 if amax > 0 and abs(s - want) > 1e-5 * want:
-                    raise Fail(f"scale: expected amax / 448 = {want:.6g}, got {s:.6g}")
+                    slip = _scale_slip(s, block, want)
+                    raise Fail(f"scale: expected max(amax, 1e-12) / 448 = {want:.6g}, got {s:.6g}"
+                               + (f": {slip}" if slip else ""))
                 deq = q.double() * s
                 if not torch.isfinite(deq).all():
                     raise Fail("q holds NaN: values past +-448 do not saturate when cast; clamp block / scale to "
@@ -77,7 +115,8 @@ def check_quantize_block(fn) -> bool:
                     raise Fail(f"q * scale is {err:.2e} away from the block (relative), a correct rounding gives "
                                f"{want_err:.2e}: divide by the scale (not multiply) and round to the nearest e4m3 "
                                "value, which .to(torch.float8_e4m3fn) does")
-        return f"right on all {len(cases)} blocks: signs, tiny values, partial and all-zero blocks included."
+        return (f"right on all {len(cases)} blocks: signs, tiny values, the largest magnitude in a corner, "
+                "partial and all-zero blocks included.")
     return run_check("7.1", body)
 
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import math
 
+from ..checks import fail
 
-def fail(kind, name: str, expected: str, got) -> None:
-    """Raise ``kind(f"{name}: expected {expected}, got {got}")``."""
-    raise kind(f"{name}: expected {expected}, got {got}")
+__all__ = ["fail", "check_int", "check_power_of_two", "id_rows"]   # fail: the package's one, for the figures
 
 
 def check_int(name: str, value, lo: int | None = None, hi: int | None = None, why: str = "") -> int:

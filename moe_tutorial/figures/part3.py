@@ -343,9 +343,11 @@ def pid_explorer(topk_ids, num_experts: int, N: int, K: int, block_n: int, block
                  *, figsize=None):
     """Sliders "pid_m", "pid_n" and "k step" over a live :func:`draw_program` picture.
 
-    Returns an ``ipywidgets.VBox`` of the sliders and an ``ipywidgets.Image`` (PNG) that is
-    redrawn whenever a slider moves. The box's ``redraw()`` does it by hand and its
-    ``sliders`` dict maps each description to its slider (for tests).
+    Returns an ``ipywidgets.VBox`` of the sliders, an ``ipywidgets.Image`` (PNG) that is redrawn
+    whenever a slider moves, and a line that says each slider's range: a slider stops at its
+    grid's last program, and a value set past it (``box.sliders["pid_m"].value = 99``) is clamped
+    there without a word from ipywidgets. The box's ``redraw()`` draws by hand and its ``sliders``
+    dict maps each description to its slider (for tests).
     """
     # The first redraw, below, checks every argument; the sliders' ranges keep the later ones valid.
     M = len(id_rows("topk_ids", topk_ids))
@@ -370,9 +372,18 @@ def pid_explorer(topk_ids, num_experts: int, N: int, K: int, block_n: int, block
     for s in sliders.values():
         s.observe(redraw, names="value")
     redraw()
-    box = widgets.VBox([widgets.HBox(list(sliders.values())), image])
+    note = widgets.HTML(explorer_ranges(M, N, K, block_n, block_k))
+    box = widgets.VBox([widgets.HBox(list(sliders.values())), image, note])
     box.redraw, box.sliders = redraw, sliders
     return box
+
+
+def explorer_ranges(M: int, N: int, K: int, block_n: int, block_k: int) -> str:
+    """The explorer's note: each slider's range, from the grid, and what happens past it."""
+    n_blocks, k_steps = math.ceil(N / block_n), max(1, math.ceil(K / block_k))
+    return (f"pid_m runs 0..{M - 1} (M = {M} tokens), pid_n 0..{n_blocks - 1} (cdiv(N, BLOCK_N) = "
+            f"cdiv({N}, {block_n})), k step 0..{k_steps - 1} (cdiv(K, BLOCK_K) = cdiv({K}, {block_k})). "
+            "A value set past a slider's end is clamped to it: the grid has no program there.")
 
 
 # --------------------------------------------------------------------------------------

@@ -142,3 +142,28 @@ def plot_fp8_steps(rows: list[dict], model: str, steps, *, band: float | None = 
     ax.legend(frameon=False, fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def plot_promotion_schedule(steps: int = 5, mma: float = 1.0, promote: float = 0.45):
+    """The K loop on a timeline, ``tl`` kernel against the Gluon kernel: the tensor cores' MMAs
+    (one per 128-wide K step, ``mma`` long) and the CUDA cores' promotions (``promote`` long) of each
+    step's product into the fp32 accumulator. Returns the figure and the two loops' lengths."""
+    fig, axes = plt.subplots(2, 1, figsize=(9, 2.9), sharex=True)
+    mma_c, pro_c = "#4e79a7", "#f28e2b"
+    serial = steps * (mma + promote)
+    overlapped = steps * mma + promote
+    for ax, title, overlap in ((axes[0], "tl: each step's product promoted before the next MMA starts", False),
+                               (axes[1], "Gluon: step k+1's MMA in flight while step k is promoted", True)):
+        for k in range(steps):
+            start = k * mma if overlap else k * (mma + promote)
+            ax.barh(1, mma, left=start, color=mma_c, edgecolor="white")
+            ax.text(start + mma / 2, 1, f"MMA {k}", ha="center", va="center", color="white", fontsize=8)
+            ax.barh(0, promote, left=start + mma, color=pro_c, edgecolor="white")
+            ax.text(start + mma + promote / 2, 0, f"p{k}", ha="center", va="center", fontsize=7)
+        ax.set_yticks([0, 1], ["CUDA cores", "tensor cores"])
+        ax.set_title(title, fontsize=9, loc="left")
+        ax.axvline(overlapped if overlap else serial, color="#555555", lw=0.8, ls=":")
+    axes[1].set_xlabel(f"time (one MMA = {mma:g}, one promotion = {promote:g}): "
+                       f"{serial:.2f} against {overlapped:.2f} for {steps} steps")
+    fig.tight_layout()
+    return fig, serial, overlapped

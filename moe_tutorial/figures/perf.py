@@ -252,7 +252,7 @@ def plot_across_models(rows: list[dict], models=None, gemm: str = "first", metri
 
 def plot_model(rows: list[dict], model: str):
     """One model's results: time (top) and fraction of the floor (bottom) for each gemm."""
-    gemms = [g for g in ("first", "layer") if any(r["model"] == model and r["gemm"] == g for r in rows)]
+    gemms = [g for g in ("first", "layer", "step") if any(r["model"] == model and r["gemm"] == g for r in rows)]
     fig, axes = plt.subplots(2, len(gemms), figsize=(6.0 * len(gemms), 7.2), squeeze=False)
     for j, gemm in enumerate(gemms):
         for i, metric in enumerate(("ms", "fraction_of_floor")):

@@ -226,6 +226,26 @@ def max_padded_rows(numel: int, block_m: int, num_experts: int) -> int:
     return min(numel + num_experts * (block_m - 1), numel * block_m)
 
 
+def check_align_inputs(topk_ids, block_m, num_experts) -> tuple[int, int, int]:
+    """The checks of :func:`align_block_size`'s arguments (Part 8's stable alignment shares them):
+    returns ``(block_m, num_experts, max_padded_rows)`` as ints, or raises naming the argument."""
+    check_tensor("topk_ids", topk_ids, 2)
+    if topk_ids.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"topk_ids: expected dtype torch.int32 or torch.int64, got {topk_ids.dtype}")
+    check_kernel_device("topk_ids", topk_ids)
+    block_m, num_experts = as_int("block_m", block_m), as_int("num_experts", num_experts)   # numpy ints too
+    if block_m < 1 or block_m & (block_m - 1) or block_m > MAX_BLOCK_M:
+        raise ValueError(f"block_m: expected a power of two from 1 to {MAX_BLOCK_M}, got {block_m!r}")
+    if not 1 <= num_experts <= MAX_EXPERTS:
+        raise ValueError(f"num_experts: expected an int from 1 to {MAX_EXPERTS}, got {num_experts!r}")
+    numel = topk_ids.numel()
+    max_padded = max_padded_rows(numel, block_m, num_experts)
+    if max_padded > MAX_ROWS:
+        raise ValueError(f"topk_ids: expected at most {MAX_ROWS} padded rows (int32 row numbers), got "
+                         f"{numel} pairs, up to {max_padded} rows with block_m = {block_m}")
+    return block_m, num_experts, max_padded
+
+
 def align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int, *,
                      small_batch_pairs: int = SMALL_BATCH_PAIRS) -> Alignment:
     """Sort (token, slot) pairs by expert; pad each expert's run to a multiple of ``block_m``.
@@ -252,20 +272,8 @@ def align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int, *,
         The order of pairs inside one expert's run is not specified (atomics on a GPU for
         more than SMALL_BATCH_PAIRS pairs; token order below that).
     """
-    check_tensor("topk_ids", topk_ids, 2)
-    if topk_ids.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"topk_ids: expected dtype torch.int32 or torch.int64, got {topk_ids.dtype}")
-    check_kernel_device("topk_ids", topk_ids)
-    block_m, num_experts = as_int("block_m", block_m), as_int("num_experts", num_experts)   # numpy ints too
-    if block_m < 1 or block_m & (block_m - 1) or block_m > MAX_BLOCK_M:
-        raise ValueError(f"block_m: expected a power of two from 1 to {MAX_BLOCK_M}, got {block_m!r}")
-    if not 1 <= num_experts <= MAX_EXPERTS:
-        raise ValueError(f"num_experts: expected an int from 1 to {MAX_EXPERTS}, got {num_experts!r}")
+    block_m, num_experts, max_padded = check_align_inputs(topk_ids, block_m, num_experts)
     numel = topk_ids.numel()
-    max_padded = max_padded_rows(numel, block_m, num_experts)
-    if max_padded > MAX_ROWS:
-        raise ValueError(f"topk_ids: expected at most {MAX_ROWS} padded rows (int32 row numbers), got "
-                         f"{numel} pairs, up to {max_padded} rows with block_m = {block_m}")
     ids = topk_ids.reshape(-1).contiguous()
     device = topk_ids.device
     sorted_ids = torch.empty(max_padded, dtype=torch.int32, device=device)

@@ -17,6 +17,8 @@ import torch
 
 from .. import runtime
 from ..checks import as_int
+from ..fp8_format import BLOCK as FP8_BLOCK
+from .gluon_kernel import HAVE_GLUON
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,6 +36,7 @@ class KernelConfig:
     swap_ab: bool = False      # FP8 kernel only: small row blocks computed transposed (C^T = B^T A^T)
     persistent: bool = False   # one program per SM walks the tiles (kernels/persistent_kernel.py); no short tails
     warp_specialize: bool = False  # persistent only: producer and consumer warps (Triton, GPU only)
+    gluon: bool = False        # FP8 only: the Gluon kernel (kernels/gluon_fp8_kernel.py; Hopper only)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -65,13 +68,41 @@ def check_config(config, name: str = "config") -> KernelConfig:
         if value < 1:
             raise ValueError(f"{name}.{field}: expected an int of at least 1, got {value}")
         fields[field] = value
-    for field in ("use_tma", "short_tails", "persistent", "warp_specialize"):
+    for field in ("use_tma", "short_tails", "persistent", "warp_specialize", "gluon"):
         if not isinstance(getattr(config, field), bool):
             raise TypeError(f"{name}.{field}: expected True or False, got {getattr(config, field)!r}")
     if config.warp_specialize and not config.persistent:
         raise ValueError(f"{name}.warp_specialize: only the persistent kernel specialises warps; "
                          f"set persistent=True too")
     return replace(config, **fields)
+
+
+def check_fp8_config(config, name: str = "config", *, quant_out: bool = False) -> KernelConfig:
+    """:func:`check_config`, and the FP8 kernel's own rules: ``block_k`` divides 128 (one scale per
+    K step), and ``block_n`` is 128 where the GEMM quantises its output (``quant_out``: the layer's
+    gate/up GEMM writes one scale per row and 128 columns)."""
+    config = check_config(config, name)
+    if FP8_BLOCK % config.block_k:
+        raise ValueError(f"{name}.block_k: expected a power of two dividing {FP8_BLOCK} (one scale per K step), "
+                         f"got {config.block_k}")
+    if quant_out and config.block_n != FP8_BLOCK:
+        raise ValueError(f"{name}.block_n: expected {FP8_BLOCK}, since this GEMM quantises its output (one scale per "
+                         f"row and {FP8_BLOCK} columns), got {config.block_n}")
+    return config
+
+
+def check_fp8_configs(configs) -> tuple[KernelConfig, KernelConfig]:
+    """The FP8 layer's ``(gate/up, down)`` pair, each checked by :func:`check_fp8_config`, with one
+    ``block_m``: both GEMMs read one alignment."""
+    if not isinstance(configs, (tuple, list)) or len(configs) != 2:
+        got = f"{len(configs)} items" if isinstance(configs, (tuple, list)) else type(configs).__name__
+        raise TypeError(f"configs: expected a pair (gate/up KernelConfig, down KernelConfig), got {got}")
+    up = check_fp8_config(configs[0], "configs[0]", quant_out=True)
+    down = check_fp8_config(configs[1], "configs[1]")
+    if up.block_m != down.block_m:
+        raise ValueError(f"configs: the two GEMMs share one alignment, so one block_m; got {up.block_m} "
+                         f"and {down.block_m}")
+    return up, down
 
 
 #: In the interpreter warps and stages mean nothing and every program costs about a
@@ -227,16 +258,47 @@ def get_config(M: int, E: int, N: int, K: int, topk: int, dtype: torch.dtype, va
 CPU_FP8_CONFIG = KernelConfig(block_m=16, block_n=128, block_k=128, group_m=1, num_warps=4, num_stages=1)
 
 
-def fp8_heuristic_config(M: int, topk: int, E: int, variant: str = "plain", *, N: int | None = None) -> KernelConfig:
-    """An untuned choice for :func:`moe_tutorial.kernels.fp8_kernel.fp8_moe_kernel` on a GPU.
+#: The Gluon FP8 kernel's configurations (kernels/gluon_fp8_kernel.py), as measured on one H200:
+#: 128-row tiles for the plain GEMM (two warpgroups of 64 rows), and for the layer either the fused
+#: quantising epilogue (64 rows: what the registers hold) or the plain kernel plus a separate
+#: SiLU-and-quantise pass, each with its down GEMM on the same alignment.
+GLUON_PLAIN = KernelConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_warps=8, num_stages=4,
+                           short_tails=False, gluon=True)
+GLUON_FUSED_UP = replace(GLUON_PLAIN, block_m=64)
+GLUON_FUSED_DOWN = replace(GLUON_PLAIN, block_m=64, num_warps=4, num_stages=6)
+#: Where the heuristic takes the Gluon kernel, in an expert's average rows (measured: the first GEMM
+#: gains from 128 rows on, the layer from 32; the layer's unfused gate/up GEMM wins from 256).
+GLUON_MIN_ROWS = {"plain": 128, "gated": 32}
+GLUON_UNFUSED_ROWS = 256
+
+
+def gluon_fp8_available() -> bool:
+    """A Hopper GPU and a Triton with Gluon: where the Gluon FP8 kernel runs."""
+    return HAVE_GLUON and runtime.ON_GPU and torch.cuda.get_device_capability()[0] == 9
+
+
+def fp8_heuristic_config(M: int, topk: int, E: int, variant: str = "plain", *, N: int | None = None,
+                         kernel: str | None = None) -> KernelConfig:
+    """An untuned choice for Part 7's FP8 GEMMs on a GPU: ``kernel`` "tl" (:mod:`.fp8_kernel`'s
+    kernel), "gluon" (:mod:`.gluon_fp8_kernel`'s) or None (Gluon where it ran faster, on Hopper).
 
     K steps are 128 wide (one scale group each). BLOCK_N is 128: the gate/up GEMM quantises its
-    output per 128 columns in the epilogue, so its tiles must hold whole groups. Row blocks
-    follow the bf16 heuristic (about twice an expert's rows); under 64 rows the operands are
-    swapped, so the weights' 128 rows fill the tensor cores' 64-row tile instead of 16 tokens.
+    output per 128 columns in the epilogue, so its tiles must hold whole groups. For the ``tl``
+    kernel, row blocks follow the bf16 heuristic (about twice an expert's rows); under 64 rows the
+    operands are swapped, so the weights' 128 rows fill the tensor cores' 64-row tile instead of 16
+    tokens. The Gluon kernel takes the configurations above once an expert has enough rows
+    (:data:`GLUON_MIN_ROWS`); the down GEMM follows the gate/up GEMM's choice (the layer's).
     """
     rows_per_expert = max(1, M * topk // E)
     gated = variant == "gated"
+    if kernel == "gluon" or (kernel is None and variant in GLUON_MIN_ROWS and gluon_fp8_available()
+                             and rows_per_expert >= GLUON_MIN_ROWS[variant]):
+        if variant == "plain":
+            return GLUON_PLAIN
+        unfused = rows_per_expert >= GLUON_UNFUSED_ROWS
+        if variant == "gated":
+            return GLUON_PLAIN if unfused else GLUON_FUSED_UP
+        return GLUON_PLAIN if unfused else GLUON_FUSED_DOWN
     if rows_per_expert <= 4:
         cfg = KernelConfig(block_m=16, block_n=128, block_k=128, num_warps=4, num_stages=4, use_tma=True,
                            short_tails=False, swap_ab=True)
@@ -254,9 +316,20 @@ def fp8_heuristic_config(M: int, topk: int, E: int, variant: str = "plain", *, N
     return cfg
 
 
-def fp8_config(M: int, E: int, N: int, K: int, topk: int, variant: str) -> KernelConfig:
-    """The FP8 kernel's configuration: tuned (dtype ``float8_e4m3fn`` in the tables) or the heuristic."""
+def fp8_config(M: int, E: int, N: int, K: int, topk: int, variant: str, kernel: str | None = None) -> KernelConfig:
+    """Part 7's configuration for one FP8 GEMM: tuned (dtype ``float8_e4m3fn`` in the tables) or the
+    heuristic. The table's entry says which kernel won at that M (``gluon``); ``kernel="tl"`` asks
+    for the ``tl`` kernel's best (kept under the variant ``<variant>-tl`` where Gluon displaced it)."""
+    if kernel not in (None, "tl", "gluon"):
+        raise ValueError(f"kernel: expected None, 'tl' or 'gluon', got {kernel!r}")
     if runtime.INTERPRETED:
         return CPU_FP8_CONFIG
-    tuned = tuned_config(M, problem_key(E, N, K, topk, torch.float8_e4m3fn, variant))
-    return tuned if tuned is not None else fp8_heuristic_config(M, topk, E, variant, N=N)
+    key = problem_key(E, N, K, topk, torch.float8_e4m3fn, variant)
+    tuned = tuned_config(M, key)
+    if kernel == "tl" and (tuned is None or tuned.gluon):
+        tuned = tuned_config(M, key + "-tl")
+    if tuned is not None and (kernel is None or tuned.gluon == (kernel == "gluon")):
+        if not tuned.gluon or gluon_fp8_available():
+            return tuned
+    return fp8_heuristic_config(M, topk, E, variant, N=N, kernel=kernel or ("tl" if not gluon_fp8_available()
+                                                                            else None))

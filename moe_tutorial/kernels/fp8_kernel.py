@@ -25,19 +25,12 @@ import triton
 import triton.language as tl
 
 from .. import runtime
-from ..checks import (
-    _fail,
-    check_ids_in_range,
-    check_kernel_device,
-    check_no_grad,
-    check_tensor,
-    check_topk_ids,
-    check_topk_weights,
-)
-from ..quant import BLOCK, FP8_DTYPE, check_fp8_pair
+from ..checks import check_fp8_layer_inputs, check_fp8_matmul_inputs
+from ..quant import BLOCK, FP8_DTYPE
 from .align import align_block_size, check_alignment
-from .configs import KernelConfig, fp8_config
-from .fp8_quant import E4M3_MAX_C, MIN_AMAX_C, quantize_group, quantize_rows
+from .configs import GLUON_FUSED_DOWN, GLUON_PLAIN, KernelConfig, check_fp8_config, check_fp8_configs, fp8_config
+from .fp8_quant import E4M3_MAX_C, MIN_AMAX_C, launch_quantize_rows, quantize_group
+from .gluon_fp8_kernel import gluon_fp8_first_gemm, gluon_fp8_layer
 from .persistent_kernel import persistent_grid
 from .sorted_kernel import _tma_can_read, grouped_tile
 from .topk_sum import topk_sum
@@ -253,6 +246,12 @@ def launch_fp8_gemm(a, a_scale, b, b_scale, c, alignment, num_pairs: int, a_row_
     ``a_row_div``: topk to gather token rows, 1 for one row per pair, 0 for rows in sorted order
     (``sorted_rows``: then the writing side passes topk and the reading side 0).
     """
+    if config.gluon:
+        if sorted_rows or c_scale is not None or a_row_div < 1:
+            raise ValueError("config.gluon: the Gluon kernel runs the first GEMM here; the layer runs it through "
+                             "fp8_moe_layer")
+        return gluon_fp8_first_gemm(a, a_scale, b, b_scale, c, alignment, num_pairs, a_row_div, config,
+                                    router_weights)
     sorted_ids, expert_ids, num_post = alignment
     N, K = c.shape[1], a.shape[1]
     if c_scale is not None and config.block_n != BLOCK:
@@ -288,13 +287,6 @@ def out_dtype() -> torch.dtype:
     return torch.bfloat16 if runtime.ON_GPU else torch.float32
 
 
-def _check_ids(topk_ids, M: int, E: int) -> int:
-    check_tensor("topk_ids", topk_ids, 2)
-    topk = check_topk_ids(topk_ids, M, E)
-    check_ids_in_range(topk_ids, E)
-    return topk
-
-
 def fp8_moe_matmul(x_q: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                    topk_ids: torch.Tensor, topk_weights: torch.Tensor | None = None, *,
                    config: KernelConfig | None = None, alignment=None) -> torch.Tensor:
@@ -314,24 +306,11 @@ def fp8_moe_matmul(x_q: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tenso
         ``[M, topk, N]`` bf16 on a GPU (fp32 in the interpreter), accumulated in fp32.
     """
     check_fp8_runtime()
-    check_fp8_pair("x_q", x_q, "x_scale", x_scale, rows=1)
-    check_fp8_pair("weight", weight, "weight_scale", weight_scale, rows=BLOCK)
-    if x_q.dim() != 2 or weight.dim() != 3:
-        _fail(ValueError, "x_q, weight", "[M, K] and [E, N, K]", f"shapes {tuple(x_q.shape)}, {tuple(weight.shape)}")
-    for name, t in (("x_q", x_q), ("weight", weight), ("topk_ids", topk_ids)):
-        check_kernel_device(name, t)
-    M, K = x_q.shape
-    E, N, Kw = weight.shape
-    if Kw != K:
-        _fail(ValueError, "weight", f"last dim equal to x_q's K={K}", f"shape {tuple(weight.shape)}")
-    topk = _check_ids(topk_ids, M, E)
-    if topk_weights is not None:
-        check_topk_weights(topk_weights, topk_ids)
-        check_no_grad({"topk_weights": topk_weights})
+    M, K, N, E, topk = check_fp8_matmul_inputs(x_q, x_scale, weight, weight_scale, topk_ids, topk_weights)
+    config = fp8_config(M, E, N, K, topk, "plain") if config is None else check_fp8_config(config)
     out = torch.empty(M, topk, N, dtype=out_dtype(), device=x_q.device)
     if M == 0 or N == 0:
         return out
-    config = config or fp8_config(M, E, N, K, topk, "plain")
     if alignment is None:
         alignment = align_block_size(topk_ids, config.block_m, E)
     check_alignment(alignment, block_m=config.block_m, num_pairs=M * topk, num_experts=E, topk_ids=topk_ids)
@@ -365,32 +344,25 @@ def fp8_moe_layer(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w
         ``[M, K]`` in x's dtype.
     """
     check_fp8_runtime()
-    check_tensor("x", x, 2)
-    if x.dtype in (FP8_DTYPE, torch.float8_e5m2):
-        _fail(TypeError, "x", "bf16/fp32 activations (the layer quantises them itself)", x.dtype)
-    check_tensor("w13", w13, 3)
-    check_tensor("w2", w2, 3)
-    check_fp8_pair("w13", w13, "w13_scale", w13_scale, rows=BLOCK, halves=True)
-    check_fp8_pair("w2", w2, "w2_scale", w2_scale, rows=BLOCK)
-    M, K, inter, E, topk = _layer_shapes(x, w13, w2, topk_weights, topk_ids)
-    if x.dtype != out_dtype():
-        _fail(TypeError, "x", f"{out_dtype()} on this runtime", x.dtype)
-    check_no_grad({"x": x, "topk_weights": topk_weights})
+    M, K, inter, E, topk = check_fp8_layer_inputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
+                                                  dtype=out_dtype())
+    if configs is not None:
+        configs = check_fp8_configs(configs)     # before the empty-batch return: a bad pair is bad anyway
     if M == 0:
         return x.new_empty(0, K)
     if configs is None:
-        # Both GEMMs read one alignment: the down GEMM takes the gate/up GEMM's row blocks.
-        cfg_up = fp8_config(M, E, inter, K, topk, "gated")
-        cfg_down = replace(fp8_config(M, E, K, inter, topk, "down"), block_m=cfg_up.block_m)
+        cfg_up, cfg_down = layer_configs(M, E, inter, K, topk)
     else:
         cfg_up, cfg_down = configs
-    if cfg_up.block_m != cfg_down.block_m:
-        raise ValueError(f"configs: the two GEMMs share one alignment, so one block_m; got {cfg_up.block_m} "
-                         f"and {cfg_down.block_m}")
     num_pairs = M * topk
     alignment = align_block_size(topk_ids, cfg_up.block_m, E)
+    if cfg_up.gluon or cfg_down.gluon:
+        if not (cfg_up.gluon and cfg_down.gluon):
+            raise ValueError("configs: the Gluon layer hands the down GEMM its input with transposed scales, so "
+                             "both configs or neither set gluon")
+        return gluon_fp8_layer(x, w13, w13_scale, w2, w2_scale, topk_weights, alignment, topk, cfg_up, cfg_down)
     padded = alignment[0].numel()
-    x_q, x_s = quantize_rows(x)
+    x_q, x_s = launch_quantize_rows(x)
     act = torch.empty(padded, inter, dtype=FP8_DTYPE, device=x.device)
     act_s = torch.empty(padded, triton.cdiv(inter, BLOCK), dtype=torch.float32, device=x.device)
     launch_fp8_gemm(x_q, x_s, w13, w13_scale, act, alignment, num_pairs, topk, cfg_up, c_scale=act_s, gated=True,
@@ -402,19 +374,16 @@ def fp8_moe_layer(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w
     return topk_sum(down.view(M, topk, K))
 
 
-def _layer_shapes(x, w13, w2, topk_weights, topk_ids) -> tuple[int, int, int, int, int]:
-    """``(M, K, I, E, topk)`` of the FP8 layer's inputs, checked as the bf16 layer checks them."""
-    M, K = x.shape
-    E, N13, Kw = w13.shape
-    if Kw != K:
-        _fail(ValueError, "w13", f"last dim equal to x's K={K} (w13 is [E, 2I, K])", f"shape {tuple(w13.shape)}")
-    if N13 % 2:
-        _fail(ValueError, "w13", "an even second dim 2*I (gate rows then up rows)", f"shape {tuple(w13.shape)}")
-    inter = N13 // 2
-    if tuple(w2.shape) != (E, K, inter):
-        _fail(ValueError, "w2", f"shape (E, K, I) = {(E, K, inter)}", f"shape {tuple(w2.shape)}")
-    for name, t in (("x", x), ("w13", w13), ("w2", w2), ("topk_ids", topk_ids)):
-        check_kernel_device(name, t)
-    topk = _check_ids(topk_ids, M, E)
-    check_topk_weights(topk_weights, topk_ids)
-    return M, K, inter, E, topk
+def layer_configs(M: int, E: int, inter: int, K: int, topk: int, kernel: str | None = None):
+    """``(gate/up, down)`` configurations of the FP8 layer: the gate/up GEMM's entry picks the kernel
+    (``tl`` or Gluon; ``kernel`` forces one), and the down GEMM follows it on the same row blocks,
+    since both GEMMs read one alignment (and the Gluon down GEMM reads the scales its gate/up GEMM
+    wrote, transposed)."""
+    up = fp8_config(M, E, inter, K, topk, "gated", kernel=kernel)
+    down = fp8_config(M, E, K, inter, topk, "down", kernel="gluon" if up.gluon else "tl")
+    if down.block_m == up.block_m:
+        return up, down
+    if up.gluon:
+        return up, GLUON_PLAIN if up.block_m == GLUON_PLAIN.block_m else GLUON_FUSED_DOWN
+    return up, replace(down, block_m=up.block_m)
+

@@ -12,8 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..checks import check_kernel_dtype, check_tensor
-from ..quant import BLOCK, E4M3_MAX, FP8_DTYPE, MIN_AMAX
+from ..checks import check_fp8_activations, check_kernel_dtype, check_tensor, check_values
+from ..fp8_format import BLOCK, E4M3_MAX, FP8_DTYPE, MIN_AMAX
 
 #: The quantisation rule's constants, as kernels see them (a kernel reads globals only as constexpr).
 E4M3_MAX_C = tl.constexpr(E4M3_MAX)
@@ -41,9 +41,14 @@ def round_to_e4m3(v):
 def quantize_group(values, E4M3_MAX: tl.constexpr, MIN_AMAX: tl.constexpr):
     """``(q, scale)`` of a ``[rows, 128]`` fp32 block, one group per row: ``scale = amax / 448``,
     ``q = values / scale`` clamped to e4m3's range (division may carry 448 a hair over) and
-    rounded to e4m3 values (still fp32: the caller casts)."""
+    rounded to e4m3 values (still fp32: the caller casts).
+
+    A group holding NaN or +-Inf gets a NaN scale: ``tl.max`` skips NaN (the group would come out
+    finite, NaN stored as -448) and an Inf would make the scale Inf. With a NaN scale everything
+    computed from the group is NaN, never a finite number that looks right."""
     amax = tl.maximum(tl.max(tl.abs(values), axis=1), MIN_AMAX)
-    scale = amax / E4M3_MAX
+    finite = tl.max(tl.where(tl.abs(values) < float("inf"), 0, 1), axis=1) == 0    # NaN < inf is False too
+    scale = tl.where(finite, amax / E4M3_MAX, float("nan"))
     q = round_to_e4m3(tl.clamp(values / scale[:, None], -E4M3_MAX, E4M3_MAX))
     return q, scale
 
@@ -68,12 +73,22 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token, 128-group FP8 quantisation of activations, on the runtime's device.
 
     Args:
-        x: ``[M, K]`` float (fp32 in the interpreter; bf16/fp16/fp32 on a GPU); any strides.
+        x: ``[M, K]`` float (fp32 in the interpreter; bf16/fp16/fp32 on a GPU); any strides; finite:
+            NaN or Inf has no scale and is refused with a ValueError naming the element. Reading that
+            verdict back is one host sync on a GPU (skipped while a CUDA graph is captured, where a
+            group with NaN or Inf gets a NaN scale instead, so it never comes out finite).
 
     Returns:
         ``(q [M, K] float8_e4m3fn, scale [M, ceil(K/128)] fp32)``, as
         :func:`moe_tutorial.quant.quantize_activations` computes them in float64.
     """
+    check_fp8_activations("x", x)
+    check_values(finite={"x": x})
+    return launch_quantize_rows(x)
+
+
+def launch_quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize_rows` on inputs already checked (the FP8 layer's first step)."""
     M, K = x.shape
     q = torch.empty(M, K, dtype=FP8_DTYPE, device=x.device)
     scale = torch.empty(M, triton.cdiv(K, BLOCK), dtype=torch.float32, device=x.device)
@@ -85,6 +100,45 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ROWS=rows, GROUP=BLOCK, E4M3_MAX=E4M3_MAX, MIN_AMAX=MIN_AMAX, num_warps=4,
     )
     return q, scale
+
+
+@triton.jit
+def silu_mul_quantize_kernel(h_ptr, q_ptr, qs_ptr, num_post_ptr, inter, stride_hm, stride_qm, stride_qsn,
+                             ROWS: tl.constexpr, E4M3_MAX: tl.constexpr, MIN_AMAX: tl.constexpr):
+    """``silu(h[r, :I]) * h[r, I:]`` for ROWS sorted rows and one group of 128 columns, quantised:
+    e4m3 into ``q``, the rows' scales into ``qs`` transposed (``[groups, rows]``)."""
+    first = tl.program_id(0) * ROWS
+    if first < tl.load(num_post_ptr):                # past the real end no tile reads the rows
+        rows = (first + tl.arange(0, ROWS)).to(tl.int64)
+        cols = tl.program_id(1) * 128 + tl.arange(0, 128)
+        ok = cols[None, :] < inter
+        gate = tl.load(h_ptr + rows[:, None] * stride_hm + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        up = tl.load(h_ptr + rows[:, None] * stride_hm + inter + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        q, scale = quantize_group(gate * tl.sigmoid(gate) * up, E4M3_MAX, MIN_AMAX)
+        tl.store(q_ptr + rows[:, None] * stride_qm + cols[None, :], q.to(q_ptr.dtype.element_ty), mask=ok)
+        tl.store(qs_ptr + tl.program_id(1) * stride_qsn + rows, scale)
+
+
+def silu_mul_quantize(h: torch.Tensor, num_post: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The down GEMM's input from a gate/up GEMM's plain output, in one launch.
+
+    Args:
+        h: ``[R, 2I]`` bf16/fp32, gate columns then up columns, rows in sorted order.
+        num_post: the alignment's real number of rows (a 1-element int32 tensor); rows past it are
+            left unwritten.
+
+    Returns:
+        ``(q [R, I] e4m3, scale_t [ceil(I/128), R] fp32)``: ``silu(gate) * up`` per row and 128-wide
+        group, as the gate/up GEMM's quantising epilogue writes them (scales transposed for TMA).
+    """
+    R, inter = h.shape[0], h.shape[1] // 2
+    q = torch.empty(R, inter, dtype=FP8_DTYPE, device=h.device)
+    scale_t = torch.empty(triton.cdiv(inter, BLOCK), R, dtype=torch.float32, device=h.device)
+    rows = 32
+    silu_mul_quantize_kernel[(triton.cdiv(R, rows), triton.cdiv(inter, BLOCK))](
+        h, q, scale_t, num_post, inter, h.stride(0), q.stride(0), scale_t.stride(0),
+        ROWS=rows, E4M3_MAX=E4M3_MAX, MIN_AMAX=MIN_AMAX, num_warps=4)
+    return q, scale_t
 
 
 @triton.jit

@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from .. import runtime
-from ..checks import check_matmul_inputs, first_gemm_out
+from ..checks import check_matmul_inputs, check_power_of_two, first_gemm_out
 
 
 @triton.jit
@@ -90,10 +90,7 @@ def resolve_blocks(topk: int, N: int, K: int, block_n: int | None, block_k: int 
     dn, dk = default_blocks(topk, N, K)
     block_n = dn if block_n is None else block_n
     block_k = dk if block_k is None else block_k
-    for name, b in (("block_n", block_n), ("block_k", block_k)):
-        if isinstance(b, bool) or not isinstance(b, int) or b < 1 or b & (b - 1):
-            raise ValueError(f"{name}: expected a power of two, got {b}")
-    return block_n, block_k
+    return check_power_of_two("block_n", block_n), check_power_of_two("block_k", block_k)
 
 
 def fused_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: torch.Tensor, *,

@@ -40,6 +40,8 @@ try:   # Gluon ships with Triton 3.4+; its Hopper module is what this kernel nee
         warpgroup_mma_wait,
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+    # Triton 3.7 renamed the TMA copy into shared memory (3.9 removed the old name).
+    tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     HAVE_GLUON = True
 except ImportError:  # pragma: no cover  (older Triton)
     HAVE_GLUON = False
@@ -51,10 +53,12 @@ UNAVAILABLE = (None if HAVE_GLUON and runtime.ON_GPU and torch.cuda.get_device_c
 
 if HAVE_GLUON:
     @gluon.constexpr_function
-    def mma_layout(BLOCK_M, BLOCK_N, num_warps):
+    def mma_layout(BLOCK_M, BLOCK_N, num_warps, instr_k=16):
         """The accumulator's register layout for Hopper's warpgroup MMA: warps stacked along M
-        (16 rows each) as far as BLOCK_M allows, the widest instruction N that divides BLOCK_N."""
-        BLOCK_M, BLOCK_N, num_warps = (int(getattr(v, "value", v)) for v in (BLOCK_M, BLOCK_N, num_warps))
+        (16 rows each) as far as BLOCK_M allows, the widest instruction N that divides BLOCK_N;
+        ``instr_k`` is 32 bytes of K (16 for bf16, 32 for e4m3)."""
+        BLOCK_M, BLOCK_N, num_warps, instr_k = (int(getattr(v, "value", v))
+                                                for v in (BLOCK_M, BLOCK_N, num_warps, instr_k))
         warps = [4, 1]
         while warps[0] * warps[1] != num_warps:
             if BLOCK_M > 16 * warps[0]:
@@ -64,7 +68,7 @@ if HAVE_GLUON:
         n = 256
         while n > max(BLOCK_N // warps[1], 8) or BLOCK_N % n:
             n -= 8
-        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=warps, instr_shape=[16, n, 16])
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=warps, instr_shape=[16, n, instr_k])
 
     @gluon.jit
     def tile_of(t, num_pid_m, num_pid_n, group_m):
@@ -73,6 +77,27 @@ if HAVE_GLUON:
         first_m = (t // per_group) * group_m
         rows = gl.minimum(num_pid_m - first_m, group_m)
         return first_m + (t % per_group) % rows, (t % per_group) // rows
+
+    @gluon.jit
+    def store_rows(acc, first_row, pid_n, c_ptr, router_w_ptr, sorted_ids_ptr, N, num_pairs, stride_cm,
+                   rows_layout: gl.constexpr, cols_layout: gl.constexpr,
+                   C_SORTED: gl.constexpr, ROUTER_WEIGHTS: gl.constexpr):
+        """[epilogue] Each row of ``acc`` is one (token, slot) pair: its router weight, then its row of C
+        (at the pair's row, or at its sorted position), padding rows and columns past N masked."""
+        BLOCK_M: gl.constexpr = acc.type.shape[0]
+        BLOCK_N: gl.constexpr = acc.type.shape[1]
+        offs_m = first_row + gl.arange(0, BLOCK_M, layout=rows_layout)
+        offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=cols_layout)
+        pair = gl.load(sorted_ids_ptr + offs_m)
+        row_ok = pair < num_pairs
+        if ROUTER_WEIGHTS:
+            acc = acc * gl.load(router_w_ptr + pair, mask=row_ok, other=0.0)[:, None]
+        if C_SORTED:
+            c_row = offs_m.to(gl.int64)
+        else:
+            c_row = pair.to(gl.int64)
+        ptrs = c_ptr + c_row[:, None] * stride_cm + offs_n[None, :]
+        gl.store(ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_n[None, :] < N))
 
     @gluon.jit
     def load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, expert_ids_ptr, num_post_ptr,
@@ -93,8 +118,8 @@ if HAVE_GLUON:
                 # Wait until the consumer has released this buffer (a fresh barrier counts as released).
                 mbarrier.wait(empty.index(s), ((step // STAGES) & 1) ^ 1)
                 mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(a_desc, [pid_m * BLOCK_M, k * BLOCK_K], ready.index(s), a_bufs.index(s))
-                tma.async_copy_global_to_shared(b_desc, [b_row, k * BLOCK_K], ready.index(s), b_bufs.index(s))
+                tma_load(a_desc, [pid_m * BLOCK_M, k * BLOCK_K], ready.index(s), a_bufs.index(s))
+                tma_load(b_desc, [b_row, k * BLOCK_K], ready.index(s), b_bufs.index(s))
                 step += 1
 
     @gluon.jit
@@ -127,20 +152,8 @@ if HAVE_GLUON:
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES))
 
-            # [epilogue] Each row is one (token, slot) pair: scale by its router weight, store it
-            # at the pair's row (or at its sorted position), padding rows and columns past N masked.
-            offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=rows_layout)
-            offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=cols_layout)
-            pair = gl.load(sorted_ids_ptr + offs_m)
-            row_ok = pair < num_pairs
-            if ROUTER_WEIGHTS:
-                acc = acc * gl.load(router_w_ptr + pair, mask=row_ok, other=0.0)[:, None]
-            if C_SORTED:
-                c_row = offs_m.to(gl.int64)
-            else:
-                c_row = pair.to(gl.int64)
-            ptrs = c_ptr + c_row[:, None] * stride_cm + offs_n[None, :]
-            gl.store(ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_n[None, :] < N))
+            store_rows(acc, pid_m * BLOCK_M, pid_n, c_ptr, router_w_ptr, sorted_ids_ptr, N, num_pairs, stride_cm,
+                       rows_layout, cols_layout, C_SORTED, ROUTER_WEIGHTS)
 
     @gluon.jit
     def gluon_moe_kernel(a_desc, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr,

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from .. import runtime
-from ..checks import check_matmul_inputs
+from ..checks import check_matmul_inputs, check_power_of_two
 from .align import align_block_size, check_alignment
 
 
@@ -95,11 +95,9 @@ def minimal_sorted_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: t
         ``[M, topk, N]`` in x's dtype, accumulated in fp32.
     """
     M, K, N, E, topk = check_matmul_inputs(x, weight, topk_ids, kernel=True)
-    blocks = [b if b is not None else d for b, d in zip((block_m, block_n, block_k), default_blocks())]
-    for name, b in zip(("block_m", "block_n", "block_k"), blocks):
-        if isinstance(b, bool) or not isinstance(b, int) or b < 16 or b & (b - 1):
-            raise ValueError(f"{name}: expected a power of two of at least 16 (tl.dot's minimum), got {b!r}")
-    block_m, block_n, block_k = blocks
+    block_m, block_n, block_k = (check_power_of_two(name, b if b is not None else d, 16, "tl.dot's minimum")
+                                 for name, b, d in zip(("block_m", "block_n", "block_k"), (block_m, block_n, block_k),
+                                                       default_blocks()))
     if out is None:
         out = x.new_empty(M, topk, N)
     elif not out.is_contiguous() or tuple(out.shape) != (M, topk, N) or out.dtype != x.dtype:

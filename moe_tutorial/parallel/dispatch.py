@@ -41,8 +41,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..checks import _capturing as capturing
-from ..checks import check_ids_in_range, check_tensor, check_topk_weights
+from ..checks import capturing, check_ids_in_range, check_tensor, check_topk_weights
 from .groups import check_same_on_all_ranks, gather_rows, require_group
 from .sharding import experts_per_rank
 

@@ -22,17 +22,27 @@ from tqdm.auto import tqdm
 
 from .. import runtime
 from ..kernels import configs
-from ..reference import FP8_LAYER_TOLERANCE, reference_moe_layer, reference_moe_matmul, rel_error, tolerance
+from ..reference import (
+    FP8_LAYER_TOLERANCE,
+    reference_layer_grads,
+    reference_moe_layer,
+    reference_moe_matmul,
+    rel_error,
+    tolerance,
+)
 from ..routing import route
 from ..shapes import BATCH_SIZES, HEADLINE_MODELS, ModelShape, get_shape
 from . import reached, traffic
 from .ceilings import Ceilings, measure_ceilings
-from .impls import INT32_LIMIT, Inputs, Skip
-from .registry import BY_NAME, FIRST_IMPLS, LAYER_IMPLS, prepare
+from .impls import INT32_LIMIT, Inputs, Skip, step_grad
+from .registry import BY_NAME, FIRST_IMPLS, LAYER_IMPLS, STEP_IMPLS, prepare
 from .results import write_rows
 from .timing import HOST_SYNC_TIMER, PROTOCOLS, SLOW_CALL_TIMER, TooSlow, cycle, machine_info, measure_ms, warm_up_gpu
 
 GEMMS = ("first", "layer")
+#: The layer's forward + backward (``bench --backward``): its rows check and time dx.
+STEP = "step"
+ALL_GEMMS = GEMMS + (STEP,)
 GPU_QUICK = (("Qwen3-30B-A3B",), (1, 64, 4096))
 #: The CPU default: a toy shape the interpreter runs in well under a second per case.
 CPU_SHAPE = ModelShape("custom", num_experts=8, topk=2, hidden=64, intermediate=32)
@@ -85,7 +95,7 @@ def impls_for(plan: BenchPlan, shape: ModelShape, gemm: str) -> tuple[str, ...]:
     The default list leaves out the production steps of Part 4 (named only on request) and
     "sorted-heuristic" unless a tuned table would make "sorted" differ from it.
     """
-    known = FIRST_IMPLS if gemm == "first" else LAYER_IMPLS
+    known = {"first": FIRST_IMPLS, "layer": LAYER_IMPLS, STEP: STEP_IMPLS}[gemm]
     if plan.impls is not None:
         return tuple(i for i in plan.impls if i in known)
     keep_heuristic = runtime.ON_GPU and has_tuned_config(shape, gemm, plan.dtype)
@@ -160,6 +170,10 @@ def reference_rows(gemm: str, inp: Inputs, max_rows: int | None = None):
     # Only the experts these rows use, renumbered, so float64 copies stay small.
     used = torch.unique(ids)
     local = torch.searchsorted(used, ids.long()).to(torch.int32)
+    if gemm == STEP:
+        # A token's dx depends on its own row of x and of d_out only: these rows alone give it.
+        return rows, reference_layer_grads(x, inp.w13[used], inp.w2[used], inp.weights[0][rows], local,
+                                           step_grad(inp)[rows])["x"]
     return rows, reference_moe_layer(x, inp.w13[used], inp.w2[used], inp.weights[0][rows], local)
 
 
@@ -178,6 +192,9 @@ def traffic_of(gemm: str, inp: Inputs, precision: str = "bf16") -> tuple[float, 
         N, K = 2 * s.intermediate, s.hidden
         return (traffic.first_gemm_bytes(M, N, K, s.num_experts, s.topk, itemsize, touched=inp.touched),
                 traffic.first_gemm_flops(M, N, K, s.topk))
+    if gemm == STEP:
+        return (traffic.step_bytes(M, s.hidden, s.intermediate, s.num_experts, s.topk, itemsize, touched=inp.touched),
+                traffic.step_flops(M, s.hidden, s.intermediate, s.topk))
     return (traffic.layer_bytes(M, s.hidden, s.intermediate, s.num_experts, s.topk, itemsize, touched=inp.touched),
             traffic.layer_flops(M, s.hidden, s.intermediate, s.topk))
 
@@ -331,7 +348,8 @@ def run_bench(plan: BenchPlan, *, csv_path: str | Path | None = None, progress: 
                     if weights_for != shape.name:
                         weights_for, inputs_for, refs, inp, w13, w2 = shape.name, None, {}, None, None, None
                         free_device_memory()
-                        w13, w2 = make_weights(shape, plan.dtype, with_w2="layer" in plan.gemms, seed=plan.seed)
+                        w13, w2 = make_weights(shape, plan.dtype, with_w2=bool({"layer", STEP} & set(plan.gemms)),
+                                               seed=plan.seed)
                     if inputs_for != M:
                         inputs_for, refs, inp = M, {}, None
                         free_device_memory()

@@ -415,9 +415,10 @@ def _used_experts(ids: torch.Tensor):
     return used, torch.searchsorted(used, ids.long()).to(torch.int32)
 
 
-def first_fp8(inp: Inputs, config=None) -> Prepared:
+def first_fp8(inp: Inputs, config=None, kernel: str | None = None) -> Prepared:
     """Part 7's FP8 first GEMM on e4m3 activations quantised beforehand (their bytes and scales
-    are the floor's); checked against float64 on the dequantised inputs."""
+    are the floor's); checked against float64 on the dequantised inputs. ``kernel`` "tl" keeps to
+    the ``tl`` kernel where the table would take the Gluon one."""
     from ..kernels.align import align_block_size
     from ..kernels.configs import fp8_config
     from ..kernels.fp8_kernel import launch_fp8_gemm, out_dtype
@@ -428,7 +429,7 @@ def first_fp8(inp: Inputs, config=None) -> Prepared:
     wq, ws = fp8_experts(inp, layer=False)
     E, N, K = wq.shape
     M, topk = inp.M, inp.shape.topk
-    config = config or fp8_config(M, E, N, K, topk, "plain")
+    config = config or fp8_config(M, E, N, K, topk, "plain", kernel=kernel)
     quantised = [quantize_rows(x) for x in inp.xs]
     alignments = [align_block_size(ids, config.block_m, E) for ids in inp.ids]
     out = torch.empty(M * topk, N, dtype=out_dtype(), device=wq.device)
@@ -466,13 +467,17 @@ def first_fp8_step(step: str):
     return prepare
 
 
-def layer_fp8(inp: Inputs, configs=None) -> Prepared:
+def layer_fp8(inp: Inputs, configs=None, kernel: str | None = None) -> Prepared:
     """Part 7's whole FP8 layer (x quantised inside, as an engine runs it); checked against the
-    float64 layer that takes the same quantisation steps (reference_fp8_moe_layer)."""
-    from ..kernels.fp8_kernel import fp8_moe_layer
+    float64 layer that takes the same quantisation steps (reference_fp8_moe_layer). ``kernel``
+    "tl" keeps both GEMMs on the ``tl`` kernel."""
+    from ..kernels.fp8_kernel import fp8_moe_layer, layer_configs
     from ..reference import reference_fp8_moe_layer
 
     q13, s13, q2, s2 = fp8_experts(inp, layer=True)
+    s = inp.shape
+    if kernel is not None and configs is None:
+        configs = layer_configs(inp.M, s.num_experts, s.intermediate, s.hidden, s.topk, kernel=kernel)
 
     def reference(rows):
         used, local = _used_experts(inp.ids[0][rows])
@@ -498,3 +503,97 @@ def layer_fp8_persistent(inp: Inputs) -> Prepared:
     down = replace(fp8_config(inp.M, s.num_experts, s.hidden, s.intermediate, s.topk, "down"), persistent=True,
                    block_m=up.block_m)                  # one alignment for both GEMMs
     return layer_fp8(inp, configs=(up, down))
+
+
+# ---------------------------------------------------- Part 8: the layer's forward + backward
+
+def grouped_mm_layer(x, w13, w2, topk_weights, topk_ids):
+    """The layer as a composition of PyTorch operations around ``torch._grouped_mm``, the way
+    torchtitan writes it, differentiable by autograd: x's rows gathered in expert order, the
+    gate/up grouped GEMM, ``silu(gate) * up``, the down grouped GEMM, the router weights, and the
+    sum back into each token's row with ``index_add_``. ``[M, K]`` in x's dtype (bf16, sm90+).
+
+    ``torch._grouped_mm(mat_a [rows, K], mat_b [E, K, N], offs=int32 group ends)``; the weights
+    go in as transposed views, so autograd reaches w13 and w2 themselves.
+    """
+    M, topk = topk_ids.shape
+    E = w13.shape[0]
+    inter = w2.shape[2]
+    flat = topk_ids.reshape(-1).long()
+    order = torch.argsort(flat, stable=True)
+    # histc, not bincount: no wait on the host for the output size (torchtitan counts so too).
+    counts = torch.histc(flat.float(), bins=E, min=-0.5, max=E - 0.5)
+    offs = torch.cumsum(counts, 0).to(torch.int32)
+    token = order // topk
+    h = torch._grouped_mm(x[token], w13.transpose(1, 2), offs=offs)              # [pairs, 2I]
+    act = torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]
+    y = torch._grouped_mm(act, w2.transpose(1, 2), offs=offs)                    # [pairs, K]
+    y = y * topk_weights.reshape(-1)[order, None].to(y.dtype)
+    return torch.zeros_like(x).index_add_(0, token, y)
+
+
+def liger_support() -> str | None:
+    """None if Liger-Kernel's ``fused_moe`` can be imported here, else why not."""
+    if not runtime.ON_GPU:
+        return "Liger-Kernel's fused_moe runs on a CUDA GPU only"
+    try:
+        from liger_kernel.ops.fused_moe import LigerFusedMoEFunction  # noqa: F401  (optional package)
+    except ImportError as e:
+        return f"liger-kernel is not installed ({e})"
+    return None
+
+
+def liger_layer(x, w13, w2, topk_weights, topk_ids):
+    """Liger-Kernel's ``LigerFusedMoEFunction.apply(x, gate_up_proj [E, 2I, K], down_proj [E, K, I],
+    top_k_index [M, topk] int32, top_k_weights [M, topk])`` (liger-kernel 0.8.5): the same layout
+    as the series' w13 (gate rows then up rows) and w2."""
+    from liger_kernel.ops.fused_moe import LigerFusedMoEFunction  # optional package
+    return LigerFusedMoEFunction.apply(x, w13, w2, topk_ids.to(torch.int32), topk_weights.to(x.dtype))
+
+
+def step_grad(inp: Inputs) -> torch.Tensor:
+    """The gradient of the layer's output that every "step" row backpropagates: ``[M, K]`` in the
+    case's dtype, made once per case from a fixed seed (so the check has one reference)."""
+    cache = inp.__dict__.setdefault("_step", {})
+    if "d_out" not in cache:
+        g = torch.Generator(device=runtime.DEVICE).manual_seed(7 + inp.M)
+        cache["d_out"] = torch.randn(inp.M, inp.shape.hidden, generator=g, device=runtime.DEVICE, dtype=inp.dtype)
+    return cache["d_out"]
+
+
+def step_of(layer: Callable, *, graphable: bool = True, support: Callable[[Inputs], str | None] = lambda inp: None):
+    """Prepare the layer's forward + backward: ``layer(x, w13, w2, topk_weights, topk_ids)`` with
+    autograd on and every float input a leaf, then ``torch.autograd.grad`` of :func:`step_grad`;
+    the call returns dx, which the bench checks on a few rows against float64."""
+    def prepare(inp: Inputs) -> Prepared:
+        if reason := support(inp):
+            raise Skip(reason)
+        d_out = step_grad(inp)
+        w13, w2 = inp.w13.detach().requires_grad_(), inp.w2.detach().requires_grad_()   # views: no copy
+
+        def run(x, ids, w):
+            x, w = x.detach().requires_grad_(), w.detach().requires_grad_()
+            return torch.autograd.grad(layer(x, w13, w2, w, ids), (x, w13, w2, w), d_out)[0]
+        return Prepared(_rotations(inp, run), graphable=graphable)
+    return prepare
+
+
+def _indexing_fits(inp: Inputs) -> str | None:
+    E, N13, K = inp.w13.shape
+    try:
+        check_indexing_fits(inp.M, inp.shape.topk, N13, K, inp.w13.element_size(), fraction=1 / 6)
+    except Skip as e:
+        return str(e)
+    return None
+
+
+def step_layer(impl: str):
+    """``moe_layer(impl=...)``'s forward + backward ("loop", "indexing", "sorted": Part 8's kernels)."""
+    def layer(x, w13, w2, w, ids):
+        return moe_layer(x, w13, w2, w, ids, impl=impl)
+    return step_of(layer, graphable=impl != "loop", support=_indexing_fits if impl == "indexing" else lambda inp: None)
+
+
+step_grouped_mm = step_of(grouped_mm_layer, support=lambda inp: grouped_mm_support(inp.dtype))
+step_liger = step_of(liger_layer, support=lambda inp: liger_support())
+

@@ -23,13 +23,14 @@ class Implementation:
     help: str
     first: Callable | None = None       # Inputs -> Prepared, for the [M, topk, N] GEMM
     layer: Callable | None = None       # Inputs -> Prepared, for the whole layer
+    step: Callable | None = None        # Inputs -> Prepared, the layer's forward + backward (bench --backward)
     linestyle: str = "-"
     in_default_sweep: bool = True       # False: timed only when named (``bench --impls``)
     precision: str = "bf16"             # "fp8": e4m3 experts, judged against the FP8 floor
 
     def prepare(self, gemm: str, inp):
         """The :class:`moe_tutorial.perf.impls.Prepared` calls for ``gemm`` ("first" or "layer")."""
-        builder = self.first if gemm == "first" else self.layer if gemm == "layer" else None
+        builder = {"first": self.first, "layer": self.layer, "step": self.step}.get(gemm)
         if builder is None:
             raise ValueError(f"impl: {self.name!r} has no {gemm!r} variant")
         return builder(inp)
@@ -44,12 +45,12 @@ IMPLEMENTATIONS: tuple[Implementation, ...] = (
     Implementation(
         "loop", "Part 1, loop", "#9c755f",
         "Part 1, a Python loop over experts (one GEMM launch per expert; host syncs)",
-        first=impls.first_loop, layer=impls.layer_of("loop")),
+        first=impls.first_loop, layer=impls.layer_of("loop"), step=impls.step_layer("loop")),
     Implementation(
         "indexing", "Part 2, indexing", "#e15759",
         "Part 2, weight[topk_ids] then one broadcast matmul (skipped when its [M, topk, N, K] "
         "intermediate would not fit)",
-        first=impls.first_indexing, layer=impls.layer_of("indexing")),
+        first=impls.first_indexing, layer=impls.layer_of("indexing"), step=impls.step_layer("indexing")),
     Implementation(
         "published", "Part 3, as published", "#bab0ac",
         "Part 3's kernel as the seed article published it (skipped where topk is not a power of two: it "
@@ -61,8 +62,9 @@ IMPLEMENTATIONS: tuple[Implementation, ...] = (
         first=impls.first_fused, layer=impls.layer_of("fused")),
     Implementation(
         "sorted", "Part 4, tuned", "#4e79a7",
-        "Part 4's kernel with the tuned table, the GEMM alone: align_block_size runs outside the timed region",
-        first=impls.first_sorted, layer=impls.layer_of("sorted")),
+        "Part 4's kernel with the tuned table, the GEMM alone: align_block_size runs outside the timed region; "
+        "its forward + backward (bench --backward) runs Part 8's kernels",
+        first=impls.first_sorted, layer=impls.layer_of("sorted"), step=impls.step_layer("sorted")),
     Implementation(
         "sorted+align", "Part 4, tuned, alignment timed", "#b07aa1",
         "Part 4's kernel with align_block_size inside the timed region",
@@ -85,13 +87,25 @@ IMPLEMENTATIONS: tuple[Implementation, ...] = (
         "(Hopper GPU only)", first=impls.first_gluon, layer=impls.layer_gluon, linestyle="-", in_default_sweep=False),
     Implementation(
         "grouped_mm", "torch._grouped_mm", "#59a14f",
-        "torch._grouped_mm on x rows pre-sorted by expert (needs a GPU of sm90+ and bf16)",
-        first=impls.first_grouped_mm),
+        "torch._grouped_mm on x rows pre-sorted by expert (needs a GPU of sm90+ and bf16); with --backward, the "
+        "layer as a composition around it (gate/up, SiLU * up, down, weighted sum) and autograd's backward",
+        first=impls.first_grouped_mm, step=impls.step_grouped_mm),
+    Implementation(
+        "liger", "Liger-Kernel fused_moe", "#8c564b",
+        "Liger-Kernel's fused_moe (LigerFusedMoEFunction, pip install liger-kernel), forward + backward only "
+        "(bench --backward; skipped where it is not installed or there is no GPU)",
+        step=impls.step_liger),
     Implementation(
         "fp8", "Part 7, block FP8", "#d62728",
-        "Part 7's kernel on e4m3 experts with 128 x 128 block scales (activations quantised per token "
-        "in 128-wide groups; the layer quantises them inside); judged against the FP8 floor",
+        "Part 7's kernels on e4m3 experts with 128 x 128 block scales (activations quantised per token "
+        "in 128-wide groups; the layer quantises them inside), the tl or the Gluon kernel per M as the "
+        "tuned table says; judged against the FP8 floor",
         first=impls.first_fp8, layer=impls.layer_fp8, precision="fp8"),
+    Implementation(
+        "fp8-tl", "Part 7, tl kernel only (tuned)", "#ff7f0e",
+        "Part 7's tl kernel with its tuned tiles at every M: what the Gluon kernel is measured against",
+        first=lambda inp: impls.first_fp8(inp, kernel="tl"), layer=lambda inp: impls.layer_fp8(inp, kernel="tl"),
+        precision="fp8", in_default_sweep=False),
     # Part 7 built up (notebook 07): each keeps the steps before it; tuned tiles give "fp8".
     Implementation(
         "fp8-step0", "Part 7 step 0: FP8 kernel, pointer loads", "#ff9896",
@@ -155,6 +169,8 @@ BY_NAME: dict[str, Implementation] = {impl.name: impl for impl in IMPLEMENTATION
 FIRST_IMPLS: tuple[str, ...] = tuple(i.name for i in IMPLEMENTATIONS if i.first is not None)
 #: Names with a whole-layer variant, in the series' order.
 LAYER_IMPLS: tuple[str, ...] = tuple(i.name for i in IMPLEMENTATIONS if i.layer is not None)
+#: Names with a forward + backward variant (``bench --backward``), in the series' order.
+STEP_IMPLS: tuple[str, ...] = tuple(i.name for i in IMPLEMENTATIONS if i.step is not None)
 #: Reader-facing label of each name (tables take it as ``labels=``).
 LABELS: dict[str, str] = {i.name: i.label for i in IMPLEMENTATIONS}
 

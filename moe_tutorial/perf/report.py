@@ -26,8 +26,8 @@ def is_ok(row: dict) -> bool:
 
 
 def gemm_title(gemm: str) -> str:
-    """What tables and figures call a ``gemm`` column value ("first" or "layer")."""
-    return "gate/up GEMM" if gemm == "first" else "whole layer"
+    """What tables and figures call a ``gemm`` column value ("first", "layer" or "step")."""
+    return {"first": "gate/up GEMM", "step": "forward + backward"}.get(gemm, "whole layer")
 
 
 def _ordered(values, order=()) -> list:

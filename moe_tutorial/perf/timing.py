@@ -192,7 +192,10 @@ def warm_up_gpu(ms: float = 100.0) -> None:
     """Keep the GPU busy for ``ms`` (matmuls), so a timing that follows an idle spell (a
     compile, a correctness check) finds the clocks where they run under load."""
     if runtime.ON_GPU:
-        a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+        # Its own generator: a graph capture that failed earlier can leave the default one expecting
+        # to be captured ("Offset increment outside graph capture"), seen after an autograd capture.
+        g = torch.Generator(device="cuda").manual_seed(0)
+        a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16, generator=g)
         _warm_up(lambda: a @ a, ms)
 
 

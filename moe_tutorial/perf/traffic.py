@@ -98,3 +98,18 @@ def geomean(values) -> float:
     """Geometric mean of positive numbers (NaN if there are none)."""
     values = [v for v in values if v and v > 0 and math.isfinite(v)]
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
+
+
+def step_flops(M: int, hidden: int, inter: int, topk: int) -> float:
+    """A training step of the layer, forward and backward: three times :func:`layer_flops` (the
+    backward's dA', dx and the two weight gradients are twice the forward's two GEMMs)."""
+    return 3.0 * layer_flops(M, hidden, inter, topk)
+
+
+def step_bytes(M: int, hidden: int, inter: int, num_experts: int, topk: int, itemsize: int = 2,
+               touched: float | None = None) -> float:
+    """The least a training step moves: the forward's :func:`layer_bytes`, then the backward reads
+    the touched experts' weights again and writes their gradients (as many bytes each), reads dO
+    and writes dx (as many as x and y): three times the forward's bytes."""
+    return 3.0 * layer_bytes(M, hidden, inter, num_experts, topk, itemsize, touched=touched)
+

@@ -7,7 +7,8 @@
 # tests), fp8-tune (Part 7's kernel tuned on $FP8_MODELS into $OUT/tuned_configs.json, which later
 # stages read), fp8-bench (Part 4 against Part 7 on $FP8_MODELS and $FP8_MORE under cold-l2),
 # bench-untuned (Part 4 and torch._grouped_mm on shapes the table was never tuned for: $UNTUNED and a
-# topk = 1 shape).
+# topk = 1 shape); backward-tests (Part 8's GPU tests), backward (Part 8's script, scripts/experiments/h200_backward.py;
+# pip install liger-kernel first for its second anchor).
 # Each stage writes its log and CSVs under $OUT; a failing stage does not stop the next.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -53,6 +54,11 @@ for stage in "$@"; do
       python3 -m moe_tutorial bench --E 32 --N 8192 --K 4096 --topk 1 --impls sorted,grouped_mm --protocol cold-l2 \
         --no-progress --max-seconds-per-case 1 --out "$OUT/untuned-topk1" >> "$OUT/bench-untuned.log" 2>&1
       grep -A12 "geometric mean" "$OUT/bench-untuned.log" | head -60 ;;
+    backward-tests)
+      python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_backward_kernel.py 2>&1 | tee "$OUT/backward-tests.log" | tail -15 ;;
+    backward)
+      # Part 8: gradients on real shapes, step times against the anchors, memory, tiles (about 8 minutes).
+      python3 scripts/experiments/h200_backward.py --out "$OUT/backward" 2>&1 | tee "$OUT/backward.log" | tail -60 ;;
     *) echo "unknown stage $stage" ;;
   esac
   rm -f "$OUT"/*/*.png   # the CSVs hold the data; the tool brings back at most 8 files

@@ -1,0 +1,110 @@
+"""Part 8 on one H200: the training step's times, memory and gradients, read back.
+
+``scripts/experiments/h200_backward.py`` times, in one run and under the cold-l2 protocol (a CUDA
+graph per call where one can hold it; calls slower than 20 ms with events, L2 flushed before
+each), the forward, the forward + backward and the backward alone of three implementations on
+real layer shapes: ``ours`` (``moe_layer(impl="sorted")`` with autograd, Part 8's kernels), the
+``grouped_mm`` composition (``torch._grouped_mm`` for gate/up and down, SiLU * up, the weighted
+sum, autograd's backward) and Liger-Kernel's ``fused_moe`` where installed. One row per (model, T,
+implementation) in ``moe_tutorial/data/h200_backward.csv`` (:data:`FIELDS`); the file ships empty
+until that run is committed, and every reader here says so instead of inventing numbers.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..perf.report import format_table
+from ..perf.results import DATA_DIR, read_csv
+
+BACKWARD = DATA_DIR / "h200_backward.csv"
+#: The implementations the script times, as the CSV names them, and how tables label them.
+IMPLS = {"ours": "Part 8 (Triton, this series)", "grouped_mm": "torch._grouped_mm composition, autograd",
+         "liger": "Liger-Kernel fused_moe"}
+#: The anchors ours is judged against: the faster of them at each (model, T).
+ANCHORS = ("grouped_mm", "liger")
+#: The issue's targets: forward + backward at least this much faster than the faster anchor, and the
+#: backward alone at least this fraction of the bf16 matmul rate measured in the same run at T = 32768.
+STEP_SPEEDUP_TARGET, BACKWARD_MATMUL_TARGET, TARGET_T = 1.25, 0.55, 32768
+
+#: Columns, in order. Times in ms; ``*_timer`` names the timer each phase ended up with
+#: (:func:`moe_tutorial.perf.timing.measure_ms`); bytes of device memory: ``kept_bytes`` allocated
+#: after the forward beyond its inputs and output (what is saved for the backward), ``peak_bytes``
+#: the most allocated during forward and backward beyond the inputs; ``first_call_s`` the first
+#: forward + backward of the process on that model (compilation included, no autotuning); ``note``
+#: says how an anchor ran (Liger-Kernel: whether it autotuned).
+FIELDS = ["gpu", "driver", "torch", "triton", "date", "protocol", "matmul_tflops",
+          "model", "E", "hidden", "inter", "topk", "T", "impl",
+          "forward_ms", "forward_timer", "step_ms", "step_timer", "backward_ms", "backward_timer",
+          "kept_bytes", "peak_bytes", "first_call_s", "rel_error", "status", "note"]
+_INT = {"E", "hidden", "inter", "topk", "T", "kept_bytes", "peak_bytes"}
+_FLOAT = {"matmul_tflops", "forward_ms", "step_ms", "backward_ms", "first_call_s", "rel_error"}
+
+
+def load_backward(path: Path | str = BACKWARD) -> list[dict]:
+    """The rows of a run of the script (``[]`` when the file has none yet)."""
+    path = Path(path)
+    if not path.exists() or not path.read_text().strip():
+        return []
+    return read_csv(path, _INT, _FLOAT)
+
+
+def step_flops(T: int, hidden: int, inter: int, topk: int) -> dict:
+    """FLOPs of the layer's GEMMs: the forward's ``6 T topk hidden inter`` (``2 * 3`` for two
+    multiply-adds over three [hidden, inter] matrices), the backward's twice that (dA', dx and
+    the two dW), and the step's three times."""
+    forward = 6.0 * T * topk * hidden * inter
+    return {"forward": forward, "backward": 2 * forward, "step": 3 * forward}
+
+
+def tflops(row: dict, phase: str) -> float | None:
+    """TFLOP/s of one phase ("forward", "backward" or "step") of a row, or None if not timed."""
+    ms = row.get(f"{phase}_ms")
+    if not ms:
+        return None
+    return step_flops(row["T"], row["hidden"], row["inter"], row["topk"])[phase] / (ms * 1e-3) / 1e12
+
+
+def verdicts(rows: list[dict]) -> list[dict]:
+    """Per (model, T): ours against the faster anchor (forward + backward) and the backward's
+    fraction of the run's matmul rate, each with the issue's target; rows without ours are left out."""
+    out = []
+    for (model, T) in sorted({(r["model"], r["T"]) for r in rows}, key=lambda k: (k[0], k[1])):
+        case = {r["impl"]: r for r in rows if r["model"] == model and r["T"] == T and r["status"] == "ok"}
+        if "ours" not in case:
+            continue
+        ours = case["ours"]
+        anchors = {k: case[k]["step_ms"] for k in ANCHORS if k in case and case[k]["step_ms"]}
+        faster = min(anchors, key=anchors.get) if anchors else None
+        speedup = anchors[faster] / ours["step_ms"] if faster else None
+        backward_fraction = tflops(ours, "backward") / ours["matmul_tflops"] if ours["backward_ms"] else None
+        out.append({"model": model, "T": T, "faster_anchor": faster, "step_speedup": speedup,
+                    "step_ok": speedup is not None and speedup >= STEP_SPEEDUP_TARGET,
+                    "backward_fraction": backward_fraction,
+                    "backward_ok": None if T != TARGET_T else backward_fraction >= BACKWARD_MATMUL_TARGET})
+    return out
+
+
+NOT_MEASURED = ("not measured yet: `scripts/experiments/h200_backward.py` writes the rows, "
+                "`moe_tutorial/data/h200_backward.csv` ships them")
+
+
+def summary_table(rows: list[dict], markdown: bool = False) -> str:
+    """Forward + backward ms of each implementation per (model, T), ours' speed-up over the faster
+    anchor, and ours' backward as a fraction of the matmul rate; :data:`NOT_MEASURED` without rows."""
+    if not rows:
+        return NOT_MEASURED
+    impls = [i for i in IMPLS if any(r["impl"] == i for r in rows)]
+    lines = []
+    for v in verdicts(rows):
+        cells = [v["model"], str(v["T"])]
+        for impl in impls:
+            row = next((r for r in rows if r["model"] == v["model"] and r["T"] == v["T"] and r["impl"] == impl), None)
+            cells.append(f"{row['step_ms']:.2f}" if row and row["status"] == "ok" and row["step_ms"] else "-")
+        cells.append(f"{v['step_speedup']:.2f}x" if v["step_speedup"] else "-")
+        cells.append(f"{v['backward_fraction']:.2f}" if v["backward_fraction"] else "-")
+        lines.append(cells)
+    header = ["model", "T"] + [f"{i} fwd+bwd ms" for i in impls] + ["ours vs faster anchor", "ours bwd / matmul"]
+    if markdown:
+        return "\n".join(["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+                         + ["| " + " | ".join(c) + " |" for c in lines])
+    return format_table(header, lines)

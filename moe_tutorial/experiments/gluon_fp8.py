@@ -1,0 +1,71 @@
+"""Part 7's Gluon FP8 kernel, measured: each lever on its own, the noise of the measurement, and
+what Nsight Compute saw (notebook 07).
+
+The rows come from ``scripts/experiments/h200_gluon_fp8.py sweep`` (``data/h200_gluon_fp8_levers.csv``:
+every variant of one case timed in forward, then in reverse order, cold-l2) and from Nsight
+Compute on the ``tl`` and Gluon kernels at DeepSeek-V3, M = 16384 (``data/h200_fp8_profile.csv``).
+"""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+DATA = Path(__file__).parent.parent / "data"
+#: The kernel as shipped, against which each lever is measured: 128-row tiles (two consumer
+#: warpgroups), 4 stages, GROUP_M 8, step k+1's MMA in flight during step k's promotion.
+SHIPPED = "gluon-128x8-s4"
+#: Each lever's row in the sweep, and what it changes from :data:`SHIPPED`.
+LEVERS = {
+    "gluon-128x8-s4-nooverlap": "no overlap: each step's MMA finished before its promotion (the tl schedule)",
+    "gluon-64x4-s6": "one consumer warpgroup: 64-row tiles, 4 warps",
+    "gluon-64x8-s6": "64-row tiles, two warpgroups side by side (64 columns each)",
+    "gluon-256x8-2wave-s3": "256-row tiles as two waves: one weight tile for both, one raw accumulator",
+    "gluon-128x8-s5": "5 pipeline stages instead of 4",
+    "gluon-128x8-s4-g1": "GROUP_M 1: tiles in plain row order",
+    "gluon-128x8-s4-g16": "GROUP_M 16",
+    "gluon-128x8-s4-g32": "GROUP_M 32",
+}
+
+
+def load_levers(path: Path | None = None) -> list[dict]:
+    """The sweep's rows (``ms``, ``ms_forward``, ``ms_reverse`` as floats, ``M`` as an int)."""
+    with open(path or DATA / "h200_gluon_fp8_levers.csv") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        r["M"] = int(r["M"])
+        for k in ("ms", "ms_forward", "ms_reverse", "noise"):
+            r[k] = float(r[k])
+    return rows
+
+
+def case_times(rows: list[dict], model: str, M: int, gemm: str = "first") -> dict[str, float]:
+    """``{variant: ms}`` of one case in the last run that measured it (levers compare within one run)."""
+    runs = sorted({r["run"] for r in rows if r["model"] == model and r["M"] == M and r["gemm"] == gemm})
+    if not runs:
+        raise ValueError(f"no sweep rows for {model}, M = {M}, {gemm}")
+    return {r["impl"]: r["ms"] for r in rows
+            if r["model"] == model and r["M"] == M and r["gemm"] == gemm and r["run"] == runs[-1]}
+
+
+def lever_slowdowns(rows: list[dict], model: str, M: int) -> dict[str, float]:
+    """Each lever's first-GEMM time over the shipped kernel's (above 1: the lever loses), and the
+    ``tl`` kernel's; only the levers that case measured."""
+    t = case_times(rows, model, M)
+    return {name: t[name] / t[SHIPPED] for name in ("tl", *LEVERS) if name in t}
+
+
+def noise(rows: list[dict]) -> tuple[float, float]:
+    """``(median, largest)`` relative spread between a variant's forward- and reverse-order timings,
+    over every FP8 row of the sweep: differences below it are not differences."""
+    spreads = sorted(r["noise"] for r in rows if r["impl"] != "bf16-sorted" and r["gemm"] != "gather")
+    return spreads[len(spreads) // 2], spreads[-1]
+
+
+def load_profile(path: Path | None = None) -> dict[str, dict]:
+    """``{kernel: metrics}`` of the Nsight Compute profile (fractions in [0, 1], times in ms)."""
+    with open(path or DATA / "h200_fp8_profile.csv") as f:
+        out = {}
+        for r in csv.DictReader(f):
+            out[r["kernel"]] = {k: (v if k in ("gpu", "torch", "triton", "date", "tool", "model", "gemm", "kernel")
+                                    else float(v)) for k, v in r.items()}
+        return out

@@ -1,0 +1,177 @@
+"""Compile Part 7's kernels for Hopper (sm90) on any machine, no GPU needed, and read what came out.
+
+Triton compiles to PTX and then, with the ``ptxas`` it ships, to machine code (SASS) for a
+target it is told about; nothing needs a GPU until the launch. So a laptop can answer the
+questions notebook 07 asks of the compiled FP8 kernels:
+
+* does each K step's warpgroup MMA wait for itself (``wgmma.wait_group 0`` right after the MMAs,
+  the ``tl`` kernel's promotion) or leave one in flight (``wgmma.wait_group 1``, the Gluon kernel)?
+* did ``ptxas`` keep that schedule? It serialises every wgmma of a kernel whose accumulator
+  registers are read or written while an MMA runs, and says so (advisories C7514, C7515);
+* how many registers, and any spills?
+
+:func:`compile_report` runs the compile in a child process (the notebooks run the kernels in
+Triton's interpreter, and a kernel is compiled or interpreted from the moment it is decorated),
+with ``TRITON_INTERPRET=0`` and a stand-in driver that names sm90 as the current target.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+#: What :func:`compile_report` can compile: a name per kernel and launch.
+KERNELS = ("tl-plain", "gluon-plain", "gluon-plain-nooverlap", "gluon-gated", "gluon-two-wave")
+
+
+def compile_report(kernel: str, *, timeout: float = 300.0) -> dict:
+    """Compile ``kernel`` (one of :data:`KERNELS`) for sm90 in a child process.
+
+    Returns a dict: ``ptx`` and ``sass`` (text), ``registers``, ``spill_bytes``, ``serialised``
+    (ptxas's advisory line, or "" when it kept the asynchronous MMAs), ``wait_groups`` (the
+    ``wgmma.wait_group N`` values in the PTX, in order) and ``triton`` (the version used).
+    """
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel: expected one of {', '.join(KERNELS)}, got {kernel!r}")
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONUNBUFFERED": "1"}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "report.json"
+        run = subprocess.run([sys.executable, "-m", "moe_tutorial.experiments.sm90", kernel, str(out)],
+                             env=env, capture_output=True, text=True, timeout=timeout)
+        if run.returncode != 0 or not out.exists():
+            raise RuntimeError(f"compiling {kernel} for sm90 failed:\n{run.stderr[-2000:]}")
+        return json.loads(out.read_text())
+
+
+# ------------------------------------------------------------------ in the child process
+
+class _Sm90Driver:
+    """The part of Triton's driver a compile asks for, naming sm90 as the current GPU."""
+
+    def get_current_target(self):
+        from triton.backends.compiler import GPUTarget
+        return GPUTarget("cuda", 90, 32)
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_active_torch_device(self):
+        import torch
+        return torch.device("cpu")
+
+
+class _Capture:
+    """Stands in for a kernel: ``kernel[grid](...)`` compiles (``warmup``) and keeps the result."""
+
+    def __init__(self, kernel):
+        self.kernel, self.compiled = kernel, []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.compiled.append(self.kernel.run(*args, grid=grid, warmup=True, **kwargs))
+
+
+@contextmanager
+def _captured(module, name: str):
+    capture = _Capture(getattr(module, name))
+    setattr(module, name, capture)
+    try:
+        yield capture
+    finally:
+        setattr(module, name, capture.kernel)
+
+
+def _compile(kernel: str):
+    """Launch ``kernel`` on CPU tensors of a DeepSeek-V3-like problem (E = 8 here), compiling only."""
+    import torch
+
+    from ..kernels import fp8_kernel, gluon_fp8_kernel
+    from ..kernels.align import max_padded_rows
+    from ..kernels.configs import KernelConfig
+    from ..quant import FP8_DTYPE
+
+    E, inter, K, M, topk = 8, 1024, 2048, 256, 8
+
+    def align_block_size(ids, block_m, num_experts):     # its shapes only: nothing may run on the CPU here
+        rows = max_padded_rows(ids.numel(), block_m, num_experts)
+        return (torch.arange(rows, dtype=torch.int32), torch.zeros(-(-rows // block_m), dtype=torch.int32),
+                torch.tensor([rows // block_m * block_m], dtype=torch.int32))
+
+    ids = torch.zeros(M, topk, dtype=torch.int32)
+    x_q = torch.zeros(M, K, dtype=FP8_DTYPE)
+    x_s = torch.ones(M, K // 128)
+    w = torch.zeros(E, 2 * inter, K, dtype=FP8_DTYPE)
+    w_s = torch.ones(E, 2 * inter // 128, K // 128)
+    pairs = M * topk
+    if kernel == "tl-plain":
+        config = KernelConfig(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=4, short_tails=False)
+        out = torch.empty(pairs, 2 * inter, dtype=torch.bfloat16)
+        with _captured(fp8_kernel, "fp8_moe_kernel") as cap:
+            fp8_kernel.launch_fp8_gemm(x_q, x_s, w, w_s, out, align_block_size(ids, 64, E), pairs, topk, config)
+        return cap.compiled[0]
+    bm, warps, stages = {"gluon-gated": (64, 8, 4), "gluon-two-wave": (256, 8, 3)}.get(kernel, (128, 8, 4))
+    config = KernelConfig(block_m=bm, block_n=128, block_k=128, num_warps=warps, num_stages=stages,
+                          short_tails=False, gluon=True)
+    alignment = align_block_size(ids, bm, E)
+    rows = gluon_fp8_kernel.sorted_rows(alignment, bm)
+    a, a_st = torch.zeros(rows, K, dtype=FP8_DTYPE), torch.ones(K // 128, rows)
+    gluon_fp8_kernel.UNAVAILABLE = None              # compiling, not running
+    with _captured(gluon_fp8_kernel, "gluon_fp8_moe_kernel") as cap:
+        if kernel == "gluon-gated":
+            act = torch.empty(a.shape[0], inter, dtype=FP8_DTYPE)
+            act_st = torch.empty(inter // 128, a.shape[0])
+            gluon_fp8_kernel.launch_gluon_fp8_gemm(a, a_st, w, w_s, act, alignment, pairs, config, c_scale_t=act_st)
+        else:
+            out = torch.empty(pairs, 2 * inter, dtype=torch.bfloat16)
+            gluon_fp8_kernel.launch_gluon_fp8_gemm(a, a_st, w, w_s, out, alignment, pairs, config,
+                                                   overlap=kernel != "gluon-plain-nooverlap")
+    return cap.compiled[0]
+
+
+def _report(compiled) -> dict:
+    import triton
+    from triton.backends.nvidia.compiler import get_ptxas
+    ptx = compiled.asm["ptx"]
+    bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    ptxas_path = get_ptxas(90).path
+    with tempfile.TemporaryDirectory() as tmp:
+        src, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
+        src.write_text(ptx)
+        # Triton's own ptxas run is silent; -v prints the register count and the advisories.
+        # The ptxas Triton itself ran (its release names which one), again with -v.
+        run = subprocess.run([ptxas_path, "-arch=sm_90a", "-v", str(src), "-o", str(cubin)],
+                             capture_output=True, text=True)
+        if run.returncode:
+            raise RuntimeError(f"ptxas failed: {run.stderr[-1500:]}")
+        ptxas = run.stderr
+        sass = subprocess.run([str(bin_dir / "cuobjdump"), "--dump-sass", str(cubin)],
+                              capture_output=True, text=True, check=True).stdout
+    used = re.search(r"Used (\d+) registers", ptxas)
+    spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", ptxas)]
+    serialised = next((line.split("Potential Performance Loss: ")[-1] for line in ptxas.splitlines()
+                       if "wgmma.mma_async instructions are serialized" in line), "")
+    return {"triton": triton.__version__, "ptx": ptx, "sass": sass, "registers": int(used.group(1)) if used else None,
+            "spill_bytes": sum(spills), "serialised": serialised,
+            "wait_groups": [int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+)", ptx)]}
+
+
+def main(argv: list[str]) -> int:
+    if os.environ.get("TRITON_INTERPRET", "0") != "0":
+        print("run with TRITON_INTERPRET=0 (compile_report does)", file=sys.stderr)
+        return 2
+    kernel, out = argv
+    from triton.runtime import driver
+    driver.set_active(_Sm90Driver())
+    Path(out).write_text(json.dumps(_report(_compile(kernel))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,526 @@
+"""Part 7, the promotion off the tensor cores' critical path: a block-FP8 MoE GEMM in Gluon (Hopper only).
+
+Part 7's ``tl`` kernel (:mod:`moe_tutorial.kernels.fp8_kernel`) promotes each 128-wide K step
+with ``acc += tl.dot(a, w) * scales``. The product is used inside the loop, so Triton's Hopper
+pipeliner waits for each step's warpgroup MMA (``wgmma.wait_group 0``) before the CUDA cores
+scale it, and the tensor cores sit idle while they do. This kernel says the schedule itself:
+
+* a **load warp** (one warp, few registers) copies, for every K step of every tile, A's
+  ``[BLOCK_M, 128]`` e4m3 tile, the ``BLOCK_M`` activation scales of that step and B's
+  ``[BLOCK_N, 128]`` e4m3 tile into a ring of shared-memory stages with TMA, as fast as the
+  consumers free the stages (``ready``/``empty`` mbarriers);
+* the **MMA warps** (two warpgroups, 64 rows each) issue step k+1's MMA into a fresh raw
+  accumulator *before* they promote step k's raw product into the fp32 accumulator:
+  ``warpgroup_mma(..., is_async=True)`` then ``warpgroup_mma_wait(num_outstanding=1)`` leaves
+  step k+1 on the tensor cores while the CUDA cores scale step k. Three register accumulators
+  (the sum and two raw products in flight) are what this costs.
+
+A is read in sorted order, because Hopper's TMA cannot gather rows: :func:`gather_sorted_fp8`
+copies the e4m3 rows of each (token, slot) pair to its sorted position and writes their scales
+transposed (``[K / 128, rows]``), so that one TMA copy brings a step's ``BLOCK_M`` scales. The
+grid is persistent (one program per SM walks the real tiles in Part 4's grouped order, read on
+the device), and the weight block scales (one per 128 x 128 block, so one per tile and step
+for BLOCK_N = 128) are read by the MMA warps one step ahead.
+
+Gluon does not run in Triton's CPU interpreter: on a laptop Part 7's ``tl`` kernel runs, and the
+source of this one is there to read (notebook 07).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import runtime
+from ..quant import BLOCK, FP8_DTYPE
+from .configs import sm_count
+from .fp8_quant import E4M3_MAX_C, MIN_AMAX_C, launch_quantize_rows, quantize_group, silu_mul_quantize
+from .gluon_kernel import HAVE_GLUON
+from .topk_sum import topk_sum
+
+if HAVE_GLUON:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+
+    from .gluon_kernel import mma_layout, store_rows, tile_of, tma_load
+
+#: Why the Gluon FP8 kernel cannot run here, or None where it can.
+UNAVAILABLE = (None if HAVE_GLUON and runtime.ON_GPU and torch.cuda.get_device_capability()[0] == 9
+               else "the Gluon FP8 kernel needs a Hopper GPU (sm90) and Triton's Gluon; the interpreter cannot run it")
+
+
+# ------------------------------------------------------------------ A in sorted order (plain Triton)
+
+@triton.jit
+def gather_sorted_fp8_kernel(x_ptr, xs_ptr, a_ptr, as_ptr, sorted_ids_ptr, num_post_ptr, num_sorted, num_pairs, topk,
+                             K, stride_xm, stride_xsm, stride_am, stride_ask,
+                             ROWS: tl.constexpr, GROUP: tl.constexpr):
+    """Rows ``ROWS`` sorted positions from ``program_id(0) * ROWS``, K group ``program_id(1)``:
+    ``a[i] = x[pair(i) // topk]`` (e4m3) and ``a_scale_t[g, i] = x_scale[pair(i) // topk, g]``."""
+    first = tl.program_id(0) * ROWS
+    if first < tl.load(num_post_ptr):                # past the real end nothing will read the rows
+        rows = first + tl.arange(0, ROWS)
+        pair = tl.load(sorted_ids_ptr + rows, mask=rows < num_sorted, other=num_pairs)
+        # Padding rows carry the sentinel num_pairs: any real row will do, its output is never stored.
+        src = (tl.minimum(tl.maximum(pair, 0), num_pairs - 1) // topk).to(tl.int64)
+        g = tl.program_id(1)
+        cols = g * GROUP + tl.arange(0, GROUP)
+        ok = cols[None, :] < K
+        q = tl.load(x_ptr + src[:, None] * stride_xm + cols[None, :], mask=ok)
+        tl.store(a_ptr + rows.to(tl.int64)[:, None] * stride_am + cols[None, :], q, mask=ok)
+        tl.store(as_ptr + g * stride_ask + rows, tl.load(xs_ptr + src * stride_xsm + g))
+
+
+def sorted_rows(alignment, block_m: int) -> int:
+    """How many rows the sorted operands hold: the alignment's bound, rounded up to whole tiles
+    (so every TMA box lies inside, and the transposed scales' rows stay 16-byte aligned)."""
+    return triton.cdiv(alignment[0].numel(), block_m) * block_m
+
+
+def gather_sorted_fp8(x_q: torch.Tensor, x_scale: torch.Tensor, alignment, num_pairs: int, topk: int,
+                      block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x's e4m3 rows and scales in sorted order, one launch.
+
+    Args:
+        x_q, x_scale: ``[M, K]`` e4m3 and ``[M, ceil(K/128)]`` fp32 (any row stride, unit column stride).
+        alignment: ``align_block_size(topk_ids, block_m, E)``; ``num_pairs = M * topk``.
+
+    Returns:
+        ``(a [R, K] e4m3, a_scale_t [ceil(K/128), R] fp32)`` with ``R = sorted_rows(alignment, block_m)``;
+        rows past the alignment's real end are left unwritten (no tile reads them).
+    """
+    sorted_ids, _, num_post = alignment
+    K = x_q.shape[1]
+    R = sorted_rows(alignment, block_m)
+    a = torch.empty(R, K, dtype=FP8_DTYPE, device=x_q.device)
+    a_scale_t = torch.empty(triton.cdiv(K, BLOCK), R, dtype=torch.float32, device=x_q.device)
+    rows = 32
+    gather_sorted_fp8_kernel[(triton.cdiv(R, rows), triton.cdiv(K, BLOCK))](
+        x_q, x_scale, a, a_scale_t, sorted_ids, num_post, sorted_ids.numel(), num_pairs, topk, K,
+        x_q.stride(0), x_scale.stride(0), a.stride(0), a_scale_t.stride(0), ROWS=rows, GROUP=BLOCK, num_warps=4)
+    return a, a_scale_t
+
+
+# ------------------------------------------------------------------ the Gluon kernel
+
+if HAVE_GLUON:
+    @gluon.jit
+    def fp8_load_partition(a_desc, as_desc, b_desc, a_bufs, as_bufs, b_bufs, bu_bufs, ready, empty,
+                           expert_ids_ptr, num_post_ptr, N, K, b_rows_per_expert, up_rows, group_m,
+                           GATED: gl.constexpr):
+        """One warp: for each K step of each tile, A's tile, its row scales and B's tile (with GATED,
+        also the up rows' tile, ``up_rows`` rows further on) into a free stage."""
+        STAGES: gl.constexpr = a_bufs.type.shape[0]
+        BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+        BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+        BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+        num_pid_m = gl.cdiv(gl.load(num_post_ptr), BLOCK_M)
+        num_pid_n = gl.cdiv(N, BLOCK_N)
+        nbytes: gl.constexpr = (a_desc.block_type.nbytes + as_desc.block_type.nbytes
+                                + (2 if GATED else 1) * b_desc.block_type.nbytes)
+        step = 0
+        for t in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
+            pid_m, pid_n = tile_of(t, num_pid_m, num_pid_n, group_m)
+            b_row = gl.load(expert_ids_ptr + pid_m) * b_rows_per_expert + pid_n * BLOCK_N
+            for k in range(0, gl.cdiv(K, BLOCK_K)):
+                s = step % STAGES
+                # A fresh barrier counts as released: the first lap waits on the opposite phase.
+                mbarrier.wait(empty.index(s), ((step // STAGES) & 1) ^ 1)
+                mbarrier.expect(ready.index(s), nbytes)
+                tma_load(a_desc, [pid_m * BLOCK_M, k * BLOCK_K], ready.index(s),
+                                                a_bufs.index(s))
+                tma_load(as_desc, [k, pid_m * BLOCK_M], ready.index(s), as_bufs.index(s))
+                tma_load(b_desc, [b_row, k * BLOCK_K], ready.index(s), b_bufs.index(s))
+                if GATED:
+                    tma_load(b_desc, [b_row + up_rows, k * BLOCK_K], ready.index(s),
+                                                    bu_bufs.index(s))
+                step += 1
+
+    @gluon.jit
+    def row_scales(as_bufs, s, rows_layout: gl.constexpr):
+        """Stage ``s``'s ``BLOCK_M`` activation scales, one per accumulator row, in registers."""
+        BLOCK_M: gl.constexpr = as_bufs.type.shape[2]
+        v = as_bufs.index(s).load(gl.AutoLayout()).reshape((BLOCK_M,))
+        return gl.set_auto_layout(v, rows_layout)
+
+    @gluon.jit
+    def settled(acc):
+        """``acc`` itself, through an empty non-pure asm: LLVM may not move the promotion that made
+        ``acc`` past the next MMA (which reuses the promoted product's registers), so no register
+        is copied while an MMA runs."""
+        return gl.inline_asm_elementwise("", "=r,0", [acc], dtype=gl.float32, is_pure=False, pack=1)
+
+    @gluon.jit
+    def issue_step(a_bufs, as_bufs, b_bufs, ready, spare, step, b_scale, rows_layout: gl.constexpr,
+                   OVERLAP: gl.constexpr):
+        """Wait for stage ``step``'s tiles, start their MMA into ``spare``'s registers (not added to:
+        ``use_acc=False``), and form the step's scales from its row scales (in the stage) and its weight
+        block's ``b_scale`` (loaded steps before): ``(raw product in flight, row scales, step + 1)``."""
+        STAGES: gl.constexpr = a_bufs.type.shape[0]
+        s = step % STAGES
+        mbarrier.wait(ready.index(s), (step // STAGES) & 1)
+        raw = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), spare, use_acc=False, is_async=True)
+        # A tensor again; its MMA may still run. Without OVERLAP it has finished (the `tl` kernel's
+        # schedule: the promotion that follows waits for nothing, but the tensor cores wait for it).
+        raw = warpgroup_mma_wait(num_outstanding=1 if OVERLAP else 0, deps=(raw,))
+        return raw, row_scales(as_bufs, s, rows_layout) * b_scale, step + 1
+
+    @gluon.jit
+    def weight_scale(bs_ptr, k, num_k, stride_bsk):
+        """Step ``k``'s weight-block scale (0 past the last step): loaded two steps before it is used,
+        so the MMA warps never wait on a global load between two MMAs."""
+        return gl.load(bs_ptr + k * stride_bsk, mask=k < num_k, other=0.0)
+
+    @gluon.jit
+    def fp8_mma_partition(a_bufs, as_bufs, b_bufs, ready, empty, b_scale_ptr, c_ptr, router_w_ptr,
+                          sorted_ids_ptr, expert_ids_ptr, num_post_ptr, N, K, num_pairs,
+                          stride_bse, stride_bsn, stride_bsk, stride_cm, group_m,
+                          C_SORTED: gl.constexpr, ROUTER_WEIGHTS: gl.constexpr, OVERLAP: gl.constexpr):
+        """The MMA warps: step k+1 on the tensor cores while step k is promoted; then each tile's epilogue."""
+        STAGES: gl.constexpr = a_bufs.type.shape[0]
+        BLOCK_M: gl.constexpr = a_bufs.type.shape[1]
+        BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
+        BLOCK_N: gl.constexpr = b_bufs.type.shape[1]
+        layout: gl.constexpr = mma_layout(BLOCK_M, BLOCK_N, gl.num_warps(), 32)
+        rows_layout: gl.constexpr = gl.SliceLayout(1, layout)
+        cols_layout: gl.constexpr = gl.SliceLayout(0, layout)
+        num_pid_m = gl.cdiv(gl.load(num_post_ptr), BLOCK_M)
+        num_pid_n = gl.cdiv(N, BLOCK_N)
+        num_k = gl.cdiv(K, BLOCK_K)
+        # The two raw accumulators live across tiles, written only by MMAs: zeroing them while an
+        # MMA runs would also make ptxas serialise (it counts that as writing an accumulator in flight).
+        x = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
+        y = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
+        step = 0
+        for t in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
+            pid_m, pid_n = tile_of(t, num_pid_m, num_pid_n, group_m)
+            expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
+            # One weight scale per 128 x 128 block: BLOCK_N = 128 columns share one per K step.
+            bs_ptr = b_scale_ptr + expert * stride_bse + ((pid_n * BLOCK_N) // 128) * stride_bsn
+            acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
+
+            # [issue step k+1, then promote step k] Two raw accumulators, x and y, take turns:
+            # the loop body does two steps so that neither is ever copied while its MMA runs
+            # (ptxas serialises every wgmma of a kernel whose accumulators are read in flight).
+            b1, b2 = weight_scale(bs_ptr, 1, num_k, stride_bsk), weight_scale(bs_ptr, 2, num_k, stride_bsk)
+            x, scale_x, step = issue_step(a_bufs, as_bufs, b_bufs, ready, x, step, gl.load(bs_ptr), rows_layout,
+                                          OVERLAP)
+            for k in range(1, num_k - 1, 2):
+                # b1, b2: the weight scales of steps k and k + 1; fetch those of k + 2 and k + 3 now.
+                n1, n2 = weight_scale(bs_ptr, k + 2, num_k, stride_bsk), weight_scale(bs_ptr, k + 3, num_k, stride_bsk)
+                y, scale_y, step = issue_step(a_bufs, as_bufs, b_bufs, ready, y, step, b1, rows_layout, OVERLAP)
+                x, y = warpgroup_mma_wait(num_outstanding=1, deps=(x, y))      # step k-1 done, step k running
+                mbarrier.arrive(empty.index((step + STAGES - 2) % STAGES))
+                acc = settled(acc + x * scale_x[:, None])
+                x, scale_x, step = issue_step(a_bufs, as_bufs, b_bufs, ready, x, step, b2, rows_layout, OVERLAP)
+                y, x = warpgroup_mma_wait(num_outstanding=1, deps=(y, x))      # step k done, step k+1 running
+                mbarrier.arrive(empty.index((step + STAGES - 2) % STAGES))
+                acc = settled(acc + y * scale_y[:, None])
+                b1, b2 = n1, n2
+            if num_k % 2 == 0:                       # one step left over: no overlap for the last one
+                y, scale_y, step = issue_step(a_bufs, as_bufs, b_bufs, ready, y, step, b1, rows_layout, OVERLAP)
+                x, y = warpgroup_mma_wait(num_outstanding=0, deps=(x, y))
+                mbarrier.arrive(empty.index((step + STAGES - 2) % STAGES))
+                acc = acc + x * scale_x[:, None] + y * scale_y[:, None]
+            else:
+                x = warpgroup_mma_wait(num_outstanding=0, deps=(x,))
+                acc = acc + x * scale_x[:, None]
+            mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES))
+
+            store_rows(acc, pid_m * BLOCK_M, pid_n, c_ptr, router_w_ptr, sorted_ids_ptr, N, num_pairs, stride_cm,
+                       rows_layout, cols_layout, C_SORTED, ROUTER_WEIGHTS)
+
+    @gluon.jit
+    def fp8_two_wave_mma_partition(a_bufs, as_bufs, b_bufs, ready, empty, b_scale_ptr, c_ptr, router_w_ptr,
+                                   sorted_ids_ptr, expert_ids_ptr, num_post_ptr, N, K, num_pairs,
+                                   stride_bse, stride_bsn, stride_bsk, stride_cm, group_m,
+                                   C_SORTED: gl.constexpr, ROUTER_WEIGHTS: gl.constexpr):
+        """256-row tiles as two waves of 128 (each B tile feeds both): wave 0's MMA, its promotion,
+        wave 1's, its promotion; one raw accumulator, so each promotion waits for its MMA."""
+        STAGES: gl.constexpr = a_bufs.type.shape[0]
+        BLOCK_M: gl.constexpr = a_bufs.type.shape[1]
+        BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
+        BLOCK_N: gl.constexpr = b_bufs.type.shape[1]
+        WAVE: gl.constexpr = BLOCK_M // 2
+        layout: gl.constexpr = mma_layout(WAVE, BLOCK_N, gl.num_warps(), 32)
+        rows_layout: gl.constexpr = gl.SliceLayout(1, layout)
+        cols_layout: gl.constexpr = gl.SliceLayout(0, layout)
+        num_pid_m = gl.cdiv(gl.load(num_post_ptr), BLOCK_M)
+        num_pid_n = gl.cdiv(N, BLOCK_N)
+        num_k = gl.cdiv(K, BLOCK_K)
+        raw = gl.zeros((WAVE, BLOCK_N), dtype=gl.float32, layout=layout)
+        step = 0
+        for t in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
+            pid_m, pid_n = tile_of(t, num_pid_m, num_pid_n, group_m)
+            expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
+            bs_ptr = b_scale_ptr + expert * stride_bse + ((pid_n * BLOCK_N) // 128) * stride_bsn
+            acc0 = gl.zeros((WAVE, BLOCK_N), dtype=gl.float32, layout=layout)
+            acc1 = gl.zeros((WAVE, BLOCK_N), dtype=gl.float32, layout=layout)
+            for k in range(0, num_k):
+                s = step % STAGES
+                mbarrier.wait(ready.index(s), (step // STAGES) & 1)
+                b = b_bufs.index(s).permute((1, 0))
+                b_s = gl.load(bs_ptr + k * stride_bsk)
+                scales = as_bufs.index(s)
+                raw = warpgroup_mma(a_bufs.index(s).slice(0, WAVE, dim=0), b, raw, use_acc=False, is_async=True)
+                raw = warpgroup_mma_wait(num_outstanding=0, deps=(raw,))
+                s0 = gl.set_auto_layout(scales.slice(0, WAVE, dim=1).load(gl.AutoLayout()).reshape((WAVE,)),
+                                        rows_layout)
+                acc0 = settled(acc0 + raw * (s0 * b_s)[:, None])
+                raw = warpgroup_mma(a_bufs.index(s).slice(WAVE, WAVE, dim=0), b, raw, use_acc=False, is_async=True)
+                raw = warpgroup_mma_wait(num_outstanding=0, deps=(raw,))
+                s1 = gl.set_auto_layout(scales.slice(WAVE, WAVE, dim=1).load(gl.AutoLayout()).reshape((WAVE,)),
+                                        rows_layout)
+                acc1 = settled(acc1 + raw * (s1 * b_s)[:, None])
+                mbarrier.arrive(empty.index(s))
+                step += 1
+            store_rows(acc0, pid_m * BLOCK_M, pid_n, c_ptr, router_w_ptr, sorted_ids_ptr, N, num_pairs, stride_cm,
+                       rows_layout, cols_layout, C_SORTED, ROUTER_WEIGHTS)
+            store_rows(acc1, pid_m * BLOCK_M + WAVE, pid_n, c_ptr, router_w_ptr, sorted_ids_ptr, N, num_pairs,
+                       stride_cm, rows_layout, cols_layout, C_SORTED, ROUTER_WEIGHTS)
+
+    @gluon.jit
+    def issue_gated_step(a_bufs, as_bufs, b_bufs, bu_bufs, ready, g_spare, u_spare, step, bs_gate, bs_up,
+                         rows_layout: gl.constexpr):
+        """:func:`issue_step` for the gate/up GEMM: two MMAs on one A tile, the gate rows' and the up
+        rows'; ``(gate product, up product, gate row scales, up row scales, step + 1)``."""
+        STAGES: gl.constexpr = a_bufs.type.shape[0]
+        s = step % STAGES
+        mbarrier.wait(ready.index(s), (step // STAGES) & 1)
+        g = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), g_spare, use_acc=False, is_async=True)
+        u = warpgroup_mma(a_bufs.index(s), bu_bufs.index(s).permute((1, 0)), u_spare, use_acc=False,
+                          is_async=True)
+        g, u = warpgroup_mma_wait(num_outstanding=2, deps=(g, u))
+        a_s = row_scales(as_bufs, s, rows_layout)
+        return g, u, a_s * bs_gate, a_s * bs_up, step + 1
+
+    @gluon.jit
+    def fp8_gated_mma_partition(a_bufs, as_bufs, b_bufs, bu_bufs, ready, empty, b_scale_ptr, c_ptr, cs_ptr,
+                                sorted_ids_ptr, expert_ids_ptr, num_post_ptr, N, K, num_pairs, up_scale_rows,
+                                stride_bse, stride_bsn, stride_bsk, stride_cm, stride_csn, group_m):
+        """The gate/up GEMM's MMA warps: gate and up products for the same rows and columns, each
+        promoted one step behind; the epilogue forms ``silu(gate) * up`` and quantises it, per row and
+        128 columns, into the down GEMM's e4m3 input (rows in sorted order, scales transposed)."""
+        STAGES: gl.constexpr = a_bufs.type.shape[0]
+        BLOCK_M: gl.constexpr = a_bufs.type.shape[1]
+        BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
+        BLOCK_N: gl.constexpr = b_bufs.type.shape[1]
+        layout: gl.constexpr = mma_layout(BLOCK_M, BLOCK_N, gl.num_warps(), 32)
+        rows_layout: gl.constexpr = gl.SliceLayout(1, layout)
+        cols_layout: gl.constexpr = gl.SliceLayout(0, layout)
+        num_pid_m = gl.cdiv(gl.load(num_post_ptr), BLOCK_M)
+        num_pid_n = gl.cdiv(N, BLOCK_N)
+        num_k = gl.cdiv(K, BLOCK_K)
+        xg = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
+        xu = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
+        yg = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
+        yu = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
+        step = 0
+        for t in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
+            pid_m, pid_n = tile_of(t, num_pid_m, num_pid_n, group_m)
+            expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
+            bs_ptr = b_scale_ptr + expert * stride_bse + ((pid_n * BLOCK_N) // 128) * stride_bsn
+            bus_ptr = bs_ptr + up_scale_rows * stride_bsn
+            acc_g = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
+            acc_u = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
+            g1, u1 = weight_scale(bs_ptr, 1, num_k, stride_bsk), weight_scale(bus_ptr, 1, num_k, stride_bsk)
+            g2, u2 = weight_scale(bs_ptr, 2, num_k, stride_bsk), weight_scale(bus_ptr, 2, num_k, stride_bsk)
+            xg, xu, sg_x, su_x, step = issue_gated_step(a_bufs, as_bufs, b_bufs, bu_bufs, ready, xg, xu, step,
+                                                        gl.load(bs_ptr), gl.load(bus_ptr), rows_layout)
+            for k in range(1, num_k - 1, 2):
+                ng1 = weight_scale(bs_ptr, k + 2, num_k, stride_bsk)
+                nu1 = weight_scale(bus_ptr, k + 2, num_k, stride_bsk)
+                ng2 = weight_scale(bs_ptr, k + 3, num_k, stride_bsk)
+                nu2 = weight_scale(bus_ptr, k + 3, num_k, stride_bsk)
+                yg, yu, sg_y, su_y, step = issue_gated_step(a_bufs, as_bufs, b_bufs, bu_bufs, ready, yg, yu, step,
+                                                            g1, u1, rows_layout)
+                xg, xu, yg, yu = warpgroup_mma_wait(num_outstanding=2, deps=(xg, xu, yg, yu))
+                mbarrier.arrive(empty.index((step + STAGES - 2) % STAGES))
+                acc_g = settled(acc_g + xg * sg_x[:, None])
+                acc_u = settled(acc_u + xu * su_x[:, None])
+                xg, xu, sg_x, su_x, step = issue_gated_step(a_bufs, as_bufs, b_bufs, bu_bufs, ready, xg, xu, step,
+                                                            g2, u2, rows_layout)
+                yg, yu, xg, xu = warpgroup_mma_wait(num_outstanding=2, deps=(yg, yu, xg, xu))
+                mbarrier.arrive(empty.index((step + STAGES - 2) % STAGES))
+                acc_g = settled(acc_g + yg * sg_y[:, None])
+                acc_u = settled(acc_u + yu * su_y[:, None])
+                g1, u1, g2, u2 = ng1, nu1, ng2, nu2
+            if num_k % 2 == 0:
+                yg, yu, sg_y, su_y, step = issue_gated_step(a_bufs, as_bufs, b_bufs, bu_bufs, ready, yg, yu, step,
+                                                            g1, u1, rows_layout)
+                xg, xu, yg, yu = warpgroup_mma_wait(num_outstanding=0, deps=(xg, xu, yg, yu))
+                mbarrier.arrive(empty.index((step + STAGES - 2) % STAGES))
+                acc_g = acc_g + xg * sg_x[:, None] + yg * sg_y[:, None]
+                acc_u = acc_u + xu * su_x[:, None] + yu * su_y[:, None]
+            else:
+                xg, xu = warpgroup_mma_wait(num_outstanding=0, deps=(xg, xu))
+                acc_g = acc_g + xg * sg_x[:, None]
+                acc_u = acc_u + xu * su_x[:, None]
+            mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES))
+
+            # [quantising epilogue] silu(gate) * up, then per row one scale for these 128 columns.
+            offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=rows_layout)
+            offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=cols_layout)
+            row_ok = gl.load(sorted_ids_ptr + offs_m) < num_pairs
+            col_ok = offs_n < N
+            h = gl.where(col_ok[None, :], acc_g / (1.0 + gl.exp(-acc_g)) * acc_u, 0.0)
+            q, scale = quantize_group(h, E4M3_MAX_C, MIN_AMAX_C)
+            rows64 = offs_m.to(gl.int64)
+            gl.store(c_ptr + rows64[:, None] * stride_cm + offs_n[None, :], q.to(c_ptr.dtype.element_ty),
+                     mask=row_ok[:, None] & col_ok[None, :])
+            gl.store(cs_ptr + pid_n * stride_csn + rows64, scale, mask=row_ok)
+
+    @gluon.jit
+    def gluon_fp8_moe_kernel(a_desc, as_desc, b_desc, b_scale_ptr, c_ptr, cs_ptr, router_w_ptr,
+                             sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
+                             N, K, num_pairs, b_rows_per_expert, up_rows, up_scale_rows,
+                             stride_bse, stride_bsn, stride_bsk, stride_cm, stride_csn, group_m,
+                             STAGES: gl.constexpr, GATED: gl.constexpr, C_SORTED: gl.constexpr,
+                             ROUTER_WEIGHTS: gl.constexpr, OVERLAP: gl.constexpr):
+        """C[pair] = (A[sorted position] . B[expert]^T) with block scales, for every real tile.
+
+        With GATED, B holds gate rows then up rows (``up_rows`` further on, their scales
+        ``up_scale_rows`` further on) and C receives ``silu(gate) * up`` in e4m3 at the sorted rows,
+        one scale per row and 128 columns in ``cs`` (transposed: ``[N / 128, rows]``)."""
+        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+        as_bufs = gl.allocate_shared_memory(as_desc.dtype, [STAGES] + as_desc.block_type.shape, as_desc.layout)
+        b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+        if GATED:
+            bu_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+        else:
+            bu_bufs = b_bufs
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        fence_async_shared()
+        if GATED:
+            gl.warp_specialize([
+                (fp8_gated_mma_partition, (a_bufs, as_bufs, b_bufs, bu_bufs, ready, empty, b_scale_ptr, c_ptr, cs_ptr,
+                                           sorted_ids_ptr, expert_ids_ptr, num_post_ptr, N, K, num_pairs,
+                                           up_scale_rows, stride_bse, stride_bsn, stride_bsk, stride_cm, stride_csn,
+                                           group_m)),
+                (fp8_load_partition, (a_desc, as_desc, b_desc, a_bufs, as_bufs, b_bufs, bu_bufs, ready, empty,
+                                       expert_ids_ptr, num_post_ptr, N, K, b_rows_per_expert, up_rows, group_m,
+                                       GATED))], [1], [40])
+        elif a_desc.block_type.shape[0] == 256:
+            gl.warp_specialize([
+                (fp8_two_wave_mma_partition, (a_bufs, as_bufs, b_bufs, ready, empty, b_scale_ptr, c_ptr, router_w_ptr,
+                                              sorted_ids_ptr, expert_ids_ptr, num_post_ptr, N, K, num_pairs,
+                                              stride_bse, stride_bsn, stride_bsk, stride_cm, group_m, C_SORTED,
+                                              ROUTER_WEIGHTS)),
+                (fp8_load_partition, (a_desc, as_desc, b_desc, a_bufs, as_bufs, b_bufs, bu_bufs, ready, empty,
+                                       expert_ids_ptr, num_post_ptr, N, K, b_rows_per_expert, up_rows, group_m,
+                                       GATED))], [1], [40])
+        else:
+            gl.warp_specialize([
+                (fp8_mma_partition, (a_bufs, as_bufs, b_bufs, ready, empty, b_scale_ptr, c_ptr, router_w_ptr,
+                                     sorted_ids_ptr, expert_ids_ptr, num_post_ptr, N, K, num_pairs,
+                                     stride_bse, stride_bsn, stride_bsk, stride_cm, group_m, C_SORTED,
+                                     ROUTER_WEIGHTS, OVERLAP)),
+                (fp8_load_partition, (a_desc, as_desc, b_desc, a_bufs, as_bufs, b_bufs, bu_bufs, ready, empty,
+                                       expert_ids_ptr, num_post_ptr, N, K, b_rows_per_expert, up_rows, group_m,
+                                       GATED))], [1], [40])
+
+
+def _descriptors(a: torch.Tensor, a_scale_t: torch.Tensor, b: torch.Tensor, block_m: int, block_n: int):
+    """TMA descriptors: A ``[R, K]`` by ``[block_m, 128]``, its scales ``[K/128, R]`` by ``[1, block_m]``,
+    B ``[E, rows, K]`` viewed as ``[E * rows, K]`` by ``[block_n, 128]``."""
+    def desc(t, box, dtype):
+        return GluonDescriptor.from_tensor(t, box, gl.NVMMASharedLayout.get_default_for(box, dtype))
+    E, rows, K = b.shape
+    return (desc(a, [block_m, BLOCK], gl.float8e4nv), desc(a_scale_t, [1, block_m], gl.float32),
+            desc(b.as_strided((E * rows, K), (b.stride(1), 1)), [block_n, BLOCK], gl.float8e4nv))
+
+
+def launch_gluon_fp8_gemm(a: torch.Tensor, a_scale_t: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
+                          c: torch.Tensor, alignment, num_pairs: int, config, *, router_weights=None,
+                          c_scale_t: torch.Tensor | None = None, c_sorted: bool = False,
+                          overlap: bool = True) -> None:
+    """One launch of :func:`gluon_fp8_moe_kernel` on a Hopper GPU, inputs checked by the caller.
+
+    ``a`` ``[R, K]`` e4m3 rows in sorted order with ``a_scale_t`` ``[ceil(K/128), R]`` fp32
+    (:func:`gather_sorted_fp8`, or the gate/up GEMM's output); ``b`` ``[E, N, K]`` e4m3 with
+    ``b_scale`` ``[E, ceil(N/128), ceil(K/128)]``; ``c`` ``[num_pairs, N]`` bf16/fp32 (``[R, N]`` with
+    ``c_sorted``); ``router_weights`` ``[num_pairs]`` fp32 or None. With ``c_scale_t`` the launch is
+    the gate/up GEMM: ``b`` ``[E, 2I, K]`` (gate rows, then up rows, blocked apart in ``b_scale``),
+    ``c`` ``[R, I]`` e4m3 receives ``silu(gate) * up`` at the sorted rows and ``c_scale_t``
+    ``[ceil(I/128), R]`` its scales. ``config.block_n`` and ``block_k`` are 128.
+    """
+    if config.block_n != BLOCK or config.block_k != BLOCK:
+        raise ValueError(f"config: the Gluon FP8 kernel takes block_n = block_k = {BLOCK} (one weight scale per "
+                         f"tile and step), got {config.block_n}, {config.block_k}")
+    if UNAVAILABLE:
+        raise RuntimeError(UNAVAILABLE)
+    sorted_ids, expert_ids, num_post = alignment
+    E, rows, K = b.shape
+    N = c.shape[1]
+    gated = c_scale_t is not None
+    a_desc, as_desc, b_desc = _descriptors(a, a_scale_t, b, config.block_m, config.block_n)
+    max_tiles = triton.cdiv(sorted_ids.numel(), config.block_m) * triton.cdiv(N, config.block_n)
+    gluon_fp8_moe_kernel[(max(1, min(sm_count(), max_tiles)),)](
+        a_desc, as_desc, b_desc, b_scale, c, c_scale_t if gated else b_scale,
+        router_weights if router_weights is not None else b_scale,
+        sorted_ids, expert_ids, num_post,
+        N, K, num_pairs, rows, N if gated else 0, b_scale.shape[1] // 2 if gated else 0,
+        b_scale.stride(0), b_scale.stride(1), b_scale.stride(2), c.stride(0), c_scale_t.stride(0) if gated else 0,
+        config.group_m, STAGES=config.num_stages, GATED=gated, C_SORTED=c_sorted or gated,
+        ROUTER_WEIGHTS=router_weights is not None, OVERLAP=overlap, num_warps=config.num_warps)
+
+
+# ------------------------------------------------------------------ the first GEMM and the layer
+
+def gluon_fp8_first_gemm(x_q: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
+                         out: torch.Tensor, alignment, num_pairs: int, topk: int, config, router_weights=None) -> None:
+    """Part 7's first GEMM through the Gluon kernel: x's rows gathered into sorted order (one
+    launch), then one launch of the kernel writing each pair's row of ``out`` ``[num_pairs, N]``."""
+    a, a_scale_t = gather_sorted_fp8(x_q, x_scale, alignment, num_pairs, topk, config.block_m)
+    launch_gluon_fp8_gemm(a, a_scale_t, w, w_scale, out, alignment, num_pairs, config, router_weights=router_weights)
+
+
+def gluon_fp8_layer(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
+                    w2_scale: torch.Tensor, topk_weights: torch.Tensor, alignment, topk: int,
+                    cfg_up, cfg_down) -> torch.Tensor:
+    """The FP8 layer on the Gluon kernel, inputs checked by :func:`moe_tutorial.kernels.fp8_kernel.fp8_moe_layer`.
+
+    Quantise x (one launch), gather its rows into sorted order (one), the gate/up GEMM, the down GEMM
+    with the router weights (one), the sum over each token's topk rows (one). The gate/up GEMM takes
+    one of two forms, by ``cfg_up.block_m``:
+
+    * 64: ``silu(gate) * up`` quantised in its epilogue (one launch). Its tile must hold 128 output
+      columns (one scale group) of gate *and* up, and three accumulators of each for the overlapped
+      promotion: only 64 rows fit in the registers;
+    * 128: the plain kernel over w13's ``2I`` rows into a bf16 buffer, then one launch of
+      :func:`moe_tutorial.kernels.fp8_quant.silu_mul_quantize`: wider tiles, one more pass over memory.
+
+    Returns ``[M, K]`` in x's dtype.
+    """
+    M, K = x.shape
+    inter = w2.shape[2]
+    num_pairs = M * topk
+    x_q, x_s = launch_quantize_rows(x)          # x was checked at the door (fp8_moe_layer)
+    a, a_scale_t = gather_sorted_fp8(x_q, x_s, alignment, num_pairs, topk, cfg_up.block_m)
+    R = a.shape[0]
+    if cfg_up.block_m == 64:
+        act = torch.empty(R, inter, dtype=FP8_DTYPE, device=x.device)
+        act_scale_t = torch.empty(triton.cdiv(inter, BLOCK), R, dtype=torch.float32, device=x.device)
+        launch_gluon_fp8_gemm(a, a_scale_t, w13, w13_scale, act, alignment, num_pairs, cfg_up, c_scale_t=act_scale_t)
+    else:
+        if inter % BLOCK:
+            raise ValueError(f"config: the plain gate/up GEMM reads one scale block per 128 rows of w13, so it needs "
+                             f"I a multiple of {BLOCK}; got I = {inter} (use block_m = 64, the fused epilogue)")
+        h = torch.empty(R, 2 * inter, dtype=torch.bfloat16, device=x.device)
+        launch_gluon_fp8_gemm(a, a_scale_t, w13, w13_scale, h, alignment, num_pairs, cfg_up, c_sorted=True)
+        act, act_scale_t = silu_mul_quantize(h, alignment[2])
+    down = x.new_empty(num_pairs, K)
+    launch_gluon_fp8_gemm(act, act_scale_t, w2, w2_scale, down, alignment, num_pairs, cfg_down,
+                          router_weights=topk_weights.reshape(-1).float().contiguous())
+    return topk_sum(down.view(M, topk, K))

@@ -1,0 +1,121 @@
+"""Part 8: the sorted MoE layer with a backward pass, one ``torch.autograd.Function``.
+
+Forward: the pairs aligned in token order (:mod:`moe_tutorial.kernels.stable_align`), the
+gate/up GEMM that writes H (kept) and A (:func:`moe_tutorial.kernels.backward_kernel.rows_gemm_kernel`,
+"save_swiglu"), Part 4's down GEMM with the router weights in its epilogue on A in sorted
+order, Part 4's topk sum. Kept for the backward: x, H and the alignment (the weights and router
+weights are the caller's tensors, referenced, not copied). A is dropped after the down GEMM.
+
+Backward (:mod:`moe_tutorial.kernels.backward_kernel`): dA' with the dSwiGLU epilogue (dH, s * A
+and the router gradient's partial sums), dW2 and dW13 as K-grouped GEMMs, dx as an M-grouped GEMM
+and the topk sum. Every sum has a fixed order: two runs give the same bits.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+
+from ..checks import check_kernel_dtype, check_layer_inputs
+from .align import Alignment, max_padded_rows
+from .backward_kernel import launch_expert_grad, launch_rows_gemm
+from .sorted_kernel import _launch_fitted
+from .stable_align import expert_rows, stable_align_block_size
+from .topk_sum import topk_sum
+from .training_configs import TrainingConfigs, training_configs
+
+
+def _forward(x, w13, w2, router, topk_ids, configs: TrainingConfigs):
+    """``(out [M, K], H [max_padded, 2I], alignment)``; ``router`` [M * topk] fp32."""
+    M, K = x.shape
+    topk, E, inter = topk_ids.shape[1], w13.shape[0], w2.shape[2]
+    pairs = M * topk
+    alignment = stable_align_block_size(topk_ids, configs.up.block_m, E)
+    max_padded = alignment[0].numel()
+    h = x.new_empty(max_padded, 2 * inter)
+    act = x.new_empty(max_padded, inter)
+    launch_rows_gemm(x, w13, alignment, pairs, topk, configs.up, epilogue="save_swiglu", b_layout="nk", h=h, act=act)
+    down = x.new_empty(pairs, K)
+    _launch_fitted(act, w2, down, router, alignment, pairs, 1, configs.down, a_sorted=True)
+    return topk_sum(down.view(M, topk, K)), h, alignment
+
+
+class SortedMoEFunction(torch.autograd.Function):
+    """``apply(x, w13, w2, topk_weights, topk_ids, configs)`` -> ``[M, K]``; gradients for x,
+    w13, w2 and topk_weights (inputs checked by :func:`trainable_moe_layer`, which calls it)."""
+
+    @staticmethod
+    def forward(ctx, x, w13, w2, topk_weights, topk_ids, configs):
+        x = x.contiguous()                    # the K-grouped dW13 reads x's rows with unit stride
+        router = topk_weights.reshape(-1).float().contiguous()
+        out, h, alignment = _forward(x, w13, w2, router, topk_ids, configs)
+        ctx.save_for_backward(x, w13, w2, router, h, topk_ids, *alignment)
+        ctx.configs, ctx.block_m, ctx.weights_dtype = configs, alignment.block_m, topk_weights.dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out):
+        x, w13, w2, router, h, topk_ids, *tensors = ctx.saved_tensors
+        cfg = ctx.configs
+        M, K = x.shape
+        E, topk, inter = w13.shape[0], topk_ids.shape[1], w2.shape[2]
+        pairs = M * topk
+        alignment = Alignment(tensors, block_m=ctx.block_m, num_experts=E, topk_ids=topk_ids)
+        need_x, need_w13, need_w2, need_s = ctx.needs_input_grad[:4]
+        d_out = d_out.to(x.dtype).contiguous()
+        # [dA', dH, s*A and dS]
+        dh = x.new_empty(h.shape)
+        s_act = x.new_empty(h.shape[0], inter)
+        ds_partial = torch.empty(pairs, triton.cdiv(inter, cfg.dact.block_n), dtype=torch.float32, device=x.device)
+        launch_rows_gemm(d_out, w2, alignment, pairs, topk, cfg.dact, epilogue="dswiglu", b_layout="kn",
+                         out=dh, h=h, act=s_act, router_weights=router, ds_partial=ds_partial)
+        d_weights = ds_partial.sum(dim=1).view(M, topk).to(ctx.weights_dtype) if need_s else None
+        # [the weight gradients]
+        rows = expert_rows(alignment)
+        dw2 = dw13 = dx = None
+        if need_w2:
+            dw2 = torch.empty(w2.shape, dtype=w2.dtype, device=w2.device)
+            launch_expert_grad(d_out, s_act, dw2, alignment, rows, pairs, topk, cfg.dw2,
+                               left_sorted=False, right_sorted=True)
+        if need_w13:
+            dw13 = torch.empty(w13.shape, dtype=w13.dtype, device=w13.device)
+            launch_expert_grad(dh, x, dw13, alignment, rows, pairs, topk, cfg.dw13, left_sorted=True,
+                               right_sorted=False)
+        # [dx]
+        if need_x:
+            dx_rows = x.new_empty(pairs, K)
+            launch_rows_gemm(dh, w13, alignment, pairs, 1, cfg.dx, epilogue="scatter", b_layout="kn", a_sorted=True,
+                             out=dx_rows)
+            dx = topk_sum(dx_rows.view(M, topk, K))
+        return dx, dw13, dw2, d_weights, None, None
+
+
+def trainable_moe_layer(x, w13, w2, topk_weights, topk_ids, *, configs: TrainingConfigs | None = None) -> torch.Tensor:
+    """The layer of :func:`moe_tutorial.layer.moe_layer`, differentiable: gradients reach x, w13,
+    w2 and topk_weights when they require them (``moe_layer(impl="sorted")`` calls this then).
+
+    Args as :func:`moe_tutorial.layer.moe_layer` (fp32 in the interpreter; fp32/fp16/bf16 on a
+    GPU, accumulated in fp32); ``configs`` a :class:`TrainingConfigs`, by default
+    :func:`moe_tutorial.kernels.training_configs.training_configs`. Returns ``[M, K]`` in x's dtype.
+    """
+    M, K, inter, E, topk = check_layer_inputs(x, w13, w2, topk_weights, topk_ids)
+    check_kernel_dtype("x", x)
+    if M == 0:
+        # Nothing to compute; still tied to the inputs, so that a backward gives zeros, not an error.
+        return x[:0] * 0 + (w13.sum() + w2.sum() + topk_weights.sum()) * 0
+    configs = (configs or training_configs(M, E, K, inter, topk, x.dtype)).checked()
+    return SortedMoEFunction.apply(x, w13, w2, topk_weights, topk_ids, configs)
+
+
+def saved_bytes(M: int, E: int, hidden: int, inter: int, topk: int, block_m: int, itemsize: int = 2) -> dict:
+    """What one layer keeps for its backward, in bytes, by tensor: ``x``, ``H`` (sorted rows,
+    padding included, at the host-side bound) and the alignment; beside them (not kept) what
+    saving Y and A instead of recomputing would add. The weights are the model's and not counted."""
+    pairs = M * topk
+    padded = max_padded_rows(pairs, block_m, E)
+    return {
+        "x": M * hidden * itemsize,
+        "H": padded * 2 * inter * itemsize,
+        "alignment": 4 * (padded + triton.cdiv(padded, block_m) + 1),
+        "A (recomputed)": pairs * inter * itemsize,
+        "Y (never formed)": pairs * hidden * itemsize,
+    }

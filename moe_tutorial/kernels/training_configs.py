@@ -1,0 +1,88 @@
+"""Part 8: the launch configuration of each GEMM of a training step, chosen in microseconds.
+
+A training step runs six GEMMs (:class:`TrainingConfigs`): the forward's gate/up (which saves H)
+and down, then dA' (with the dSwiGLU epilogue), dx, dW2 and dW13. Each gets its own tiles, looked
+up as Part 4's are (:func:`moe_tutorial.kernels.configs.tuned_config`, the user's table before the
+shipped ones, the nearest M on a log scale) under the variants of :data:`VARIANTS`, or else from
+:func:`heuristic_training_configs`. No autotuning at the first call: a table lookup or a rule.
+
+The four M-grouped GEMMs share one alignment, so they share its ``block_m`` (the gate/up GEMM's);
+in the two K-grouped ones ``block_m`` x ``block_n`` is the dW tile and ``block_k`` the rows of the
+expert's run taken per step, at most the alignment's ``block_m`` (see
+:func:`moe_tutorial.kernels.backward_kernel.launch_expert_grad`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+from .. import runtime
+from .configs import CPU_CONFIG, KernelConfig, check_config, get_config, problem_key, tuned_config
+
+#: The variants of the tuned tables' problem keys, one per GEMM of :class:`TrainingConfigs`.
+VARIANTS = {"up": "train_up", "dact": "train_dact", "dx": "train_dx", "dw2": "train_dw2", "dw13": "train_dw13"}
+
+
+@dataclass(frozen=True)
+class TrainingConfigs:
+    """One :class:`KernelConfig` per GEMM of a training step (see the module)."""
+
+    up: KernelConfig      # forward gate/up, writes H and A (rows_gemm_kernel, "save_swiglu")
+    down: KernelConfig    # forward down, Part 4's kernel on A in sorted order
+    dact: KernelConfig    # dA' = dO W2 with the dSwiGLU epilogue
+    dx: KernelConfig      # dH W13, then the topk sum
+    dw2: KernelConfig     # K-grouped: dO^T (s A) per expert
+    dw13: KernelConfig    # K-grouped: dH^T x per expert
+
+    def checked(self) -> TrainingConfigs:
+        """Every field a valid KernelConfig, the M-grouped ones on the gate/up GEMM's ``block_m``."""
+        cfgs = {f.name: check_config(getattr(self, f.name), f"configs.{f.name}") for f in fields(self)}
+        bm = cfgs["up"].block_m
+        for name in ("down", "dact", "dx"):
+            cfgs[name] = replace(cfgs[name], block_m=bm)
+        return TrainingConfigs(**cfgs)
+
+
+#: In the interpreter every GEMM takes Part 4's small CPU tile.
+CPU_TRAINING_CONFIGS = TrainingConfigs(*(CPU_CONFIG,) * 6)
+
+
+def heuristic_training_configs(M: int, E: int, topk: int) -> TrainingConfigs:
+    """Untuned tiles for a GPU of Hopper's shared memory, from Part 4's tuned prefill tiles.
+
+    Training batches are prefill-sized (thousands of tokens): 128-row blocks once an expert
+    averages 64 rows or more, else 64 (and 32 under 16 rows). The gated forward keeps Part 4's
+    128 x 128 pair of accumulators; dA' has one accumulator but a heavy epilogue (two H tiles
+    read, three tiles written), so 128 x 128 too; dx is a plain GEMM (128 x 256, as Part 4's
+    down GEMM). The dW tiles are 128 x 128 with 64 rows of the run per step. Weights and sorted
+    operands come through TMA where the GPU has it.
+    """
+    rows_per_expert = max(1, M * topk // E)
+    bm = 128 if rows_per_expert >= 64 else 64 if rows_per_expert >= 16 else 32
+    warps = 8 if bm == 128 else 4
+    up = KernelConfig(block_m=bm, block_n=128, block_k=64, num_warps=warps, num_stages=4, use_tma=True,
+                      short_tails=False)
+    dact = KernelConfig(block_m=bm, block_n=128, block_k=64, num_warps=warps, num_stages=3, use_tma=True,
+                        short_tails=False)
+    dx = KernelConfig(block_m=bm, block_n=256 if bm == 128 else 128, block_k=64, num_warps=warps, num_stages=3,
+                      use_tma=True, short_tails=False)
+    dw = KernelConfig(block_m=128, block_n=128, block_k=min(64, bm), num_warps=8, num_stages=3, use_tma=True,
+                      short_tails=False)
+    return TrainingConfigs(up=up, down=dx, dact=dact, dx=dx, dw2=dw, dw13=dw)
+
+
+def training_configs(M: int, E: int, hidden: int, inter: int, topk: int, dtype: torch.dtype) -> TrainingConfigs:
+    """The configurations of one training step of the layer: tuned where a table has them, else
+    the heuristic; Part 4's tuned down GEMM for the forward's down (on the shared ``block_m``)."""
+    if runtime.INTERPRETED:
+        return CPU_TRAINING_CONFIGS
+    guess = heuristic_training_configs(M, E, topk)
+    shapes = {"up": (inter, hidden), "dact": (inter, hidden), "dx": (hidden, 2 * inter),
+              "dw2": (hidden, inter), "dw13": (2 * inter, hidden)}
+    chosen = {}
+    for name, (N, K) in shapes.items():
+        tuned = tuned_config(M, problem_key(E, N, K, topk, dtype, VARIANTS[name]))
+        chosen[name] = tuned if tuned is not None else getattr(guess, name)
+    down = replace(get_config(M, E, hidden, inter, topk, dtype, "down"), short_tails=False)
+    return TrainingConfigs(down=down, **chosen).checked()

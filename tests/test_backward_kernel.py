@@ -1,0 +1,306 @@
+"""Part 8: the layer's backward in Triton against autograd through the float64 reference.
+
+Every gradient (dx, dW13, dW2 and the router's) by relative error, on sizes that are no multiple
+of any block, topk = 1, an expert nobody chose, values near 1e-5 (where an absolute tolerance
+passes a wrong SwiGLU derivative), strided inputs and an empty batch; two runs bitwise equal;
+what the forward keeps; bad input refused with a message that names it. In the interpreter
+(fp32) on the CPU, and on a GPU (bf16) with ``-m gpu``.
+"""
+import moe_tutorial  # noqa: F401,I001  (first: picks the runtime before triton is imported)
+
+import math
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from moe_tutorial import runtime
+from moe_tutorial.kernels import backward_kernel
+from moe_tutorial.kernels.align import align_block_size
+from moe_tutorial.kernels.stable_align import expert_rows, stable_align_block_size
+from moe_tutorial.kernels.trainable_layer import trainable_moe_layer
+from moe_tutorial.kernels.training_configs import heuristic_training_configs, training_configs
+from moe_tutorial.layer import moe_layer
+from moe_tutorial.reference import LAYER_GRAD_INPUTS, reference_layer_grads, rel_error, tolerance
+from moe_tutorial.shapes import MODEL_SHAPES, random_layer_problem
+
+DEV = runtime.DEVICE
+LAYER_ARGS = ("x", "w13", "w2", "topk_weights", "topk_ids")
+
+
+def run_layer(p: dict, fn=trainable_moe_layer):
+    """``(out, {name: grad})`` of ``fn`` on problem ``p`` with every float input a fresh leaf."""
+    leaves = {k: (p[k].clone().requires_grad_() if k in LAYER_GRAD_INPUTS else p[k]) for k in LAYER_ARGS}
+    out = fn(**leaves)
+    out.backward(p["d_out"])
+    return out, {k: leaves[k].grad for k in LAYER_GRAD_INPUTS}
+
+
+def errors(p: dict, grads: dict) -> dict:
+    ref = reference_layer_grads(*(p[k] for k in LAYER_ARGS), p["d_out"])
+    return {k: rel_error(grads[k], ref[k]) for k in LAYER_GRAD_INPUTS}
+
+
+# (M, hidden, inter, E, topk): the interpreter's tiles are 16 x 32 x 32, so 40 and 24 are ragged.
+CPU_CASES = {
+    "ragged K and N": (7, 40, 24, 5, 2),
+    "topk = 1": (9, 32, 16, 4, 1),
+    "topk = 3, many experts": (6, 24, 40, 16, 3),
+}
+
+
+@pytest.mark.parametrize("case", CPU_CASES)
+def test_every_gradient_matches_the_float64_reference(case):
+    p = random_layer_problem(*CPU_CASES[case], device=DEV, seed=len(case))
+    _, grads = run_layer(p)
+    errs = errors(p, grads)
+    assert all(e < tolerance(torch.float32) for e in errs.values()), errs
+
+
+def test_an_expert_nobody_chose_gets_a_zero_gradient():
+    p = random_layer_problem(8, 32, 32, 6, 2, device=DEV, seed=3, experts=4)     # experts 4 and 5 get no token
+    _, grads = run_layer(p)
+    assert torch.equal(grads["w13"][4:], torch.zeros_like(grads["w13"][4:]))
+    assert torch.equal(grads["w2"][4:], torch.zeros_like(grads["w2"][4:]))
+    errs = errors(p, grads)
+    assert all(e < tolerance(torch.float32) for e in errs.values()), errs
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """Values near 1e-5: x scaled down so that every gate is about 1e-5, silu(gate) about half of it."""
+    return random_layer_problem(6, 32, 16, 4, 2, device=DEV, seed=5, x_scale=1e-5)
+
+
+def test_gradients_near_1e_5_by_relative_error(tiny):
+    _, grads = run_layer(tiny)
+    errs = errors(tiny, grads)
+    assert all(e < tolerance(torch.float32) for e in errs.values()), errs
+
+
+@triton.jit
+def _wrong_dswiglu(dact, gate, up, s):
+    """The derivative of silu(g) * u with d_up = dA' * sigmoid(g): the g of silu(g) = g * sigmoid(g) forgotten."""
+    sig = tl.sigmoid(gate)
+    silu = gate * sig
+    d_gate = dact * up * sig * (1.0 + gate * (1.0 - sig)) * s[:, None]
+    return d_gate, dact * sig * s[:, None], silu * up * s[:, None], silu * up
+
+
+@pytest.mark.skipif(not runtime.INTERPRETED, reason="patches a @triton.jit helper, which only the interpreter "
+                                                    "looks up at run time")
+def test_a_wrong_swiglu_passes_an_absolute_tolerance_and_fails_the_relative_one(tiny, monkeypatch):
+    ref = reference_layer_grads(*(tiny[k] for k in LAYER_ARGS), tiny["d_out"])
+    monkeypatch.setattr(backward_kernel, "dswiglu_epilogue", _wrong_dswiglu)
+    _, wrong = run_layer(tiny)
+    # dW13 = dH x^T flows through d_up: wrong by a factor of about 1 / gate = 1e5 ...
+    assert rel_error(wrong["w13"], ref["w13"]) > 1.0
+    # ... yet every element is within an atol of 1.4e-2 of the truth: an absolute test would pass it.
+    assert float((wrong["w13"].double() - ref["w13"]).abs().max()) < 1.4e-2
+
+
+def test_two_runs_give_the_same_bits():
+    p = random_layer_problem(20, 32, 32, 4, 2, device=DEV, seed=7)
+    out1, g1 = run_layer(p)
+    out2, g2 = run_layer(p)
+    assert torch.equal(out1, out2)
+    for k in LAYER_GRAD_INPUTS:
+        assert torch.equal(g1[k], g2[k]), k
+
+
+def test_strided_inputs_and_only_some_inputs_requiring_grad():
+    p = random_layer_problem(5, 32, 16, 4, 2, device=DEV, seed=9)
+    x = torch.stack([p["x"], -p["x"]], dim=2).flatten(1)[:, ::2]       # every other column of a wider tensor
+    assert torch.equal(x, p["x"]) and x.stride(1) == 2
+    w2 = p["w2"].transpose(1, 2).contiguous().transpose(1, 2)           # same values, [E, I, K] in memory
+    w13 = p["w13"].clone().requires_grad_()
+    out = moe_layer(x, w13, w2, p["topk_weights"], p["topk_ids"], impl="sorted")
+    out.backward(p["d_out"])
+    ref = reference_layer_grads(*(p[k] for k in LAYER_ARGS), p["d_out"])
+    assert rel_error(w13.grad, ref["w13"]) < tolerance(torch.float32)
+
+
+def test_an_empty_batch_backpropagates_zeros():
+    p = random_layer_problem(0, 32, 16, 4, 2, device=DEV)
+    out, grads = run_layer(p)
+    assert out.shape == (0, 32)
+    assert grads["x"].shape == (0, 32) and float(grads["w13"].abs().sum()) == 0.0
+
+
+def test_moe_layer_sorted_keeps_the_inference_path_without_autograd(monkeypatch):
+    p = random_layer_problem(5, 32, 16, 4, 2, device=DEV, seed=2)
+    calls = []
+    monkeypatch.setattr(backward_kernel, "rows_gemm_kernel", _Spy(backward_kernel.rows_gemm_kernel, calls))
+    with torch.no_grad():
+        moe_layer(*(p[k].clone().requires_grad_() if k in LAYER_GRAD_INPUTS else p[k] for k in LAYER_ARGS),
+                  impl="sorted")
+    assert calls == [], "without autograd, moe_layer(impl='sorted') is Part 4's forward and saves nothing"
+
+
+class _Spy:
+    def __init__(self, kernel, calls):
+        self.kernel, self.calls = kernel, calls
+
+    def __getitem__(self, grid):
+        self.calls.append(grid)
+        return self.kernel[grid]
+
+
+def test_the_forward_keeps_x_h_and_the_alignment_only():
+    M, hidden, inter, E, topk = 9, 32, 16, 4, 2
+    p = random_layer_problem(M, hidden, inter, E, topk, device=DEV, seed=4)
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    leaves = {k: (p[k].clone().requires_grad_() if k in LAYER_GRAD_INPUTS else p[k]) for k in LAYER_ARGS}
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        trainable_moe_layer(**leaves)
+    inputs = {id(leaves[k]) for k in ("x", "w13", "w2", "topk_ids")}
+    new = [t for t in saved if id(t) not in inputs]
+    shapes = sorted(tuple(t.shape) for t in new)
+    block_m = training_configs(M, E, hidden, inter, topk, p["x"].dtype).up.block_m
+    alignment = stable_align_block_size(p["topk_ids"], block_m, E)
+    expected = sorted([(M * topk,), (alignment[0].numel(), 2 * inter)] + [tuple(t.shape) for t in alignment])
+    assert shapes == expected, "kept: the router weights flat, H in sorted rows, the alignment; nothing of A or Y"
+
+
+# --------------------------------------------------------------------------- the stable alignment
+
+@pytest.mark.parametrize("M, E, topk, block_m", [(7, 5, 2, 4), (40, 8, 2, 16), (33, 64, 6, 16), (3, 4, 1, 1)])
+def test_the_stable_alignment_is_part_4s_with_each_run_in_token_order(M, E, topk, block_m):
+    ids = torch.rand(M, E, generator=torch.Generator().manual_seed(M)).topk(topk, dim=1).indices.int().to(DEV)
+    stable, part4 = stable_align_block_size(ids, block_m, E), align_block_size(ids, block_m, E)
+    assert int(stable[2]) == int(part4[2])
+    used = int(stable[2])
+    assert torch.equal(stable[1][:used // block_m], part4[1][:used // block_m])
+    rows = expert_rows(stable).tolist()
+    flat = ids.flatten().tolist()
+    for e in range(E):
+        run = [p for p in stable[0][rows[e]:rows[e + 1]].tolist() if p != M * topk]
+        assert run == [p for p, i in enumerate(flat) if i == e], e
+    assert rows == expert_rows(part4).tolist()
+
+
+def test_the_stable_alignment_refuses_bad_input():
+    with pytest.raises(ValueError, match=r"^block_m: expected a power of two"):
+        stable_align_block_size(torch.zeros(2, 1, dtype=torch.int32, device=DEV), 3, 4)
+    with pytest.raises(TypeError, match=r"^topk_ids: expected dtype torch.int32 or torch.int64"):
+        stable_align_block_size(torch.zeros(2, 1, device=DEV), 4, 4)
+
+
+# --------------------------------------------------------------------------- bad input
+
+def _bad_inputs():
+    p = random_layer_problem(3, 32, 16, 4, 2, device=DEV)
+    base = {k: p[k] for k in LAYER_ARGS}
+    return {
+        "w2 of the wrong shape": (dict(base, w2=base["w2"][:, :, :8]), ValueError, r"^w2: expected shape"),
+        "ids out of range": (dict(base, topk_ids=base["topk_ids"] + 4), ValueError, r"^topk_ids: expected expert ids"),
+        "float64": ({k: (v.double() if v.is_floating_point() else v) for k, v in base.items()}, TypeError,
+                    r"^x: expected one of"),
+        "weights' dtype differs": (dict(base, w13=base["w13"].half()), TypeError, r"^w13: expected x's dtype"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_bad_inputs()))
+def test_bad_input_is_refused_with_its_name(case):
+    args, kind, message = _bad_inputs()[case]
+    args = {k: (v.requires_grad_() if k == "x" and v.is_floating_point() else v) for k, v in args.items()}
+    with pytest.raises(kind, match=message):
+        trainable_moe_layer(**args)
+
+
+def test_the_fused_kernel_still_refuses_autograd():
+    p = random_layer_problem(3, 32, 16, 4, 2, device=DEV)
+    args = {k: (p[k].clone().requires_grad_() if k == "x" else p[k]) for k in LAYER_ARGS}
+    with pytest.raises(ValueError, match=r"^x: expected a tensor that does not require grad"):
+        moe_layer(**args, impl="fused")
+
+
+def test_training_configs_are_valid_and_share_one_block_m():
+    for s in MODEL_SHAPES.values():
+        for M in (4096, 32768):
+            cfg = heuristic_training_configs(M, s.num_experts, s.topk).checked()
+            assert cfg.up.block_m == cfg.down.block_m == cfg.dact.block_m == cfg.dx.block_m
+            assert cfg.dw13.block_k <= cfg.up.block_m and cfg.up.block_m % cfg.dw13.block_k == 0
+
+
+# --------------------------------------------------------------------------- on a GPU, bf16
+
+GPU_SHAPES = {  # (model, tokens, experts that get tokens): real hidden, intermediate, E and topk
+    "Qwen3-30B-A3B": ("Qwen3-30B-A3B", 512, 32),
+    "Mixtral-8x7B": ("Mixtral-8x7B", 256, 8),
+    "DeepSeek-V3": ("DeepSeek-V3", 256, 16),
+}
+#: bf16 inputs and outputs, fp32 accumulation: what a bf16 training step may differ from float64 by.
+BF16_GRAD_TOLERANCE = 2e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not runtime.ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case", GPU_SHAPES)
+def test_bf16_gradients_on_real_shapes(case):
+    name, M, used = GPU_SHAPES[case]
+    s = MODEL_SHAPES[name]
+    # The experts that get tokens made at random (on the CPU, as everywhere), the others zeros: DeepSeek-V3's
+    # 256 experts would be 11 G random values on the CPU, and an idle expert's weights change nothing.
+    p = random_layer_problem(M, s.hidden, s.intermediate, used, s.topk, device=DEV, dtype=torch.bfloat16)
+    for name_, t in (("w13", p["w13"]), ("w2", p["w2"])):
+        p[name_] = torch.cat([t, t.new_zeros(s.num_experts - used, *t.shape[1:])])
+    _, grads = run_layer(p)
+    ref = reference_layer_grads(p["x"], p["w13"][:used], p["w2"][:used], p["topk_weights"], p["topk_ids"],
+                                p["d_out"])
+    errs = {"x": rel_error(grads["x"], ref["x"]), "w13": rel_error(grads["w13"][:used], ref["w13"]),
+            "w2": rel_error(grads["w2"][:used], ref["w2"]),
+            "topk_weights": rel_error(grads["topk_weights"], ref["topk_weights"])}
+    assert all(e < BF16_GRAD_TOLERANCE for e in errs.values()), errs
+    assert bool((grads["w13"][used:] == 0).all()) and bool((grads["w2"][used:] == 0).all())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not runtime.ON_GPU, reason="needs a CUDA GPU")
+def test_bf16_two_runs_give_the_same_bits_where_part_4s_alignment_would_not():
+    s = MODEL_SHAPES["Qwen3-30B-A3B"]
+    p = random_layer_problem(4096, s.hidden, s.intermediate, s.num_experts, s.topk, device=DEV, dtype=torch.bfloat16)
+    out1, g1 = run_layer(p)
+    out2, g2 = run_layer(p)
+    assert torch.equal(out1, out2)
+    for k in LAYER_GRAD_INPUTS:
+        assert torch.equal(g1[k], g2[k]), k
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not runtime.ON_GPU, reason="needs a CUDA GPU")
+def test_bf16_gradients_near_1e_5_by_relative_error():
+    p = random_layer_problem(256, 2048, 768, 16, 4, device=DEV, dtype=torch.bfloat16, x_scale=1e-5)
+    _, grads = run_layer(p)
+    errs = errors(p, grads)
+    assert all(e < BF16_GRAD_TOLERANCE for e in errs.values()), errs
+    assert math.isfinite(sum(errs.values()))
+
+
+def test_expert_tile_is_the_tile_each_program_of_the_kernel_stores():
+    """Launch the first n programs only, for n = 1, 2, ...: the tile that appears is program n - 1's."""
+    from moe_tutorial.kernels.backward_kernel import expert_grad_kernel, expert_tile
+
+    E, P, Q, bp, bq, group = 2, 40, 24, 16, 16, 2
+    ids = torch.tensor([[0], [1], [0]], dtype=torch.int32, device=DEV)
+    alignment = stable_align_block_size(ids, 16, E)
+    rows = expert_rows(alignment)
+    left, right = torch.ones(3, P, device=DEV), torch.ones(3, Q, device=DEV)
+    tiles = E * -(-P // bp) * -(-Q // bq)
+    for n in range(1, tiles + 1):
+        out = torch.full((E, P, Q), float("nan"), device=DEV)
+        expert_grad_kernel[(n,)](left, None, right, None, out, alignment[0], rows, P=P, Q=Q, num_pairs=3, row_div=1,
+                                 stride_lm=P, stride_rm=Q, stride_ce=P * Q, stride_cp=Q, stride_cq=1,
+                                 BLOCK_P=bp, BLOCK_Q=bq, BLOCK_R=16, GROUP_M=group, L_ROWS="gathered",
+                                 R_ROWS="gathered", EVEN_P=False, EVEN_Q=False, DOT_PRECISION="ieee")
+        e, tp, tq = expert_tile(n - 1, P, Q, bp, bq, group)
+        assert not out[e, tp * bp:(tp + 1) * bp, tq * bq:(tq + 1) * bq].isnan().any(), n
+        owned = {expert_tile(i, P, Q, bp, bq, group) for i in range(n)}
+        assert len(owned) == n                      # no two programs own one tile
+        assert int((~out.isnan()).sum()) == sum(min(bp, P - a * bp) * min(bq, Q - b * bq) for _, a, b in owned)

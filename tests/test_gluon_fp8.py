@@ -1,0 +1,159 @@
+"""Part 7's Gluon FP8 kernel: the sorted-order gather (interpreter and GPU), the compiled schedule
+for Hopper (any machine: Triton compiles for sm90 without a GPU), and the kernel itself against
+float64 (GPU tests: Gluon does not run in the interpreter)."""
+import moe_tutorial as mt  # noqa: I001  (first: picks the runtime)
+
+import pytest
+import torch
+
+from moe_tutorial import runtime
+from moe_tutorial.experiments.sm90 import KERNELS, compile_report
+from moe_tutorial.kernels import gluon_fp8_kernel as gk
+from moe_tutorial.kernels.align import align_block_size
+from moe_tutorial.kernels.configs import KernelConfig
+from moe_tutorial.kernels.fp8_kernel import fp8_moe_layer, fp8_moe_matmul
+from moe_tutorial.kernels.fp8_quant import quantize_rows
+from moe_tutorial.kernels.gluon_kernel import HAVE_GLUON
+from moe_tutorial.quant import dequantize_activations, dequantize_weight, quantize_w13, quantize_weight
+from moe_tutorial.reference import FP8_LAYER_TOLERANCE, reference_fp8_moe_layer, reference_moe_matmul, rel_error
+
+DEV = runtime.DEVICE
+needs_hopper = pytest.mark.skipif(gk.UNAVAILABLE is not None, reason=gk.UNAVAILABLE or "")
+
+
+# ------------------------------------------------------------------ the gather, on every runtime
+
+@pytest.mark.parametrize("seed", range(4))
+def test_gather_puts_each_pairs_row_and_scales_at_its_sorted_position(seed):
+    g = torch.Generator().manual_seed(seed)
+    M, K, E, topk = (int(v) for v in (torch.randint(1, 70, ()), torch.randint(1, 400, ()),
+                                      torch.randint(1, 9, ()), torch.randint(1, 4, ())))
+    topk = min(topk, E)
+    block_m = (16, 64, 128)[seed % 3]
+    x = torch.randn(M, K, generator=g).to(DEV)
+    ids = torch.stack([torch.randperm(E, generator=g)[:topk] for _ in range(M)]).to(torch.int32).to(DEV)
+    x_q, x_s = quantize_rows(x)
+    alignment = align_block_size(ids, block_m, E)
+    a, a_st = gk.gather_sorted_fp8(x_q, x_s, alignment, M * topk, topk, block_m)
+    rows = gk.sorted_rows(alignment, block_m)
+    assert a.shape == (rows, K) and a_st.shape == ((K + 127) // 128, rows) and rows % block_m == 0
+    n = int(alignment[2])
+    pair = alignment[0][:n].long()
+    real = pair < M * topk
+    src = pair[real] // topk
+    assert torch.equal(a[:n][real].view(torch.uint8), x_q[src].view(torch.uint8))
+    assert torch.equal(a_st[:, :n][:, real], x_s[src].t())
+
+
+# ------------------------------------------------------------------ the schedule, compiled for sm90
+
+@pytest.fixture(scope="module")
+def reports():
+    if not HAVE_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    return {}
+
+
+def _report(reports, kernel):
+    if kernel not in reports:
+        reports[kernel] = compile_report(kernel)
+    return reports[kernel]
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_every_fp8_kernel_compiles_for_hopper_without_spills_or_serialised_mmas(reports, kernel):
+    r = _report(reports, kernel)
+    assert r["spill_bytes"] == 0, f"{kernel}: {r['spill_bytes']} bytes of spills"
+    assert r["serialised"] == "", f"{kernel}: ptxas serialised its wgmmas: {r['serialised']}"
+    assert "wgmma.mma_async" in r["ptx"] and ("QGMMA" in r["sass"] or "HGMMA" in r["sass"])
+
+
+def test_the_tl_kernel_waits_for_every_mma_and_the_gluon_kernel_keeps_one_in_flight(reports):
+    """What notebook 07 shows: the ``tl`` kernel's K loop has one ``wgmma.wait_group 0`` (each
+    step's MMA finished before its promotion); the Gluon kernel's loop waits with 1 outstanding,
+    and ptxas kept it (``WARPGROUP.DEPBAR.LE gsb0, 0x1`` in the machine code)."""
+    tl_report, gluon = _report(reports, "tl-plain"), _report(reports, "gluon-plain")
+    assert set(tl_report["wait_groups"]) == {0}
+    assert 1 in gluon["wait_groups"] and "WARPGROUP.DEPBAR.LE gsb0, 0x1" in gluon["sass"]
+    assert 2 in _report(reports, "gluon-gated")["wait_groups"]     # gate and up in flight together
+
+
+# ------------------------------------------------------------------ the kernel on a Hopper GPU
+
+def _cfg(bm, warps, stages, **kw):
+    return KernelConfig(block_m=bm, block_n=128, block_k=128, num_warps=warps, num_stages=stages, short_tails=False,
+                        gluon=True, **kw)
+
+
+FIRST_CONFIGS = {"128x8": _cfg(128, 8, 4), "64x4": _cfg(64, 4, 6), "256 two waves": _cfg(256, 8, 3),
+                 "group 1": _cfg(128, 8, 3, group_m=1)}
+
+
+def _problem(M, E, N, K, topk, seed=0, skip_expert=None):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    x = torch.randn(M, K, device=DEV, generator=g, dtype=torch.bfloat16)
+    w = torch.randn(E, N, K, device=DEV, generator=g, dtype=torch.bfloat16) * K ** -0.5
+    logits = torch.randn(M, E, device=DEV, generator=g)
+    if skip_expert is not None:
+        logits[:, skip_expert] = -1e9                        # an expert no token picks
+    tw, ids = mt.route(logits, topk)
+    return x, w, tw, ids
+
+
+@needs_hopper
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", FIRST_CONFIGS)
+@pytest.mark.parametrize("M,E,N,K,topk", [(200, 8, 384, 320, 2), (1, 4, 256, 256, 2), (3000, 64, 1408, 2048, 6)])
+def test_gluon_first_gemm_matches_float64(name, M, E, N, K, topk):
+    x, w, _, ids = _problem(M, E, N, K, topk, skip_expert=E - 1)
+    x_q, x_s = quantize_rows(x)
+    w_q, w_s = quantize_weight(w)
+    out = fp8_moe_matmul(x_q, x_s, w_q, w_s, ids, config=FIRST_CONFIGS[name])
+    ref = reference_moe_matmul(dequantize_activations(x_q, x_s), dequantize_weight(w_q, w_s), ids)
+    assert bool(torch.isfinite(out).all())
+    assert rel_error(out, ref) < 1e-2
+
+
+@needs_hopper
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", ["fused", "unfused"])
+@pytest.mark.parametrize("M,E,inter,K,topk", [(300, 8, 192, 320, 2), (2048, 128, 768, 2048, 8),
+                                              (512, 256, 2048, 7168, 8)])
+def test_gluon_layer_matches_its_step_exact_float64_reference(form, M, E, inter, K, topk):
+    x, w13, tw, ids = _problem(M, E, 2 * inter, K, topk, skip_expert=0)
+    w2 = torch.randn(E, K, inter, device=DEV, dtype=torch.bfloat16) * inter ** -0.5
+    q13, s13 = quantize_w13(w13)
+    q2, s2 = quantize_weight(w2)
+    configs = (_cfg(64, 8, 4), _cfg(64, 4, 6)) if form == "fused" else (_cfg(128, 8, 4), _cfg(128, 8, 4))
+    if form == "unfused" and inter % 128:
+        with pytest.raises(ValueError, match="multiple of 128"):
+            fp8_moe_layer(x, q13, s13, q2, s2, tw, ids, configs=configs)
+        return
+    out = fp8_moe_layer(x, q13, s13, q2, s2, tw, ids, configs=configs)
+    rows = torch.arange(0, M, max(1, M // 16), device=DEV)
+    used = torch.unique(ids[rows])
+    local = torch.searchsorted(used, ids[rows].long()).to(torch.int32)
+    ref = reference_fp8_moe_layer(x[rows].float(), q13[used], s13[used], q2[used], s2[used], tw[rows], local)
+    assert bool(torch.isfinite(out).all())
+    assert rel_error(out[rows], ref) < FP8_LAYER_TOLERANCE
+    # The same numbers as the tl kernel's layer, within the rounding flips both allow.
+    assert rel_error(out.float(), fp8_moe_layer(x, q13, s13, q2, s2, tw, ids).float()) < FP8_LAYER_TOLERANCE
+
+
+@needs_hopper
+@pytest.mark.gpu
+def test_a_layer_that_mixes_the_two_kernels_is_refused():
+    x, w13, tw, ids = _problem(64, 8, 256, 256, 2)
+    q13, s13 = quantize_w13(w13)
+    q2, s2 = quantize_weight(torch.randn(8, 256, 128, device=DEV, dtype=torch.bfloat16))
+    tl_cfg = KernelConfig(block_m=64, block_n=128, block_k=128, short_tails=False)
+    with pytest.raises(ValueError, match="both configs or neither"):
+        fp8_moe_layer(x, q13, s13, q2, s2, tw, ids, configs=(_cfg(64, 8, 4), tl_cfg))
+
+
+def test_the_gluon_kernel_refuses_tiles_other_than_128_wide():
+    bad = _cfg(128, 8, 4)
+    bad = KernelConfig(**{**bad.as_dict(), "block_n": 64})
+    with pytest.raises(ValueError, match="block_n = block_k = 128"):
+        gk.launch_gluon_fp8_gemm(None, None, torch.empty(1, 1, 1), None, torch.empty(1, 1), (None, None, None), 1,
+                                 bad)
