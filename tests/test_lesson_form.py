@@ -10,8 +10,8 @@ LESSONS = lessons()
 PREDICT_IN_CHINESE = "**预测：**"
 SECTION = re.compile(r"^## (\d+)\. ", re.M)
 #: Words that belong to the project's bookkeeping, not to the lesson.
-PROJECT_WORDS = re.compile(r"\bissues? #?\d+|\btargets?\b|the series set|seed article|in preparation|\bTODO\b|"
-                           r"\bhelper\b|\bthe lead\b|committed runs?", re.I)
+PROJECT_WORDS = re.compile(r"\bissues? #?\d+|\b(?:the|its|our|meets?|set) targets?\b|seed article|in preparation|"
+                           r"\bTODO\b|\bhelper\b|\bthe lead\b|committed runs?", re.I)
 MAX_FIRST_CELL_IMPORTS, MAX_FIRST_CELL_LINES = 5, 12
 
 
