@@ -206,9 +206,10 @@ if HAVE_GLUON:
             bs_ptr = b_scale_ptr + expert * stride_bse + ((pid_n * BLOCK_N) // 128) * stride_bsn
             acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
 
-            # [issue step k+1, then promote step k] Two raw accumulators, x and y, take turns:
-            # the loop body does two steps so that neither is ever copied while its MMA runs
-            # (ptxas serialises every wgmma of a kernel whose accumulators are read in flight).
+            # [issue step k+1, then promote step k]
+            # Two raw accumulators, x and y, take turns: the loop body does two steps so that neither
+            # is ever copied while its MMA runs (ptxas serialises every wgmma of a kernel whose
+            # accumulators are read in flight).
             b1, b2 = weight_scale(bs_ptr, 1, num_k, stride_bsk), weight_scale(bs_ptr, 2, num_k, stride_bsk)
             x, scale_x, step = issue_step(a_bufs, as_bufs, b_bufs, ready, x, step, gl.load(bs_ptr), rows_layout,
                                           OVERLAP)
@@ -234,6 +235,7 @@ if HAVE_GLUON:
                 acc = acc + x * scale_x[:, None]
             mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES))
 
+            # [epilogue]
             store_rows(acc, pid_m * BLOCK_M, pid_n, c_ptr, router_w_ptr, sorted_ids_ptr, N, num_pairs, stride_cm,
                        rows_layout, cols_layout, C_SORTED, ROUTER_WEIGHTS)
 
