@@ -47,7 +47,8 @@ VENV_MIN   := .venv-triton-min
 MIN_STAMP  := $(VENV_MIN)/.installed-$(TRITON_MIN)
 MIN_TESTS  := tests/test_triton_min.py tests/test_sorted_kernel.py tests/test_fused_kernel.py \
               tests/test_minimal_sorted_kernel.py tests/test_topk_sum.py tests/test_published_kernel.py \
-              tests/test_interpreter.py tests/test_align.py tests/test_parallel.py tests/test_backward_kernel.py
+              tests/test_interpreter.py tests/test_align.py tests/test_parallel.py tests/test_backward_kernel.py \
+              tests/test_toy_kernel.py tests/test_fp8_cast.py
 
 $(MIN_STAMP): $(STAMP)
 	rm -rf $(VENV_MIN)

@@ -14,7 +14,7 @@ import torch
 from . import runtime
 from .exercises.guard import find_out_of_bounds, memory_guard
 from .kernels.fused_kernel import fused_moe_matmul
-from .reference import reference_moe_matmul, rel_error
+from .reference import error_text, reference_moe_matmul, rel_error
 
 #: DeepSeek-V3's gate/up expert stride, N * K elements (the wrap probe's default).
 DEEPSEEK_V3_EXPERT_STRIDE = 4096 * 7168
@@ -40,7 +40,7 @@ def run_edited(kernel, x: torch.Tensor, weight: torch.Tensor, topk_ids: torch.Te
     err = rel_error(out, reference_moe_matmul(x, weight, topk_ids))
     verdict = "equals the float64 reference" if err < 1e-5 else "is WRONG"
     print(f"your kernel, M = {x.shape[0]}, N = {weight.shape[1]}, K = {x.shape[1]}, E = {weight.shape[0]}, "
-          f"topk = {topk_ids.shape[1]}: relative error {err:.1e}, it {verdict}")
+          f"topk = {topk_ids.shape[1]}: relative error {error_text(err)}, it {verdict}")
     return out
 
 

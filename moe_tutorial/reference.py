@@ -50,6 +50,22 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 FP8_LAYER_TOLERANCE = 3e-2
 
 
+#: Relative errors below this are fp32 rounding; their digits depend on the CPU and the summation order.
+ROUNDING_BOUND = 1e-6
+
+
+def error_text(err: float) -> str:
+    """A relative error as a stored output may show it, the same on every machine: "below 1e-6" at
+    fp32 rounding level (whose digits depend on the CPU, the thread count and the order of a sum),
+    else one significant digit ("3e-3"), two from 0.1 on ("0.98"), or "inf" where the output held
+    NaN or inf."""
+    if err < ROUNDING_BOUND:
+        return f"below {ROUNDING_BOUND:.0e}".replace("e-0", "e-")
+    if err < 0.1:
+        return f"{err:.0e}".replace("e-0", "e-")
+    return f"{err:.2g}"
+
+
 def tolerance(dtype: torch.dtype) -> float:
     """Relative-error bound for a dtype: fp32 1e-5, bf16/fp16 1e-2 (tf32 dots land near 1e-3)."""
     return 1e-5 if dtype in (torch.float32, torch.float64) else 1e-2

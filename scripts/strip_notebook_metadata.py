@@ -1,4 +1,4 @@
-"""Drop per-run noise (execution timestamps) from notebooks so diffs show only real changes.
+"""Drop per-run noise (execution timestamps, where a stream was cut) from notebooks so diffs show only real changes.
 
 Usage: python scripts/strip_notebook_metadata.py notebooks/*.ipynb notebooks/exercises/*.ipynb
 """
@@ -6,12 +6,27 @@ import json
 import sys
 
 
+def coalesce_streams(outputs: list) -> list:
+    """Consecutive outputs of one stream as one: where the kernel cut a stream depends on timing."""
+    merged: list = []
+    for out in outputs:
+        prev = merged[-1] if merged else None
+        if prev and out.get("output_type") == "stream" == prev.get("output_type") and out["name"] == prev["name"]:
+            text = "".join(prev["text"]) + "".join(out["text"])
+            prev["text"] = text.splitlines(keepends=True)
+        else:
+            merged.append(out)
+    return merged
+
+
 def strip(path) -> None:
-    """Rewrite the notebook at ``path`` without its cells' execution timestamps."""
+    """Rewrite the notebook at ``path`` without its cells' execution timestamps, streams coalesced."""
     with open(path) as f:
         nb = json.load(f)
     for cell in nb["cells"]:
         cell.get("metadata", {}).pop("execution", None)
+        if "outputs" in cell:
+            cell["outputs"] = coalesce_streams(cell["outputs"])
     with open(path, "w") as f:
         json.dump(nb, f, indent=1, ensure_ascii=False)
         f.write("\n")

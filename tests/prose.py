@@ -44,37 +44,3 @@ def assert_says(notebook: str, template: str, *values, **named) -> None:
 def fmt2(value: float) -> str:
     """Two decimals, the way the series prints fractions and ratios."""
     return f"{value:.2f}"
-
-
-CJK = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")
-
-
-def prose_words(notebook: str) -> int:
-    """Words of English prose in a notebook's markdown: whitespace-separated tokens outside fenced code,
-    leaving out the 中文小结 cell and tokens written in Chinese (they are for the other readership)."""
-    path = NOTEBOOKS / (notebook if notebook.endswith(".ipynb") else f"{notebook}.ipynb")
-    cells = json.loads(path.read_text())["cells"]
-    words = 0
-    for c in cells:
-        text = "".join(c["source"])
-        if c["cell_type"] != "markdown" or text.startswith("## 中文小结"):
-            continue
-        text = re.sub(r"```.*?```", " ", text, flags=re.S)
-        words += sum(1 for token in text.split() if not CJK.search(token))
-    return words
-
-
-def code_cells(notebook: str) -> int:
-    path = NOTEBOOKS / (notebook if notebook.endswith(".ipynb") else f"{notebook}.ipynb")
-    return sum(c["cell_type"] == "code" for c in json.loads(path.read_text())["cells"])
-
-
-#: Reading speed for the estimate a notebook states at its top: prose at 200 words a minute, and
-#: half a minute per code cell (run it, read its output or figure).
-WORDS_PER_MINUTE, MINUTES_PER_CODE_CELL = 200, 0.5
-
-
-def reading_minutes(notebook: str) -> int:
-    """The notebook's reading time, rounded to 5 minutes."""
-    minutes = prose_words(notebook) / WORDS_PER_MINUTE + MINUTES_PER_CODE_CELL * code_cells(notebook)
-    return max(5, 5 * round(minutes / 5))

@@ -255,7 +255,8 @@ def test_floor_adds_one_launch_to_the_larger_roof():
     assert c.floor_ms(4e9, 1.0) == pytest.approx(1.0 + 0.003)        # memory-bound: 4 GB at 4 TB/s
     assert c.floor_ms(1.0, 8e11) == pytest.approx(1.0 + 0.003)       # compute-bound: 0.8 TFLOP at 800 TFLOP/s
     assert c.floor_ms(1.0, 8e11, "fp8") == pytest.approx(0.5 + 0.003)  # ... at the FP8 rate, twice as fast
-    assert c.columns() == {"protocol": "cold-l2", "read_tbps": 4.0, "copy_tbps": None, "matmul_tflops": 800.0,
+    assert c.columns() == {"protocol": "cold-l2", "read_tbps": 4.0, "read_measured_tbps": 4.0, "copy_tbps": None,
+                           "matmul_tflops": 800.0,
                            "fp8_tflops": 1600.0, "launch_us": 3.0}
     with pytest.raises(ValueError, match="precision: expected 'bf16' or 'fp8'"):
         c.floor_ms(1.0, 1.0, "int8")

@@ -225,6 +225,11 @@ def test_performance_figures_draw_every_implementation(tmp_path):
         perf.plot_across_models(rows, ["custom"], "first", "speed")
     with pytest.raises(ValueError, match="no timed results"):
         perf.plot_roofline(rows, "custom", "layer")
+    panels = perf.plot_rooflines(rows + [dict(r, model="other") for r in rows], ["custom", "other"])
+    assert len(panels.axes) == 2 and all(ax.get_legend() is None for ax in panels.axes)
+    assert [t.get_text() for t in panels.legends[0].get_texts()][0].startswith("roof")   # one legend for both
+    for ax in panels.axes:                     # only Part 4 names its first and last M
+        assert [t.get_text() for t in ax.texts] == ["M = 1", "M = 64"]
     ai = perf.intensity(ModelShape("m", 8, 2, 4096, 14336), [1, 16384])
     assert ai[0] < 2 < 150 < ai[1]                        # decode: ~1 FLOP/byte; prefill: far above the ridge
     fig = perf.plot_intensity([SMALL], read_tbps=4.0, matmul_tflops=600.0)
@@ -308,6 +313,13 @@ def test_step_gains_and_their_table():
     assert table[3].startswith("DeepSeek-V3")
     with pytest.raises(ValueError, match="no M where both 'minimal' and 'loop' were timed"):
         bench_report.gain_range(rows, "first", "minimal", "loop")
+    line = bench_report.gain_line(rows, "first", "+tuned", "+tma")
+    assert line.startswith("M <= 256: 1.00x to 1.00x; M > 256: 1.10x to 1.10x; most 1.10x, ")
+    assert line.endswith("at M = 1024")
+    wide = bench_report.gain_line(rows, "first", "+tuned", "+tma", split=1024)
+    assert wide.startswith("M <= 1024: 1.00x to 1.10x; most")
+    with pytest.raises(ValueError, match="no M where both 'minimal' and 'loop' were timed"):
+        bench_report.gain_line(rows, "first", "minimal", "loop")
     skipped = bench_rows({"minimal": 0.5, "+grouped": 0.5}, ("Mixtral-8x7B",), (1, 8),
                          skipped={("+grouped", "Mixtral-8x7B", 8)})
     assert list(bench_report.step_gains(skipped, "first", "minimal", "+grouped")) == [("Mixtral-8x7B", 1)]
@@ -348,10 +360,11 @@ def test_same_kernel_pairs_follow_the_tuned_table():
 
 
 def test_headline_ceilings_come_from_one_run(part4_rows):
-    rows = [dict(r, read_tbps=4.5, launch_us=3.0, protocol="cold-l2", date="d1") for r in part4_rows]
+    rows = [dict(r, read_tbps=4.5, read_measured_tbps=4.4, launch_us=3.0, protocol="cold-l2", date="d1")
+            for r in part4_rows]
     ceilings = bench_report.headline_ceilings(rows)
-    assert ceilings == {"protocol": "cold-l2", "date": "d1", "read_tbps": 4.5, "copy_tbps": 4.0,
-                        "matmul_tflops": 600.0, "launch_us": 3.0}
+    assert ceilings == {"protocol": "cold-l2", "date": "d1", "read_tbps": 4.5, "read_measured_tbps": 4.4,
+                        "copy_tbps": 4.0, "matmul_tflops": 600.0, "launch_us": 3.0}
     assert bench_report.headline_ceilings(rows, "grouped_mm")["read_tbps"] == 4.5
     two_runs = rows + [dict(rows[0], date="d2", read_tbps=4.6, M=2)]
     with pytest.raises(ValueError, match="^rows: expected the rows of 'sorted' to come from one run"):
@@ -394,9 +407,11 @@ def test_run_tables_and_skips(part3_rows):
     rows += [dict(r, date="2026-01-03", protocol="rotated", read_tbps=4.6, launch_us=0.5)
              for r in part3_rows if r["impl"] == "sorted"]
     ceilings = bench_report.ceilings_table(rows).splitlines()
-    assert ceilings[2].split() == ["2026-01-02", "cold-l2", "4.50", "4.00", "600", "3.0", "Part", "1,", "Part", "3,",
-                                   "Part", "4"]
-    assert ceilings[3].split()[:6] == ["2026-01-03", "rotated", "4.60", "4.00", "600", "0.5"]
+    assert ceilings[2].split() == ["2026-01-02", "cold-l2", "-", "4.50", "4.00", "600", "3.0", "Part", "1,", "Part",
+                                   "3,", "Part", "4"]
+    assert ceilings[3].split()[:7] == ["2026-01-03", "rotated", "-", "4.60", "4.00", "600", "0.5"]
+    raised = [dict(r, read_measured_tbps=4.4) for r in rows]
+    assert bench_report.ceilings_table(raised).splitlines()[2].split()[2:4] == ["4.40", "4.50"]
     summary = bench_report.run_summary(rows, labels=LABELS).splitlines()
     assert summary[0].startswith("run of 2026-01-02 (cold-l2): ") and "Mixtral-8x7B, DeepSeek-V3" in summary[0]
     assert summary[1] == "  timed: Part 1, loop; Part 3, as published; Part 3, fixed; Part 4, tuned"

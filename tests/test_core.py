@@ -19,7 +19,7 @@ from moe_tutorial.checks import check_kernel_dtype, check_layer_inputs, check_ma
 from moe_tutorial.indexing import indexing_moe_matmul, intermediate_bytes
 from moe_tutorial.layer import IMPLS, moe_layer
 from moe_tutorial.loop import loop_moe_layer, loop_moe_matmul
-from moe_tutorial.reference import reference_moe_layer, reference_moe_matmul, rel_error, tolerance
+from moe_tutorial.reference import error_text, reference_moe_layer, reference_moe_matmul, rel_error, tolerance
 from moe_tutorial.routing import route
 from moe_tutorial.shapes import get_shape, random_problem, random_topk_ids
 
@@ -657,3 +657,10 @@ def test_torch_layers_backpropagate_like_the_reference(impl):
     for k in names:
         assert grads["impl"][k] is not None, k
         assert rel_error(grads["impl"][k], grads["ref"][k]) < tolerance(torch.float32), k
+
+
+@pytest.mark.parametrize("err,text", [(0.0, "below 1e-6"), (4.4e-8, "below 1e-6"), (2.3e-7, "below 1e-6"),
+                                      (2.6e-3, "3e-3"), (6.7e-2, "7e-2"), (0.98, "0.98"), (float("inf"), "inf")])
+def test_errors_are_shown_the_same_on_every_machine(err, text):
+    """fp32 rounding becomes a bound, larger errors one significant digit: no CPU-dependent digits."""
+    assert error_text(err) == text

@@ -144,3 +144,13 @@ def test_ladder_stops_where_asked_and_refuses_bad_input():
         part4.plot_ladder(_ladder_rows("first"), "first", upto="+silu-epilogue")
     with pytest.raises(ValueError, match="^rows: no timings of 'unfused'"):
         part4.plot_ladder(_ladder_rows("first"), "layer")
+
+
+def test_pid_order_explorer_redraws_when_a_slider_moves(monkeypatch):
+    drawn = []
+    monkeypatch.setattr(part4, "plot_pid_order", lambda *a, **k: drawn.append(k))
+    box = part4.pid_order_explorer([0, 0, 1, 1, -1], num_pid_n=12)
+    group, wave = box.children[0].children
+    assert (group.description, group.max, wave.description) == ("GROUP_M", 5, "wave") and not drawn
+    group.value = 2
+    assert drawn == [{"group_ms": (1, 2), "wave": 12}]

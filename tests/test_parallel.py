@@ -290,12 +290,13 @@ def test_bench_stages_run_and_write_the_csv(tmp_path):
     latency_us, gbps = results.link_from(saved)
     assert latency_us > 0 and gbps > 0
     assert saved[0]["gpu"].startswith("cpu") and saved[0]["torch"] and saved[0]["date"] and saved[0]["protocol"]
-    # Notebook 06 draws these rows once the two-GPU data exists: 3 steps (+ the model line), 3 layers x 2 lines.
+    # Notebook 06 draws these rows once the two-GPU data exists: 3 steps (+ the model line), 3 layers x 3 lines
+    # (measured, the model fitted to them, the ideal model).
     machine = results.measured_machine(saved)
     ax = part6.plot_steps_vs_bytes(saved, ["tiny"], machine).axes[0]
     assert len(ax.lines) == 3 + 1
     axes = part6.plot_layer_throughput(saved, ["tiny", "absent"], machine).axes
-    assert len(axes[0].lines) == 3 * 2 and len(axes[1].lines) == 0
+    assert len(axes[0].lines) == 3 * 3 and len(axes[1].lines) == 0
 
 
 # --------------------------------------------------------------------------------------
@@ -348,6 +349,25 @@ def test_cost_model_bytes_by_hand():
     assert 0 < t["ep_comm_share"] < 1
     # With uniform routing each rank's experts see M * topk pairs: the same FLOPs as TP's share.
     assert cost.ep_compute(64, s, 2)[1] == pytest.approx(cost.tp_compute(64, s, 2)[1])
+
+
+@pytest.mark.parametrize("truth", [cost.Calibration(5e-4, 6e-4, 1e-4, 0.7), cost.Calibration(1e-3, 0.0, 2e-4, 0.5)])
+def test_the_cost_models_fit_recovers_what_made_the_measurements(truth):
+    """Measurements made by a calibrated model give back that calibration, and the fitted model
+    reproduces every step at every M; the ideal model is faster than all of them."""
+    s = MODEL_SHAPES["Mixtral-8x7B"]
+    m = cost.Machine(link_gbps=300.0, latency_us=40.0, read_tbps=4.6, matmul_tflops=790.0)
+    Ms = (1, 8, 64, 1024, 16384)
+    made = {M: cost.predict(M, s, 2, m, calibration=truth) for M in Ms}
+    measured = {step: {M: made[M][key] for M in Ms} for step, key in
+                (("single_gpu", "single"), ("dispatch", "dispatch"), ("combine", "combine"))}
+    fit = cost.calibrate(measured, s, 2, m)
+    for field in ("call_s", "dispatch_s", "combine_s", "efficiency"):
+        assert getattr(fit, field) == pytest.approx(getattr(truth, field), rel=1e-9, abs=1e-12), field
+    for M in Ms:
+        again = cost.predict(M, s, 2, m, calibration=fit)
+        assert again["ep"] == pytest.approx(made[M]["ep"]) and again["tp"] == pytest.approx(made[M]["tp"])
+        assert cost.predict(M, s, 2, m)["ep"] < made[M]["ep"]
 
 
 @pytest.mark.parametrize("world", [2, 4, 8, 16])

@@ -113,7 +113,7 @@ def test_steps_0_to_3_follow_a_readers_own_example():
     ids = [c.get("id") for c in nb.cells]
     nb.cells = nb.cells[:ids.index("p3-step3-kernel") + 1]
     edits = {"p3-step0-table": [("x, weight, topk_ids = ex.x, ex.weight, ex.topk_ids",
-                                 "x, weight, topk_ids = random_problem(5, 6, 7, 4, 3)"),
+                                 "x, weight, topk_ids = mt.random_problem(5, 6, 7, 4, 3)"),
                                 ("BLOCK_N, BLOCK_K = 2, 2", "BLOCK_N, BLOCK_K = 4, 4")],
              "p3-step1-lanes": [("pid_m, pid_n = 0, 0", "pid_m, pid_n = 4, 1")]}
     for cell in nb.cells:

@@ -1,14 +1,15 @@
-"""Notebooks 01 to 06 at home for readers of the Chinese original: headings in both languages, a
-中文小结 at the end of each, the glossary linked from each, and at each of the article's faults the
-article's section named and its claim restated in English and in Chinese (issue 22)."""
+"""Every lesson at home for readers of the Chinese original: headings in both languages, a 中文小结
+at the end of each, the glossary linked from each and defining the terms of every part, the
+article's map (docs/seed-article.md) naming every notebook, and at each of the article's faults the
+article's section named and its claim restated in English and in Chinese."""
 import json
 import re
 
 import pytest
 from prose import NOTEBOOKS, markdown
+from reading import lessons
 
-LESSONS = ("01_loop_baseline", "02_vectorised_indexing", "03_triton_fused_kernel", "04_sorted_production_kernel",
-           "05_performance", "06_expert_parallel", "07_fp8_experts")
+LESSONS = lessons()
 CJK = re.compile(r"[\u4e00-\u9fff]")
 GLOSSARY = "../docs/seed-article.md"
 
@@ -56,7 +57,8 @@ def test_a_notebooks_number_is_its_parts_number():
     assert markdown("05_performance").startswith("# Part 5: the performance chapter")
     assert markdown("06_expert_parallel").startswith("# Part 6: beyond one GPU")
     table = markdown("01_loop_baseline")
-    for row in ("| 5 | `05_performance.ipynb` |", "| 6 | `06_expert_parallel.ipynb` |", "| 7 | `07`"):
+    for notebook in LESSONS[1:]:                              # every part in notebook 01's table
+        row = f"| {int(notebook[:2])} | `{notebook}.ipynb` |"
         assert row in table, row
     for notebook in LESSONS:
         assert "Part 5, in `06" not in markdown(notebook) and "# Part 5: beyond" not in markdown(notebook)
@@ -68,5 +70,15 @@ def test_glossary_defines_the_series_terms():
     for term in ("warp", "CTA (thread block)", "issue slot", "Nsight Compute", "cuBLAS / CUTLASS", "atomics",
                  "prefix sum (scan)", "epilogue", "TMA (Tensor Memory Accelerator)", "split-K", "all-to-all"):
         assert term in rows, term
+    for term in ("rank", "dispatch / combine", "all-gather", "reduce-scatter", "all-reduce", "tensor parallelism",
+                 "FP8 e4m3", "block scale (128 x 128)", "quantisation / dequantisation", "promotion (fp32)"):
+        assert term in rows and CJK.search(rows[term].split("|")[2]), f"{term}: not in the glossary with its Chinese"
     assert "processor cores" not in rows["SM (streaming multiprocessor)"]      # an SM is not a core
     assert "after the K loop" in rows["epilogue"]
+
+
+def test_the_articles_map_names_every_notebook():
+    glossary = (NOTEBOOKS.parent / "docs" / "seed-article.md").read_text()
+    for notebook in LESSONS:
+        assert re.search(rf"^\| `{notebook}`", glossary, re.M), f"docs/seed-article.md does not map {notebook}"
+    assert "Part 3 (this article)" in glossary and "continues after the article" in glossary

@@ -10,7 +10,7 @@ from prose import assert_says, fmt2, markdown
 
 from moe_tutorial import intermediate_bytes
 from moe_tutorial.examples import WORKED_FIRST_GEMM, WORKED_LAYER, worked_example
-from moe_tutorial.figures import part3
+from moe_tutorial.figures import part2, part3
 from moe_tutorial.figures.part2 import H200_MEMORY_BYTES, format_bytes
 from moe_tutorial.kernels.fused_kernel import default_blocks
 from moe_tutorial.kernels.published_kernel import int32_offset
@@ -152,23 +152,33 @@ def test_02_sizes_of_selected():
     v3 = get_shape("DeepSeek-V3")
     assert s.topk * N * K == v3.topk * v3.first_gemm[0] * v3.first_gemm[1]
     assert_says(P2, "`{} * {} * {} = {} * {} * {}`", s.topk, N, K, v3.topk, *v3.first_gemm)
+    kimi = get_shape("Kimi-K2")
+    assert kimi.topk * kimi.first_gemm[0] * kimi.first_gemm[1] == v3.topk * v3.first_gemm[0] * v3.first_gemm[1]
+    assert_says(P2, "Mixtral-8x7B, DeepSeek-V3 and Kimi-K2 share one line in the plot below")
     assert_says(P2, "Mixtral-8x7B's first GEMM has `topk = {}`, `N = {}`, `K = {}`", s.topk, N, K)
 
 
 def test_02_round_trip(rows):
+    """The round trip at the copy rate, against the series' floor (notebook 05's: the read ceiling, the
+    matmul rate and one launch of the run that timed Part 4), not the fewest bytes at the copy rate."""
     s = get_shape("Mixtral-8x7B")
     N, K = s.first_gemm
-    bw = copy_tbps(rows) * 1e12
+    ceil = report.headline_ceilings(rows)
+    copy = ceil["copy_tbps"] * 1e12
     one = traffic.indexing_extra_bytes(1, N, K, s.topk) / traffic.first_gemm_bytes(1, N, K, s.num_experts, s.topk)
     assert round(one) == 2                                   # "twice"
     x64 = traffic.indexing_extra_bytes(64, N, K, s.topk) / traffic.first_gemm_bytes(64, N, K, s.num_experts, s.topk)
+    floor = traffic.floor_seconds(traffic.first_gemm_bytes(64, N, K, s.num_experts, s.topk),
+                                  traffic.first_gemm_flops(64, N, K, s.topk), ceil["read_tbps"] * 1e12,
+                                  ceil["matmul_tflops"] * 1e12, ceil["launch_us"] * 1e-6)
     assert_says(P2, "at `M = 64` it adds {:.0f} times as much, {:.2f} ms of pure copying for a GEMM whose floor is "
                     "{:.2f} ms. At `M = 256`, `selected` alone is {}", x64,
-                traffic.indexing_extra_bytes(64, N, K, s.topk) / bw * 1e3,
-                traffic.first_gemm_bytes(64, N, K, s.num_experts, s.topk) / bw * 1e3,
+                traffic.indexing_extra_bytes(64, N, K, s.topk) / copy * 1e3, floor * 1e3,
                 format_bytes(intermediate_bytes(256, s.topk, N, K)))
     assert_says(P2, "({} on an H200, copied at {:.2f} TB/s in the series' benchmark)",
-                format_bytes(H200_MEMORY_BYTES), copy_tbps(rows))
+                format_bytes(H200_MEMORY_BYTES), ceil["copy_tbps"])
+    assert_says(P2, "(registers, shared memory and caches; on an H200 {})", part2.on_chip_text())
+    assert "tens of MB" not in markdown(P2)
     assert_says(P2, "trips 2 and 3, a write and a read of {}, are gone",
                 format_bytes(intermediate_bytes(64, s.topk, N, K)))
 
@@ -190,16 +200,18 @@ def test_03_topk_padding_facts():
     assert_says(P3, "DeepSeek-V2-Lite routes each token to {} experts", dsv2.topk)
     assert_says(P3, "**`topk` = {}, padded to {}.**", dsv2.topk, part3.topk_pad(dsv2.topk))
     powers = [t for t in range(1, 9) if t & (t - 1) == 0]
-    assert_says(P3, "which works for `topk` = {}, {}, {}, {} and fails for any other", *powers)
-    assert_says(P3, "which refuses {}, {}, {} and {}", *[t for t in range(3, 8) if t & (t - 1)])
+    assert_says(P3, "works for `topk` = {}, {}, {}, {} and fails for any other", *powers)
+    assert_says(P3, "`tl.arange` refuses {}, {}, {} and {}", *[t for t in range(3, 8) if t & (t - 1)])
 
 
 def test_03_int32_wrap(rows):
     v3 = get_shape("DeepSeek-V3")
     N, K = v3.first_gemm
-    assert_says(P3, "We can watch the wrap without {:.0f} GB of weights", v3.num_experts * N * K * 2 / 1e9)
-    assert int32_offset(4, 2 ** 30) == 0 and 4 * 2 ** 30 * 4 == 16 * 2 ** 30        # "16 GiB away in fp32"
-    assert_says(P3, "is 16 GiB away in fp32")
+    first_wrong = next(e for e in range(v3.num_experts) if int32_offset(e, N * K) != e * N * K)
+    assert first_wrong == 74 and int32_offset(147, N * K) == 147 * N * K - 2 ** 32     # wrap_probe's expert 147
+    assert_says(P3, "`wrap_probe` points expert 147 at the true offset minus 2^32")
+    assert_says(P3, "`torch.topk` returns int64 ids, whose products do not wrap")
+    assert "routers return int32" not in markdown(P3)
     errors = [r["rel_error"] for r in results.select(rows, impl="published", model="DeepSeek-V3", gemm="first")]
     assert all(r["status"] == "wrong" for r in results.select(rows, impl="published", model="DeepSeek-V3"))
     assert_says(P3, "found relative errors of {} to {}: the result is noise", fmt2(min(errors)), fmt2(max(errors)))

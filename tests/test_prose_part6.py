@@ -2,7 +2,7 @@
 from moe_tutorial.parallel import results
 
 import pytest
-from prose import assert_says, fmt2
+from prose import assert_says, fmt2, markdown
 
 P6 = "06_expert_parallel"
 
@@ -38,6 +38,47 @@ def test_prefill_speedups(rows):
     assert_says(P6, "On Mixtral-8x7B the tensor-parallel layer is faster than ours at every M measured")
 
 
+def test_the_collectives_hide_nothing(rows):
+    """The layer's steps run one after another: at prefill its time is their sum, nothing overlaps."""
+    m, M = "Mixtral-8x7B", 16384
+    steps = [ms(rows, m, s, M) for s in ("dispatch", "experts", "combine")]
+    assert sum(steps) == pytest.approx(ms(rows, m, "ep_layer", M), rel=0.02)
+    assert_says(P6, "nothing hides the collectives, which run one after another: on Mixtral-8x7B dispatch, experts "
+                    "and combine take {:.2f} + {:.2f} + {:.2f} ms, the layer {:.2f} ms.", *steps,
+                ms(rows, m, "ep_layer", M))
+    assert "hide part of their cost" not in markdown(P6)
+
+
+def test_the_cost_model_states_its_error_and_its_fit(rows):
+    from moe_tutorial.perf import report
+    from moe_tutorial.perf import results as bench_results
+
+    ceil = report.headline_ceilings(bench_results.load_rows())
+    machine = results.measured_machine(rows, ceil["read_tbps"], ceil["matmul_tflops"])
+    err = {(m, f): results.model_error(rows, m, machine, fitted=f) for m in ("Mixtral-8x7B", "DeepSeek-V3")
+           for f in (False, True)}
+    assert all(lo > 1 for (m, f), (lo, hi) in err.items() if not f)          # the ideal model: always optimistic
+    assert all(hi / lo < 2.5 for (m, f), (lo, hi) in err.items() if f)       # fitted: within a factor of 2.5
+    assert_says(P6, "Section 6's model (dotted) is too optimistic by {:.2f}x to {:.2f}x on Mixtral-8x7B and {:.2f}x "
+                    "to {:.2f}x on DeepSeek-V3", *err["Mixtral-8x7B", False], *err["DeepSeek-V3", False])
+    assert_says(P6, "within {:.2f}x to {:.2f}x of every measured layer on Mixtral-8x7B and {:.2f}x to {:.2f}x on "
+                    "DeepSeek-V3", *err["Mixtral-8x7B", True], *err["DeepSeek-V3", True])
+    assert_says(P6, "is too optimistic by up to {:.0f}x; fitted to them with four numbers, it is within {:.1f}x",
+                max(hi for (_, f), (_, hi) in err.items() if not f),
+                max(max(hi, 1 / lo) for (_, f), (lo, hi) in err.items() if f))
+
+
+def test_the_ceilings_are_the_run_that_timed_part_4():
+    import json
+
+    from prose import NOTEBOOKS
+
+    cells = json.loads((NOTEBOOKS / f"{P6}.ipynb").read_text())["cells"]
+    (code,) = [c for c in cells if "H200 ceilings from the single-GPU benchmark run that timed Part 4"
+               in "".join(c["source"])]
+    assert "report.headline_ceilings(" in "".join(code["source"]) and "bench_rows[0]" not in "".join(code["source"])
+
+
 def test_decode_times_name_their_protocol(rows):
     """06's 1-token times are eager (no CUDA graph); 05's are one graphed call: the prose says why they differ."""
     from moe_tutorial.perf import report
@@ -66,15 +107,23 @@ def test_dispatch_is_host_bound_whatever_the_bytes(rows):
 
 
 def test_one_gpu_run_of_the_new_exchange():
+    """Both exchanges' dispatch + combine, each under the timer it can have: the new one replayed
+    from a CUDA graph, the old one eagerly (it waits on the host), and the prose says so."""
     one = results.load(results.H200X1_GRAPHS)
     assert one is not None and {r["world"] for r in one} == {1} and {r["gpu"] for r in one} == {"NVIDIA H200"}
-    ms = {(r["method"], r["model"], r["M"]): r["ms"] for r in results.ok_rows(one, step="dispatch")}
+    rows = results.ok_rows(one, step="dispatch_combine")
+    ms = {(r["method"], r["model"], r["M"]): r["ms"] for r in rows}
+    assert {r["protocol"].split(";")[0] for r in rows if r["method"] == "all_gather"} == {
+        "cuda graph of one call, replayed"}
+    assert {r["protocol"].split(";")[0] for r in rows if r["method"] == "all_to_all"} == {
+        "eager call (it waits on the host)"}
     new = [v for (m, *_), v in ms.items() if m == "all_gather"]
     old = [v for (m, *_), v in ms.items() if m == "all_to_all"]
     sizes = sorted({M for (_, _, M) in ms})
-    assert max(new) < min(old)                     # every new dispatch beats every old one
-    assert_says(P6, "Dispatch takes {:.3f} to {:.2f} ms at M = {} to {} against the old exchange's {:.2f} to {:.2f} ms",
-                min(new), max(new), sizes[0], sizes[-1], min(old), max(old))
+    assert max(new) < min(old)                     # every new exchange beats every old one
+    assert_says(P6, "Dispatch and combine take {:.3f} to {:.2f} ms at M = {} to {}, captured in a CUDA graph and "
+                    "replayed, against the old exchange's {:.2f} to {:.2f} ms, timed eagerly", min(new), max(new),
+                sizes[0], sizes[-1], min(old), max(old))
     checks = [r for r in one if r["step"].startswith("check")]
     assert_says(P6, "routing ({} of {} checks)", sum(r["status"] == "ok" for r in checks), len(checks))
     assert results.load(results.H200X2_GRAPHS) is None, "two-GPU data arrived: write notebook 06's verdict"

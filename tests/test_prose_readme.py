@@ -33,6 +33,77 @@ def test_readme_fp8_table_is_the_data():
     assert table in README.read_text(), ("README.md's FP8 table is stale; paste this one:\n" + table)
 
 
+NUMBER_WORDS = {14: "fourteen", 15: "fifteen", 16: "sixteen", 17: "seventeen", 18: "eighteen", 19: "nineteen",
+                20: "twenty", 21: "twenty-one", 22: "twenty-two"}
+
+
+def parts_text(parts: list[int]) -> str:
+    """[1, 2, 3, 4, 7, 8] -> "Parts 1 to 4, 7 and 8": runs of three or more as ranges."""
+    groups: list[list[int]] = []
+    for part in parts:
+        if groups and part == groups[-1][-1] + 1:
+            groups[-1].append(part)
+        else:
+            groups.append([part])
+    items = [item for g in groups for item in ([f"{g[0]} to {g[-1]}"] if len(g) >= 3 else map(str, g))]
+    return "Parts " + (", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else items[0])
+
+
+def test_readme_counts_the_exercises_and_their_parts():
+    from moe_tutorial.exercises.catalog import EXERCISES
+
+    assert parts_text([1, 2, 3, 4, 7]) == "Parts 1 to 4 and 7"
+    assert parts_text([1, 2, 3, 4, 7, 8]) == "Parts 1 to 4, 7 and 8"
+    parts = sorted({ex.part for ex in EXERCISES.values()})
+    text = " ".join(README.read_text().split())
+    first, last = EXERCISES[next(iter(EXERCISES))], EXERCISES[list(EXERCISES)[-1]]
+    assert first.function == "route" and last.function == "dw2_tile", "name the first and last exercise anew"
+    assert (f"for each of {parts_text(parts)} ({NUMBER_WORDS[len(EXERCISES)]} exercises, from the router to one "
+            "tile of a weight gradient)") in text
+
+
+def test_readme_lists_every_part():
+    from reading import lessons
+
+    text = README.read_text()
+    for notebook in lessons():
+        assert f"| `{notebook}` |" in text, notebook
+    assert f"(01 loop ... {lessons()[-1][:2]} " in text
+
+
+def test_readme_fp8_sentence_is_the_data():
+    from moe_tutorial.figures import part7
+
+    rows = results.load_rows(results.DATA_DIR / "h200_fp8_bench.csv")
+
+    def numbers(impl):
+        sp = {}
+        for model in report.model_order(results.select(rows, impl=impl)):
+            m, s = part7.speedups(rows, model, "first", faster=impl)
+            sp.update({(model, int(M)): float(v) for M, v in zip(m, s)})
+        rates = [r["tflops"] / r["fp8_tflops"] for r in results.select(rows, gemm="first", impl=impl) if r["M"] >= 4096]
+        return sp, min(rates), max(rates), [v for (_, M), v in sp.items() if M == 16384]
+
+    sp, lo, hi, at16k = numbers("fp8")
+    _, tl_lo, tl_hi, tl16k = numbers("fp8-tl")
+    mid = [v for (_, M), v in sp.items() if 8 <= M <= 256]
+    at1 = {mo: v for (mo, M), v in sp.items() if M == 1}
+    text = " ".join(README.read_text().split())
+    sentence = (f"From M = 8 to 256 the FP8 gate/up GEMM is {min(mid):.2f}x to {max(mid):.2f}x as fast as the bf16 one "
+                f"(at M = 1, {min(at1.values()):.2f}x on {min(at1, key=at1.get)} to {max(at1.values()):.2f}x on "
+                f"{max(at1, key=at1.get)}); at M >= 4096 it reaches {lo:.2f} to {hi:.2f} of the FP8 matmul rate, and "
+                f"at M = 16384 it is {min(at16k):.2f}x to {max(at16k):.2f}x as fast as bf16 (the tl kernel alone: "
+                f"{tl_lo:.2f} to {tl_hi:.2f} of that rate, {min(tl16k):.2f}x to {max(tl16k):.2f}x;")
+    assert sentence in text, sentence
+
+
+def test_readme_fp8_table_shows_the_tl_kernel_too():
+    rows = results.load_rows(results.DATA_DIR / "h200_fp8_bench.csv")
+    table = report.summary_table(rows, ("sorted", "fp8", "fp8-tl"), labels=registry.LABELS, protocol="cold-l2",
+                                 markdown=True)
+    assert table in README.read_text(), ("README.md's FP8 table is stale; paste this one:\n" + table)
+
+
 def test_readme_part8_table_is_the_data():
     from moe_tutorial.experiments import backward
 

@@ -173,7 +173,8 @@ def plot_launches(num_experts: list[int], launches: dict[str, list[int]], models
     Args:
         num_experts: the E values measured.
         launches: implementation name -> launches at each E (e.g. ``{"loop": [...], "indexing": [...]}``).
-        models: model name -> its E, marked with a dotted line so readers see where real models sit.
+        models: model name -> its E, each marked with a diamond on the loop's line (extended, dashed,
+            past the last measured E) so readers see where every real model sits.
     """
     if not num_experts:
         fail(ValueError, "num_experts", "at least one E", "none")
@@ -182,25 +183,32 @@ def plot_launches(num_experts: list[int], launches: dict[str, list[int]], models
     for impl, counts in launches.items():
         if len(counts) != len(num_experts):
             fail(ValueError, f"launches[{impl!r}]", f"one count per E ({len(num_experts)} of them)", f"{len(counts)}")
-    fig, ax = plt.subplots(figsize=(7.5, 3.8))
-    top = max(max(c) for c in launches.values())
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    models = dict(sorted((models or {}).items(), key=lambda kv: kv[1]))
+    last = max([max(num_experts)] + list(models.values()))
+    top = 0.0
     for impl, counts in launches.items():
         # The measured counts (the table above) as points; the straight line through the first and
-        # last carries them to every E, so the real models can be read off it.
+        # last carries them to every E (dashed past the last measurement), so that every real model
+        # can be read off it.
         slope = (counts[-1] - counts[0]) / max(1, num_experts[-1] - num_experts[0])
-        es = np.arange(1, max(num_experts) + 1)
-        ax.plot(es, counts[0] + slope * (es - num_experts[0]), "-", color=impl_color(impl), lw=1.2, alpha=0.7)
+        line = lambda e, c=counts, k=slope: c[0] + k * (e - num_experts[0])  # noqa: E731
+        inside, beyond = np.arange(1, max(num_experts) + 1), np.arange(max(num_experts), last + 1)
+        ax.plot(inside, line(inside), "-", color=impl_color(impl), lw=1.2, alpha=0.7)
+        ax.plot(beyond, line(beyond), "--", color=impl_color(impl), lw=1.2, alpha=0.7)
         ax.plot(num_experts, counts, "o", color=impl_color(impl), label=f"{impl} (measured)")
+        top = max(top, line(last))
         if impl == "loop":
-            for i, (name, e) in enumerate(sorted((models or {}).items(), key=lambda kv: kv[1])):
-                at = counts[0] + slope * (e - num_experts[0])
+            for i, (name, e) in enumerate(models.items()):
+                at = line(e)
                 ax.plot([e], [at], "D", color="black", ms=4, zorder=5)
                 # Neighbouring names (E = 60 and 64) sit on alternating sides of the line.
                 ax.annotate(f"{name}: {at:,.0f}", (e, at), textcoords="offset points", fontsize=7,
                             xytext=(6, -12) if i % 2 else (-6, 8), ha="left" if i % 2 else "right")
     ax.set_xlabel("experts E (every expert has tokens); diamonds: the real models, read off the line")
     ax.set_ylabel("kernel launches per forward")
-    ax.set_ylim(-0.06 * top, top * 1.3)
-    ax.legend(loc="center right")
+    ax.set_xlim(0, last * 1.05)
+    ax.set_ylim(-0.06 * top, top * 1.15)
+    ax.legend(loc="upper left")
     fig.tight_layout()
     return fig

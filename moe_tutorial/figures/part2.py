@@ -15,6 +15,18 @@ from .style import expert_color, impl_color
 
 #: HBM of one H200, the GPU the series measures on (141 GB).
 H200_MEMORY_BYTES = 141e9
+#: Streaming multiprocessors of an H200 (GH100 as in the H100 SXM).
+H200_SMS = 132
+#: The H200's memory on chip, in bytes: per SM a 256 KiB register file and 256 KiB of L1 cache and
+#: shared memory (one pool), and a 50 MiB L2 cache that all SMs share.
+H200_ON_CHIP_BYTES = {"registers": H200_SMS * 256 * 1024, "L1 and shared memory": H200_SMS * 256 * 1024,
+                      "L2": 50 * 1024 * 1024}
+
+
+def on_chip_text() -> str:
+    """The H200's on-chip memory in words: "about 116 MB: registers 33, L1 and shared memory 33, L2 50"."""
+    mib = {k: v / 2**20 for k, v in H200_ON_CHIP_BYTES.items()}
+    return (f"about {sum(mib.values()):.0f} MB: " + ", ".join(f"{k} {v:.0f}" for k, v in mib.items()))
 
 
 def format_bytes(n: float) -> str:
@@ -80,12 +92,16 @@ def plot_intermediate_sizes(tokens: list[int], sizes: dict[str, list[float]], ca
         if mark[1] not in tokens:
             fail(ValueError, "mark", f"(model, M) with an M of tokens ({tokens[0]} ... {tokens[-1]})", mark[1])
     fig, ax = plt.subplots(figsize=(7.5, 4))
-    # Some models overlap exactly (Mixtral and DeepSeek-V3 have the same topk * N * K), so each
-    # line gets its own dash pattern and marker and the one underneath still shows.
+    # Models with the same topk * N * K (Mixtral-8x7B, DeepSeek-V3 and Kimi-K2) have the same
+    # curve: one line, named for all of them, rather than lines hidden under each other.
+    same: dict[tuple, list[str]] = {}
+    for name, values in sizes.items():
+        same.setdefault(tuple(values), []).append(name)
     styles = [("o", "-"), ("s", "--"), ("^", "-."), ("v", ":"), ("D", (0, (5, 1)))]
-    for i, (name, values) in enumerate(sizes.items()):
+    for i, (values, names) in enumerate(same.items()):
         marker, ls = styles[i % len(styles)]
-        ax.plot(tokens, values, marker=marker, ls=ls, ms=4, lw=1.5, label=name, mfc="none")
+        label = " = ".join(names) + (" (same topk x N x K)" if len(names) > 1 else "")
+        ax.plot(tokens, values, marker=marker, ls=ls, ms=4, lw=1.5, label=label, mfc="none")
     ax.axhline(capacity, color="#333333", ls="--", lw=1)
     ax.text(tokens[0], capacity * 1.4, f"all of an H200's memory ({format_bytes(capacity)})", fontsize=8)
     if mark is not None:

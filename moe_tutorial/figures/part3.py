@@ -22,10 +22,9 @@ from ..perf.results import committed_ceilings
 from ..shapes import BATCH_SIZES, HEADLINE_MODELS, get_shape
 from .args import check_ids_below, check_int, check_k_step, check_power_of_two, check_program, fail, id_rows
 from .cells import cell
+from .part2 import H200_SMS  # noqa: F401  (notebook 03 and its tests read it here)
 from .style import PADDING_COLOR, expert_color, impl_color, m_axis
 
-#: Streaming multiprocessors (SMs) of an NVIDIA H200 SXM, the GPU the series measures on.
-H200_SMS = 132
 #: Colours of a program's slots (topk_idx 0, 1, ...): greys and blues, so they never read as experts.
 SLOT_COLORS = ["#c6dbef", "#9ecae1", "#6baed6", "#4292c6", "#2171b5", "#08519c", "#08306b", "#041f45"]
 #: One colour per pid_n in the pid-grid figure.

@@ -7,9 +7,11 @@ notebook 05's, drawn by :mod:`moe_tutorial.figures.perf`.
 """
 from __future__ import annotations
 
+import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
+from IPython.display import clear_output
 
 from ..kernels.sorted_kernel import pid_to_tile
 from ..perf import report
@@ -174,6 +176,29 @@ def plot_pid_order(expert_ids, num_pid_n: int, group_ms=(1, 4), wave: int = 8):
 #: How the ladder names its last rung, "sorted": the step it adds, and that it is Part 4 as shipped.
 LADDER_TOP = {"first": "Part 4 step 4: + short tails (= Part 4, tuned)",
               "layer": "layer step 5: + one-launch topk sum (= Part 4, tuned)"}
+
+
+def pid_order_explorer(expert_ids, num_pid_n: int, *, group_m: int = 4, wave: int = 12):
+    """Sliders ``GROUP_M`` and ``wave`` over :func:`plot_pid_order` (row-major and grouped order).
+
+    Returns an ``ipywidgets.VBox``; the figure is drawn only when a slider moves, so that a run
+    without a browser stores the sliders alone.
+    """
+    group = widgets.IntSlider(value=group_m, min=1, max=len(expert_ids), description="GROUP_M")
+    wave_slider = widgets.IntSlider(value=wave, min=4, max=48, step=4, description="wave")
+    canvas = widgets.Output()
+
+    def redraw(_change=None):
+        with canvas:
+            clear_output(wait=True)
+            plot_pid_order(expert_ids, num_pid_n, group_ms=(1, group.value), wave=wave_slider.value)
+            plt.show()
+
+    group.observe(redraw, names="value")
+    wave_slider.observe(redraw, names="value")
+    box = widgets.VBox([widgets.HBox([group, wave_slider]), canvas])
+    box.redraw = redraw
+    return box
 
 
 def ladder_label(gemm: str, step: str) -> str:

@@ -15,7 +15,7 @@ from matplotlib.patches import Patch
 from ..parallel.cost import Machine, predict
 from ..parallel.dispatch import destinations, send_order
 from ..parallel.memory import H200_MEMORY_GB
-from ..parallel.results import ok_rows
+from ..parallel.results import calibration, ok_rows
 from ..shapes import BATCH_SIZES, ModelShape
 from .cells import cell
 from .style import expert_color, m_axis
@@ -252,7 +252,9 @@ def plot_steps_vs_bytes(rows: list[dict], models: list[str], machine: Machine):
 
 def plot_layer_throughput(rows: list[dict], models: list[str], machine: Machine, world: int = 2):
     """Tokens per second of the whole layer against M per rank: one GPU running all ``world * M``
-    tokens, the expert-parallel and the tensor-parallel layer on ``world`` GPUs; dashed, the model."""
+    tokens, the expert-parallel and the tensor-parallel layer on ``world`` GPUs; dashed, the model
+    fitted to the measurements (:func:`moe_tutorial.parallel.results.calibration`), dotted, the
+    ideal one (link latency and bandwidth, the roofline floor)."""
     fig, axes = plt.subplots(1, len(models), figsize=(4.6 * len(models), 3.6), squeeze=False)
     steps = {"single_gpu": ("one GPU", "single"), "ep_layer": ("expert parallel", "ep"),
              "tp_layer": ("tensor parallel", "tp")}
@@ -266,8 +268,11 @@ def plot_layer_throughput(rows: list[dict], models: list[str], machine: Machine,
             r0 = ok_rows(rows, model=model, step=step)[0]
             shape = ModelShape(model, r0["E"], r0["topk"], r0["K"], r0["I"])
             M, ms = (np.array(v, dtype=float) for v in zip(*pts))
+            fit = calibration(rows, model, machine)
             ax.plot(M, world * M / (ms * 1e-3), "o-", color=f"C{i}", ms=4, label=label)
-            ax.plot(M, [world * m / predict(m, shape, world, machine)[key] for m in M], "--", color=f"C{i}", lw=0.8)
+            ax.plot(M, [world * m / predict(m, shape, world, machine, calibration=fit)[key] for m in M], "--",
+                    color=f"C{i}", lw=0.9)
+            ax.plot(M, [world * m / predict(m, shape, world, machine)[key] for m in M], ":", color=f"C{i}", lw=0.8)
         ax.set(yscale="log", ylabel="tokens per second (all ranks)", title=model)
         m_axis(ax, sizes)
         ax.set_xlabel("tokens per rank M")
@@ -275,6 +280,6 @@ def plot_layer_throughput(rows: list[dict], models: list[str], machine: Machine,
         if shape is None:
             ax.text(0.5, 0.5, "no measurements", transform=ax.transAxes, ha="center", color="#777777")
         else:
-            ax.legend(fontsize=7, title="measured (dashed: model)", title_fontsize=7)
+            ax.legend(fontsize=7, title="measured (dashed: model fitted,\ndotted: ideal model)", title_fontsize=7)
     fig.tight_layout()
     return fig

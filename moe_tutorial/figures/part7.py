@@ -7,7 +7,9 @@ import difflib
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
+from matplotlib.lines import Line2D
 
+from ..perf.report import is_ok
 from ..perf.results import select
 from ..quant import dequantize_weight, quantize_weight
 from ..reference import rel_error
@@ -84,19 +86,19 @@ def speedups(rows: list[dict], model: str, gemm: str, faster: str = "fp8", slowe
     return np.array(ms), np.array([a[m] / b[m] for m in ms])
 
 
-def plot_fp8_results(rows: list[dict], models, *, targets: dict | None = None):
-    """Two panels: FP8 over bf16 speed (first GEMM solid, layer dashed) and the FP8 first GEMM's
-    fraction of the FP8 floor, against M, one colour per model."""
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.8))
+def plot_fp8_results(rows: list[dict], models, *, impl: str = "fp8", targets: dict | None = None):
+    """Two panels: FP8 (``impl``'s rows) over bf16 speed (first GEMM solid, layer dashed) and the
+    FP8 first GEMM's fraction of the FP8 floor, against M, one colour per model; one legend under
+    both panels. ``targets``: optional ``{label: fraction}`` lines on the second panel."""
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.4))
     colors = ["#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#9c755f"]
     sizes = sorted({r["M"] for r in rows})
     for model, c in zip(models, colors):
         for gemm, ls in (("first", "-"), ("layer", "--")):
-            m, s = speedups(rows, model, gemm)
-            what = "gate/up GEMM" if gemm == "first" else "layer"
-            a1.plot(m, s, ls, marker="o", ms=3, color=c, label=f"{model}, {what}")
-        f = sorted((r["M"], r["fraction_of_floor"]) for r in select(rows, model=model, gemm="first", impl="fp8"))
-        a2.plot(*zip(*f), "o-", ms=3, color=c, label=model)
+            m, s = speedups(rows, model, gemm, faster=impl)
+            a1.plot(m, s, ls, marker="o", ms=3, color=c)
+        f = sorted((r["M"], r["fraction_of_floor"]) for r in select(rows, model=model, gemm="first", impl=impl))
+        a2.plot(*zip(*f), "o-", ms=3, color=c)
     a1.axhline(1.0, color="#999999", lw=0.8)
     a1.set_ylabel("bf16 time / FP8 time")
     a1.set_title("FP8 against Part 4's bf16 kernel (H200, cold-l2)")
@@ -108,21 +110,33 @@ def plot_fp8_results(rows: list[dict], models, *, targets: dict | None = None):
         a2.annotate(t, (sizes[0], y), xytext=(2, 2), textcoords="offset points", color="#e15759", fontsize=8)
     for ax in (a1, a2):
         m_axis(ax, sizes)
-    a1.legend(frameon=False, fontsize=7, ncol=2)
-    a2.legend(frameon=False, fontsize=8)
-    fig.tight_layout()
+    handles = [Line2D([], [], color=c, marker="o", ms=3, label=model) for model, c in zip(models, colors)]
+    handles += [Line2D([], [], color="#555555", ls="-", label="gate/up GEMM"),
+                Line2D([], [], color="#555555", ls="--", label="whole layer (left)")]
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False, fontsize=8)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     return fig
 
 
-def plot_fp8_steps(rows: list[dict], model: str, steps):
-    """Each FP8 step's time over the tuned kernel's, against M, for one model."""
+#: The FP8 steps' colours and markers: one hue each, far apart, so the lines never read as one.
+STEP_STYLES = {"fp8-step0": ("#4e79a7", "o"), "fp8+swap": ("#f28e2b", "s"), "fp8+tma": ("#59a14f", "^")}
+
+
+def plot_fp8_steps(rows: list[dict], model: str, steps, *, tuned: str = "fp8-tl", band: float | None = None):
+    """Each FP8 step's time over the tuned kernel's (``tuned``'s rows), against M, for one model,
+    where the step timed correctly; ``band`` (percent), when given, shades how far apart two
+    timings of one kernel fell (the noise)."""
     fig, ax = plt.subplots(figsize=(6.5, 3.4))
-    best = {r["M"]: r["ms"] for r in select(rows, model=model, gemm="first", impl="fp8")}
+    best = {r["M"]: r["ms"] for r in select(rows, model=model, gemm="first", impl=tuned) if is_ok(r)}
+    if band:
+        ax.axhspan(1 - band / 100, 1 + band / 100, color="#dddddd", zorder=0,
+                   label=f"noise: two timings of one kernel, up to {band:.1f}% apart")
     for step in steps:
         pts = sorted((r["M"], r["ms"] / best[r["M"]]) for r in select(rows, model=model, gemm="first", impl=step)
-                     if r["M"] in best and r.get("ms"))
+                     if r["M"] in best and is_ok(r) and r.get("ms"))
+        color, marker = STEP_STYLES.get(step, ("#333333", "o"))
         if pts:
-            ax.plot(*zip(*pts), marker="o", ms=3, **impl_style(step))
+            ax.plot(*zip(*pts), marker=marker, ms=4, color=color, lw=1.4, label=impl_style(step).get("label", step))
     ax.axhline(1.0, color="#999999", lw=0.8)
     ax.set_ylabel("time / tuned FP8 kernel's")
     ax.set_title(f"{model}: what each step of Part 7 buys (H200, cold-l2)")

@@ -79,8 +79,24 @@ def _ceilings(rows):
     return r.get("read_tbps") or r["copy_tbps"], r["matmul_tflops"]
 
 
+def plot_rooflines(rows: list[dict], models, gemm: str = "first", *, impls=None, ceilings: dict | None = None,
+                   protocol: str | None = None, label_impl: str = "sorted"):
+    """:func:`plot_roofline` for each of ``models``, side by side, with one legend for all of them
+    under the panels; only ``label_impl``'s line names its first and last M."""
+    models = list(models)
+    fig, axes = plt.subplots(1, len(models), figsize=(5.4 * len(models), 5.0), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        plot_roofline(rows, model, gemm, ax=ax, impls=impls, ceilings=ceilings, protocol=protocol,
+                      legend=False, label_impl=label_impl)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=9, frameon=False)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    return fig
+
+
 def plot_roofline(rows: list[dict], model: str, gemm: str = "first", *, ax=None, impls=None,
-                  ceilings: dict | None = None, protocol: str | None = None):
+                  ceilings: dict | None = None, protocol: str | None = None, legend: bool = True,
+                  label_impl: str | None = None):
     """Each implementation's measured points on the roofline of the GPU that measured them.
 
     A point sits at the arithmetic intensity of the bytes its implementation moves (for the first
@@ -90,7 +106,9 @@ def plot_roofline(rows: list[dict], model: str, gemm: str = "first", *, ax=None,
     ``ceilings`` (a dict with ``read_tbps`` and ``matmul_tflops``, e.g.
     :func:`moe_tutorial.perf.report.headline_ceilings`) or else the first row's run. Points are
     joined in order of M, so each implementation is a line climbing from decode to prefill.
-    ``impls`` and ``protocol`` pick rows as :func:`moe_tutorial.perf.report.subset` does.
+    ``impls`` and ``protocol`` pick rows as :func:`moe_tutorial.perf.report.subset` does. Each
+    line names its last M, or only ``label_impl``'s names its first and last (labels of lines
+    that end together would overlap); ``legend=False`` leaves the legend to the caller.
     """
     mine = [r for r in subset(rows, gemm, impls=impls, protocol=protocol)
             if r["model"] == model and is_ok(r) and r.get("gbps")]
@@ -111,13 +129,19 @@ def plot_roofline(rows: list[dict], model: str, gemm: str = "first", *, ax=None,
         pts = sorted((r["M"], ai(r), r["tflops"]) for r in mine if r["impl"] == impl)
         style = impl_style(impl)
         ax.plot([p[1] for p in pts], [p[2] for p in pts], marker="o", ms=3.5, lw=1, **style)
-        ax.annotate(f"M={pts[-1][0]}", pts[-1][1:], textcoords="offset points", xytext=(3, -9), fontsize=6,
-                    color=style.get("color"))
+        if label_impl is None:
+            ax.annotate(f"M={pts[-1][0]}", pts[-1][1:], textcoords="offset points", xytext=(3, -9), fontsize=6,
+                        color=style.get("color"))
+        elif impl == label_impl:
+            for (M, px, py), offset in ((pts[0], (6, -4)), (pts[-1], (-10, -16))):
+                ax.annotate(f"M = {M}", (px, py), textcoords="offset points", xytext=offset, fontsize=8,
+                            color=style.get("color"))
     ax.set(xscale="log", yscale="log", xlabel="FLOPs per byte the implementation moves",
            ylabel="achieved TFLOP/s", title=f"{model}, {gemm_title(gemm)}: the roofline")
     ax.grid(True, which="major", alpha=0.3)
-    # Above the sloped roof at low intensity nothing can be: the legend goes there, off the data.
-    ax.legend(fontsize=6, loc="upper left", framealpha=0.9)
+    if legend:
+        # Above the sloped roof at low intensity nothing can be: the legend goes there, off the data.
+        ax.legend(fontsize=6, loc="upper left", framealpha=0.9)
     return fig if fig is not None else ax.figure
 
 
@@ -266,7 +290,7 @@ def plot_read_by_size(rates: dict, rows: list[dict], *, read_tbps: float, impl: 
     for cold-l2 and one for a flush that leaves L2 clean. ``rows``: benchmark rows; each ``impl``
     call at the given ``Ms`` is placed at the bytes the floor counts for it and the rate it moved
     them at (``gbps``), the first GEMM as circles and the layer as squares. ``read_tbps``: the
-    8 GB read the floor uses, dashed.
+    floor's read ceiling (an 8 GB read's rate or better, :mod:`moe_tutorial.perf.reached`), dashed.
     """
     fig, ax = plt.subplots(figsize=(6.8, 4.0))
     styles = {"cold-l2-zero": ("black", "-"), "clean-flush": ("#59a14f", "--")}
@@ -277,7 +301,7 @@ def plot_read_by_size(rates: dict, rows: list[dict], *, read_tbps: float, impl: 
                      "clean-flush": "read-only kernel, L2 flushed clean"}[p]
             ax.plot(*zip(*pts), color=color, ls=ls, marker=".", label=label)
     ax.axhline(read_tbps, color="black", ls="--", lw=0.8)
-    ax.text(20, read_tbps * 1.02, f"the floor's read bandwidth (8 GB read): {read_tbps:.2f} TB/s", fontsize=8,
+    ax.text(20, read_tbps * 1.02, f"the floor's read ceiling: {read_tbps:.2f} TB/s", fontsize=8,
             va="bottom")
     for gemm, marker in (("first", "o"), ("layer", "s")):
         for i, model in enumerate(model_order(rows)):

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..checks import check_fp8_activations, check_values
+from ..checks import check_fp8_activations, check_kernel_dtype, check_tensor, check_values
 from ..fp8_format import BLOCK, E4M3_MAX, FP8_DTYPE, MIN_AMAX
 
 #: The quantisation rule's constants, as kernels see them (a kernel reads globals only as constexpr).
@@ -139,3 +139,34 @@ def silu_mul_quantize(h: torch.Tensor, num_post: torch.Tensor) -> tuple[torch.Te
         h, q, scale_t, num_post, inter, h.stride(0), q.stride(0), scale_t.stride(0),
         ROWS=rows, E4M3_MAX=E4M3_MAX, MIN_AMAX=MIN_AMAX, num_warps=4)
     return q, scale_t
+
+
+@triton.jit
+def cast_e4m3_kernel(x_ptr, out_ptr, n, ROUND_FIRST: tl.constexpr, BLOCK: tl.constexpr):
+    """out[i] = x[i] cast to e4m3 inside a kernel, rounded by :func:`round_to_e4m3` first or not."""
+    offs = tl.arange(0, BLOCK)
+    v = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    if ROUND_FIRST:
+        v = round_to_e4m3(v)
+    tl.store(out_ptr + offs, v.to(out_ptr.dtype.element_ty), mask=offs < n)
+
+
+def cast_to_e4m3(x: torch.Tensor, *, round_first: bool = True) -> torch.Tensor:
+    """``x`` cast to e4m3 by a Triton kernel, as the FP8 kernels cast: after :func:`round_to_e4m3`
+    (``round_first``), or by the cast alone, which Triton 3.9's interpreter gets wrong (notebook 07).
+
+    Args:
+        x: 1-D fp32, at most 1024 values within +-448, on the runtime's device.
+
+    Returns:
+        ``[n]`` float8_e4m3fn.
+    """
+    check_tensor("x", x, 1)
+    check_kernel_dtype("x", x)
+    if x.dtype != torch.float32 or x.numel() > 1024:
+        raise ValueError(f"x: expected at most 1024 fp32 values, got {x.numel()} {x.dtype}")
+    out = torch.empty(x.numel(), dtype=FP8_DTYPE, device=x.device)
+    if x.numel():
+        cast_e4m3_kernel[(1,)](x.contiguous(), out, x.numel(), ROUND_FIRST=round_first,
+                               BLOCK=triton.next_power_of_2(max(x.numel(), 16)))
+    return out

@@ -42,15 +42,17 @@ def persistent_moe_kernel(
     FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
 ):
     """The tiles of :func:`sorted_moe_kernel`, ``tl.num_programs(0)`` programs sharing them."""
-    # [the tile list] The real row blocks only: read on the device, not bounded on the host.
+    # [each program's tiles]
+    # The real row blocks only: read on the device, not bounded on the host.
     num_pid_m = tl.cdiv(tl.load(num_post_ptr), BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_tiles = num_pid_m * num_pid_n
-    # [each program's tiles] t = this program, then every num_programs-th tile after it.
+    # t = this program, then every num_programs-th tile after it.
     for t in tl.range(tl.program_id(axis=0), num_tiles, tl.num_programs(axis=0),
                       flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
         pid_m, pid_n = grouped_tile(t, num_pid_m, num_pid_n, GROUP_M)
         expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+        # [one tile]
         sorted_tile(a_desc, BLOCK_M,
                     a_ptr, b_ptr, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr, pid_m, pid_n, expert,
                     N, K, num_pairs, a_row_div, stride_b_up, b_rows_per_expert,

@@ -227,6 +227,7 @@ def sorted_moe_kernel(
     half_full = False
     if SHORT_TAILS:
         half_full = second_half_is_padding(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
+    # [the tile, whole or half]
     # The two calls differ in their first line only: A's descriptor, and the rows of the tile.
     if half_full:
         sorted_tile(a_desc_half, BLOCK_M // 2,
@@ -429,6 +430,7 @@ def sorted_moe_layer(x, w13, w2, topk_weights, topk_ids, *, configs=None) -> tor
         get_config(M, E, inter, K, topk, x.dtype, "gated"),
         get_config(M, E, K, inter, topk, x.dtype, "down"),
     )
+    # [two GEMMs and a sum]
     num_pairs = M * topk
     align_up = align_block_size(topk_ids, cfg_up.block_m, E)
     router = topk_weights.reshape(-1).float().contiguous()

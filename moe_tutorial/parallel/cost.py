@@ -93,20 +93,61 @@ def single_compute(tokens: float, shape: ModelShape, itemsize: int = 2) -> tuple
     return tp_compute(tokens, shape, 1, itemsize)
 
 
-def predict(M: float, shape: ModelShape, world: int, machine: Machine, itemsize: int = 2) -> dict:
+@dataclass(frozen=True)
+class Calibration:
+    """What a measured (eager) layer adds to the ideal model, fitted by :func:`calibrate`: seconds
+    of host work per layer call (Python launchers, one synchronise), per dispatch and per combine
+    beyond their collectives' latency and bytes (the host reading the counts), and the kernels'
+    efficiency, the share of their roofline floor's speed they reach."""
+
+    call_s: float = 0.0
+    dispatch_s: float = 0.0
+    combine_s: float = 0.0
+    efficiency: float = 1.0
+
+
+def calibrate(measured: dict, shape: ModelShape, world: int, machine: Machine,
+              small: int = 1, large: int = 16384, itemsize: int = 2) -> Calibration:
+    """Fit a :class:`Calibration` to measurements ``{step: {M: seconds}}`` of "single_gpu",
+    "dispatch" and "combine" (tokens per rank M; the single GPU runs ``world * M`` tokens).
+
+    One GPU's layer at ``small`` and ``large`` M gives two equations, ``t = call_s + floor /
+    efficiency``; dispatch and combine at ``small`` M give their host time beyond the link model.
+    Measured at one M only, the kernels keep the ideal efficiency 1.
+    """
+    lo, hi = predict(small, shape, world, machine, itemsize), predict(large, shape, world, machine, itemsize)
+    single = measured["single_gpu"]
+    inverse = (single[large] - single[small]) / (hi["single"] - lo["single"]) if large != small else 1.0
+    return Calibration(call_s=single[small] - lo["single"] * inverse,
+                       dispatch_s=measured["dispatch"][small] - lo["dispatch"],
+                       combine_s=measured["combine"][small] - lo["combine"], efficiency=1 / inverse)
+
+
+def predict(M: float, shape: ModelShape, world: int, machine: Machine, itemsize: int = 2,
+            calibration: Calibration | None = None) -> dict:
     """Predicted seconds of each step at ``M`` tokens per rank.
 
     Returns ``dispatch``, ``experts``, ``combine``, ``ep`` (their sum), ``tp_compute``,
     ``allreduce``, ``tp`` (their sum), ``single`` (one GPU running all ``world * M`` tokens),
     and ``ep_comm_share``: the fraction of the expert-parallel layer spent communicating.
+    With a ``calibration`` every compute step costs ``call_s + floor / efficiency``, dispatch and
+    combine their host time more (and tensor parallel's all-reduce combine's): the model fitted to
+    an eager measurement (:func:`calibrate`).
     """
+    c = calibration or Calibration()
+
+    def compute(nbytes, flops):
+        return (c.call_s + machine.compute_seconds(nbytes, flops) / c.efficiency) if calibration else \
+            machine.compute_seconds(nbytes, flops)
     t = {
-        "dispatch": machine.link_seconds(dispatch_bytes(M, shape, world, itemsize), DISPATCH_COLLECTIVES),
-        "experts": machine.compute_seconds(*ep_compute(M, shape, world, itemsize)),
-        "combine": machine.link_seconds(combine_bytes(M, shape, world, itemsize), COMBINE_COLLECTIVES),
-        "tp_compute": machine.compute_seconds(*tp_compute(M, shape, world, itemsize)),
-        "allreduce": machine.link_seconds(allreduce_bytes(M, shape, world, itemsize), ALLREDUCE_COLLECTIVES),
-        "single": machine.compute_seconds(*single_compute(world * M, shape, itemsize)),
+        "dispatch": machine.link_seconds(dispatch_bytes(M, shape, world, itemsize), DISPATCH_COLLECTIVES)
+        + c.dispatch_s,
+        "experts": compute(*ep_compute(M, shape, world, itemsize)),
+        "combine": machine.link_seconds(combine_bytes(M, shape, world, itemsize), COMBINE_COLLECTIVES) + c.combine_s,
+        "tp_compute": compute(*tp_compute(M, shape, world, itemsize)),
+        "allreduce": machine.link_seconds(allreduce_bytes(M, shape, world, itemsize), ALLREDUCE_COLLECTIVES)
+        + c.combine_s,
+        "single": compute(*single_compute(world * M, shape, itemsize)),
     }
     t["ep"] = t["dispatch"] + t["experts"] + t["combine"]
     t["tp"] = t["tp_compute"] + t["allreduce"]

@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..perf.results import committed_ceilings, read_csv
-from .cost import Machine
+from ..shapes import ModelShape
+from .cost import Calibration, Machine, calibrate, predict
 
 H200X2_RESULTS = Path(__file__).parent.parent / "data" / "h200x2_ep.csv"
 #: Both exchanges under graph replay on two H200s (``scripts/experiments/h200_ep_graphs.py --gpus 2``,
@@ -49,3 +50,37 @@ def measured_machine(rows: list[dict], read_tbps: float | None = None,
         read_tbps, matmul_tflops = read_tbps or read, matmul_tflops or matmul
     latency_us, gbps = link_from(rows)
     return Machine(link_gbps=gbps, latency_us=latency_us, read_tbps=read_tbps, matmul_tflops=matmul_tflops)
+
+
+def layer_shape(rows: list[dict], model: str) -> ModelShape:
+    """The shape the rows of ``model`` measured (their E, topk, K and I columns)."""
+    (r0, *_) = ok_rows(rows, model=model, step="ep_layer")
+    return ModelShape(model, r0["E"], r0["topk"], r0["K"], r0["I"])
+
+
+def measured_seconds(rows: list[dict], model: str, step: str) -> dict:
+    """``{M: seconds}`` of one step of ``model`` (tokens per rank M)."""
+    return {r["M"]: r["ms"] * 1e-3 for r in ok_rows(rows, model=model, step=step)}
+
+
+def calibration(rows: list[dict], model: str, machine: Machine) -> Calibration:
+    """The cost model fitted to ``model``'s measurements (:func:`moe_tutorial.parallel.cost.calibrate`)
+    at the smallest and the largest M measured."""
+    world = ok_rows(rows, model=model, step="ep_layer")[0]["world"]
+    measured = {step: measured_seconds(rows, model, step) for step in ("single_gpu", "dispatch", "combine")}
+    sizes = sorted(set(measured["single_gpu"]) & set(measured["dispatch"]) & set(measured["combine"]))
+    return calibrate(measured, layer_shape(rows, model), world, machine, small=sizes[0], large=sizes[-1])
+
+
+#: The measured steps the model predicts, and its keys for them.
+MODEL_KEYS = {"single_gpu": "single", "ep_layer": "ep", "tp_layer": "tp"}
+
+
+def model_error(rows: list[dict], model: str, machine: Machine, fitted: bool) -> tuple[float, float]:
+    """``(lowest, highest)`` measured time over predicted time of ``model``'s three layers (one GPU,
+    expert parallel, tensor parallel) at every M: the ideal model, or the one fitted to the rows."""
+    shape, world = layer_shape(rows, model), ok_rows(rows, model=model, step="ep_layer")[0]["world"]
+    fit = calibration(rows, model, machine) if fitted else None
+    ratios = [t / predict(M, shape, world, machine, calibration=fit)[key]
+              for step, key in MODEL_KEYS.items() for M, t in measured_seconds(rows, model, step).items()]
+    return min(ratios), max(ratios)

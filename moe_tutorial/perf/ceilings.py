@@ -1,8 +1,11 @@
 """The machine's ceilings, measured in the same run and under the same timer as the kernels they judge.
 
-- **read-only bandwidth**: a kernel that only reads (8 GB on a GPU) and writes one number per
-  program. The MoE GEMMs mostly read weights, and a stream of reads outruns a copy (which reads
-  and writes), so this, not the copy, is the memory roof a GEMM could reach.
+- **read-only bandwidth**: the best of a few kernels that only read (8 GB on a GPU) and write one
+  number per program, and of ``torch.sum`` over the same bytes. The MoE GEMMs mostly read weights,
+  and a stream of reads outruns a copy (which reads and writes), so this, not the copy, is the
+  memory roof a GEMM could reach. A GEMM can still read faster than all of them; after a run the
+  bench raises the read ceiling to the best rate the run's calls reached
+  (:mod:`moe_tutorial.perf.reached`), so that a floor stays a floor.
 - **copy bandwidth**: a large device-to-device copy, bytes read plus written; reported beside the
   read-only figure so readers see why it is not the yardstick.
 - **matmul rate**: an 8192^3 matmul in the run's dtype on random data.
@@ -58,7 +61,8 @@ class Ceilings:
 
     def columns(self) -> dict:
         """The columns every results row carries about the ceilings it was judged by."""
-        return {"protocol": self.protocol, "read_tbps": self.read_tbps, "copy_tbps": self.copy_tbps,
+        return {"protocol": self.protocol, "read_tbps": self.read_tbps, "read_measured_tbps": self.read_tbps,
+                "copy_tbps": self.copy_tbps,
                 "matmul_tflops": self.matmul_tflops, "fp8_tflops": self.fp8_tflops, "launch_us": self.launch_us}
 
 
@@ -106,7 +110,8 @@ def measure_ceilings(dtype: torch.dtype | None = None, protocol: str = "cold-l2"
     """Measure the ceilings on this machine, in ``dtype``, under ``protocol`` (see :mod:`timing`).
 
     GPU: the matmul first (it also brings the clocks up from idle), then an 8 GB read
-    (``read_bytes``, at most a quarter of the free memory; the best of :data:`READ_VARIANTS`), a copy
+    (``read_bytes``, at most a quarter of the free memory; the best of :data:`READ_VARIANTS` and
+    ``torch.sum``), a copy
     of half of those bytes (so it
     moves as many: half read, half written) timed with events (a copy
     replayed in a CUDA graph read only 2.75 TB/s on an H200, notes/gpu-notes.md), and an empty
@@ -135,8 +140,8 @@ def measure_ceilings(dtype: torch.dtype | None = None, protocol: str = "cold-l2"
     words = torch.randint(-2**31, 2**31 - 1, (read_bytes // 4,), generator=g, device=device, dtype=torch.int32)
     if runtime.ON_GPU:
         sms = torch.cuda.get_device_properties(device).multi_processor_count
-        read_ms = min(_read_ms(words, per_sm * sms, block, warps, evict, protocol)
-                      for per_sm, block, warps, evict in READ_VARIANTS)
+        read_ms = min([_read_ms(words, per_sm * sms, block, warps, evict, protocol)
+                       for per_sm, block, warps, evict in READ_VARIANTS] + [_timed(lambda: words.sum(), protocol)])
         copy_ms = _copy_ms(words[: words.numel() // 2])
         flag = torch.zeros(1, device=device, dtype=torch.int32)
         # The least of three: noise only ever adds to a launch (one H200 run read 22 us once, 3.9 after).

@@ -444,10 +444,21 @@ def first_fp8(inp: Inputs, config=None, kernel: str | None = None) -> Prepared:
     return Prepared(calls, output=lambda _: out.view(M, topk, N), buffers=[out], reference=reference)
 
 
-#: Part 7's first GEMM built up (notebook 07): the heuristic's tiles with pointer loads, then
-#: swapped operands for row blocks under 64, then weights through TMA (the heuristic as shipped);
-#: "fp8" adds the tuned tiles.
+#: Part 7's first GEMM built up (notebook 07), all on the ``tl`` kernel: the heuristic's tiles with
+#: pointer loads, then swapped operands for row blocks under 64, then weights through TMA (the tl
+#: heuristic as shipped); "fp8-tl" adds the tuned tiles ("fp8" may take the Gluon kernel instead).
 FP8_STEPS = ("fp8-step0", "fp8+swap", "fp8+tma")
+
+
+def step_config(step: str, M: int, topk: int, E: int, N: int):
+    """The ``tl`` kernel's configuration for ``step``: the tl heuristic's (never the Gluon kernel's,
+    which the plain heuristic takes for large experts on Hopper), less what later steps add."""
+    from dataclasses import replace
+
+    from ..kernels.configs import fp8_heuristic_config
+
+    config = fp8_heuristic_config(M, topk, E, "plain", N=N, kernel="tl")
+    return replace(config, swap_ab=config.swap_ab and step != "fp8-step0", use_tma=step == "fp8+tma")
 
 
 def first_fp8_step(step: str):
@@ -456,13 +467,8 @@ def first_fp8_step(step: str):
         raise ValueError(f"step: expected one of {', '.join(FP8_STEPS)}, got {step!r}")
 
     def prepare(inp: Inputs) -> Prepared:
-        from dataclasses import replace
-
-        from ..kernels.configs import fp8_heuristic_config
-
         s = inp.shape
-        config = fp8_heuristic_config(inp.M, s.topk, s.num_experts, "plain", N=2 * s.intermediate)
-        config = replace(config, swap_ab=config.swap_ab and step != "fp8-step0", use_tma=step == "fp8+tma")
+        config = step_config(step, inp.M, s.topk, s.num_experts, 2 * s.intermediate)
         return first_fp8(inp, config=config)
     return prepare
 

@@ -13,7 +13,7 @@ import json
 import textwrap
 
 from ..kernels.align import SMALL_BATCH_PAIRS
-from ..kernels.configs import SHIPPED_DIR, KernelConfig, problem_key
+from ..kernels.configs import SHIPPED_DIR, KernelConfig, fp8_heuristic_config, problem_key
 from ..shapes import MODEL_SHAPES, get_shape
 from .impls import FIRST_STEPS, LAYER_STEPS
 from .registry import FIRST_IMPLS, LABELS, LAYER_IMPLS
@@ -266,18 +266,22 @@ def skipped_table(rows: list[dict], *, labels: dict | None = None) -> str:
 
 def ceilings_table(rows: list[dict]) -> str:
     """One line per bench run (rows sharing a date and protocol): the ceilings measured in it and
-    what it timed."""
+    what it timed. "read kernels" is what the read-only kernels got alone, "read ceiling" the best
+    rate anything in the run reached (:mod:`moe_tutorial.perf.reached`), which the floors use."""
     runs: dict[tuple, list[dict]] = {}
     for r in rows:
         runs.setdefault((r.get("date") or "", r.get("protocol") or ""), []).append(r)
+
+    def tbps(value) -> str:
+        return f"{value:.2f}" if value else "-"
     body = []
     for (date, protocol), run in sorted(runs.items()):
         r = run[0]
-        body.append([date, protocol, f"{r['read_tbps']:.2f}" if r.get("read_tbps") else "-",
-                     f"{r['copy_tbps']:.2f}" if r.get("copy_tbps") else "-", f"{r['matmul_tflops']:.0f}",
+        body.append([date, protocol, tbps(r.get("read_measured_tbps")), tbps(r.get("read_tbps")),
+                     tbps(r.get("copy_tbps")), f"{r['matmul_tflops']:.0f}",
                      f"{r['launch_us']:.1f}" if r.get("launch_us") is not None else "-", _parts(run)])
-    return format_table(["run", "protocol", "read TB/s", "copy TB/s", "matmul TFLOP/s", "one launch (us)",
-                         "timed"], body)
+    return format_table(["run", "protocol", "read kernels TB/s", "read ceiling TB/s", "copy TB/s", "matmul TFLOP/s",
+                         "one launch (us)", "timed"], body)
 
 
 def run_summary(rows: list[dict], *, labels: dict | None = None, width: int = 110) -> str:
@@ -335,11 +339,12 @@ def run_lines(rows: list[dict]) -> str:
 def headline_ceilings(rows: list[dict], impl: str = "sorted", *, protocol: str | None = None) -> dict:
     """The ceilings of the run that timed ``impl`` (Part 4 by default) under ``protocol``.
 
-    Returns the row's ``protocol``, ``date``, ``read_tbps``, ``copy_tbps``, ``matmul_tflops`` and
-    ``launch_us``: the one source for the ceilings a notebook quotes. ValueError if no row of
-    ``impl`` carries them, or if its rows come from runs with different ceilings.
+    Returns the row's ``protocol``, ``date``, ``read_tbps`` (the read ceiling), ``read_measured_tbps``
+    (what the read kernels got alone, :mod:`moe_tutorial.perf.reached`), ``copy_tbps``,
+    ``matmul_tflops`` and ``launch_us``: the one source for the ceilings a notebook quotes.
+    ValueError if no row of ``impl`` carries them, or if its rows come from runs with different ceilings.
     """
-    keys = ("protocol", "date", "read_tbps", "copy_tbps", "matmul_tflops", "launch_us")
+    keys = ("protocol", "date", "read_tbps", "read_measured_tbps", "copy_tbps", "matmul_tflops", "launch_us")
     mine = [r for r in subset(rows, impls=(impl,), protocol=protocol) if r.get("read_tbps")]
     runs = {tuple(r.get(k) for k in keys) for r in mine}
     if len(runs) != 1:
@@ -388,6 +393,23 @@ def largest_gain(rows: list[dict], gemm: str, before: str, after: str, *, Ms=Non
     if not gains:
         raise ValueError(f"rows: no M where both {before!r} and {after!r} were timed ({gemm})")
     return max(gains)
+
+
+def gain_line(rows: list[dict], gemm: str, before: str, after: str, *, split: int = 256,
+              protocol: str | None = None) -> str:
+    """A step's gain in one line (:func:`step_gains`): its range up to M = ``split`` and above it,
+    and where it is largest, e.g. "M <= 256: 1.00x to 1.03x; M > 256: 1.04x to 1.28x; most 1.28x,
+    Qwen3-30B-A3B at M = 16384". :func:`step_gain_table` gives every M."""
+    gains = step_gains(rows, gemm, before, after, protocol=protocol)
+    if not gains:
+        raise ValueError(f"rows: no M where both {before!r} and {after!r} were timed ({gemm})")
+    parts = []
+    for name, keep in ((f"M <= {split}", lambda M: M <= split), (f"M > {split}", lambda M: M > split)):
+        mine = [g for (_, M), g in gains.items() if keep(M)]
+        if mine:
+            parts.append(f"{name}: {min(mine):.2f}x to {max(mine):.2f}x")
+    best, model, M = max((g, model, M) for (model, M), g in gains.items())
+    return "; ".join(parts) + f"; most {best:.2f}x, {model} at M = {M}"
 
 
 def step_gain_table(rows: list[dict], gemm: str, before: str, after: str, *, protocol: str | None = None) -> str:
@@ -445,6 +467,20 @@ def same_kernel_pairs(rows: list[dict], *, protocol: str | None = None, gpu: str
     order = model_order(rows)
     return sorted(out, key=lambda p: (p["gemm"] != "first", LADDERS[p["gemm"]].index(p["impls"][0]),
                                       order.index(p["model"]), p["M"]))
+
+
+def fp8_same_kernel_pairs(rows: list[dict], *, protocol: str | None = None) -> list[dict]:
+    """The FP8 run's pairs of steps that launched the very same kernel: "fp8-step0" and "fp8+swap"
+    wherever the heuristic configuration does not swap operands (an expert with 16 rows or more),
+    so that both run it unswapped. Same form as :func:`same_kernel_pairs`."""
+    out = []
+    for (model, M), ratio in step_gains(rows, "first", "fp8-step0", "fp8+swap", protocol=protocol).items():
+        s = get_shape(model)
+        if not fp8_heuristic_config(M, s.topk, s.num_experts, "plain", N=2 * s.intermediate).swap_ab:
+            out.append(dict(model=model, gemm="first", M=M, impls=("fp8-step0", "fp8+swap"), ratio=ratio,
+                            why="the heuristic does not swap here"))
+    order = model_order(rows)
+    return sorted(out, key=lambda p: (order.index(p["model"]), p["M"]))
 
 
 def spread_percent(pairs: list[dict], gemm: str | None = None) -> float:

@@ -16,6 +16,8 @@ DATA_DIR = Path(__file__).parent.parent / "data"
 H200_RESULTS = DATA_DIR / "h200_bench.csv"
 
 #: Columns, in order. ``protocol`` names how the row was timed (:data:`moe_tutorial.perf.timing.PROTOCOLS`);
+#: ``read_tbps`` is the read ceiling: the best of what the read kernels got alone (``read_measured_tbps``)
+#: and what the run's bandwidth-bound calls reached (:mod:`moe_tutorial.perf.reached`);
 #: ``floor_ms`` is ``max(bytes / read_tbps, FLOPs / matmul_tflops) + launch_us`` (``fp8_tflops`` for
 #: rows of dtype float8_e4m3fn, whose bytes count e4m3 weights and activations and their scales); ``gemm`` is "first"
 #: (the [M, topk, N] GEMM) or "layer" (the whole layer); ``impl`` is a name from
@@ -23,13 +25,13 @@ H200_RESULTS = DATA_DIR / "h200_bench.csv"
 #: "skipped: <reason>"; times in ms.
 FIELDS = [
     "gpu", "driver", "torch", "triton", "date",
-    "protocol", "read_tbps", "copy_tbps", "matmul_tflops", "fp8_tflops", "launch_us",
+    "protocol", "read_tbps", "read_measured_tbps", "copy_tbps", "matmul_tflops", "fp8_tflops", "launch_us",
     "model", "E", "N", "K", "topk", "dtype", "gemm", "impl", "M",
     "ms", "tflops", "gbps", "floor_ms", "fraction_of_floor", "rel_error", "status",
 ]
 _INT = {"E", "N", "K", "topk", "M"}
-_FLOAT = {"read_tbps", "copy_tbps", "matmul_tflops", "fp8_tflops", "launch_us", "ms", "tflops", "gbps", "floor_ms",
-          "fraction_of_floor", "rel_error"}
+_FLOAT = {"read_tbps", "read_measured_tbps", "copy_tbps", "matmul_tflops", "fp8_tflops", "launch_us", "ms", "tflops",
+          "gbps", "floor_ms", "fraction_of_floor", "rel_error"}
 
 
 def write_csv(path, rows: list[dict], fields: list[str]) -> Path:

@@ -144,8 +144,16 @@ def layer_variants(shape: ModelShape, M: int, inp, dtype):
 
 
 #: Columns of ``limit_experiments.csv`` (committed as ``moe_tutorial/data/h200_limit_experiments.csv``).
-FIELDS = ["gpu", "driver", "torch", "triton", "date", "round", "experiment", "protocol", "model", "M", "variant",
+FIELDS = ["gpu", "driver", "torch", "triton", "date", "round", "experiment", "protocol",
+          "read_tbps", "read_measured_tbps", "matmul_tflops", "launch_us", "model", "M", "variant",
           "bytes", "ms", "floor_ms", "fraction_of_floor", "rate", "rel_error", "status"]
+#: The ceilings a row with a floor carries (measured once per run, kept in ``info``).
+CEILING_FIELDS = ("read_tbps", "read_measured_tbps", "matmul_tflops", "launch_us")
+
+
+def keep_ceilings(info: dict, ceil) -> None:
+    """Put the run's ceilings in ``info``, for :func:`tidy` to copy into each row with a floor."""
+    info.update({k: v for k, v in ceil.columns().items() if k in CEILING_FIELDS})
 #: What each raw ``gemm`` tag measured, and the unit of ``rate`` there.
 EXPERIMENTS = {"first": ("first-gemm", ""), "layer": ("layer", ""), "sum": ("topk-sum", ""),
                "down": ("down-gemm-tiles", "TFLOP/s"), "ceiling": ("read-by-size", "TB/s"),
@@ -159,6 +167,8 @@ def tidy(raw: dict, round_: int, info: dict) -> dict:
     row.update(round=round_, experiment=experiment, protocol="cold-l2", model=raw.get("model", ""),
                M=raw.get("M", ""), variant=raw.get("variant", ""), ms=raw.get("ms", ""),
                floor_ms=raw.get("floor_ms", ""), rel_error=raw.get("rel_err", ""), status="ok")
+    if raw.get("floor_ms") not in (None, "") and "read_tbps" in info:
+        row.update({k: info[k] for k in CEILING_FIELDS})
     if experiment == "read-by-size" and raw["model"] == "read":
         row.update(protocol=raw["variant"], model="", M="", variant="read-only", bytes=int(raw["M"]) << 20,
                    rate=raw["fraction"])
@@ -175,9 +185,12 @@ def tidy(raw: dict, round_: int, info: dict) -> dict:
     return row
 
 
-def save(out: str, rows: list[dict], info: dict, round_: int = 1) -> None:
+def save(out: str, rows: list[dict], info: dict, round_: int = 1, shapes=None) -> None:
+    """Write the rows, each run's read ceiling raised to the best rate its calls reached
+    (:func:`moe_tutorial.experiments.limits.raise_read_ceiling`); ``shapes`` names the models."""
     Path(out).mkdir(parents=True, exist_ok=True)
-    write_csv(Path(out) / "limit_experiments.csv", [tidy(r, round_, info) for r in rows], FIELDS)
+    tidied = limits.raise_read_ceiling([tidy(r, round_, info) for r in rows], shapes)
+    write_csv(Path(out) / "limit_experiments.csv", tidied, FIELDS)
 
 
 def round2(args, rows, info) -> None:
@@ -259,6 +272,7 @@ def round3(args, rows, info) -> None:
     from moe_tutorial.kernels import sorted_kernel as sk
     kernel = sk.sorted_moe_kernel
     ceil = measure_ceilings(torch.bfloat16, "cold-l2")
+    keep_ceilings(info, ceil)
     print(ceil, flush=True)
     for shape in [get_shape(m) for m in args.models.split(",")]:
         w13, _ = bench.make_weights(shape, torch.bfloat16, with_w2=False)
@@ -320,6 +334,7 @@ def main(argv=None) -> int:
         return 0
     ceil = measure_ceilings(dtype, "cold-l2") if runtime.ON_GPU else None
     if ceil:
+        keep_ceilings(info, ceil)
         print(ceil, flush=True)
         for mb in (25, 50, 100, 235, 470, 1880):
             for protocol in ("cold-l2", "rotated"):
@@ -367,11 +382,11 @@ def main(argv=None) -> int:
                           f"floor {floor * 1e3:9.1f}  frac {frac:5.2f}  err {err if err == '' else f'{err:.1e}'}",
                           flush=True)
             print(f"  ({time.time() - t0:.0f} s)", flush=True)
-            save(args.out, rows, info)
+            save(args.out, rows, info, shapes={s.name: s for s in models})
         del w13, w2
         if runtime.ON_GPU:
             torch.cuda.empty_cache()
-    save(args.out, rows, info)
+    save(args.out, rows, info, shapes={s.name: s for s in models})
     return 0
 
 

@@ -1,0 +1,152 @@
+"""Every number the prose of notebook 07 states, rendered from the committed FP8 data or the code it
+comes from: when ``moe_tutorial/data/h200_fp8_bench.csv`` changes, the stale sentences fail here and
+``scripts/update_prose.py`` rewrites them (read the words around each number afterwards)."""
+import moe_tutorial  # noqa: F401,I001  (first: picks the runtime before triton is imported)
+
+import pytest
+import torch
+from prose import assert_says, fmt2, markdown
+
+from moe_tutorial import quant, runtime
+from moe_tutorial.figures import part7
+from moe_tutorial.kernels.fp8_quant import cast_to_e4m3
+from moe_tutorial.perf import report
+from moe_tutorial.perf.results import DATA_DIR, load_rows, select
+from moe_tutorial.reference import FP8_LAYER_TOLERANCE
+from moe_tutorial.shapes import get_shape
+
+P7 = "07_fp8_experts"
+#: The rows of the kernel notebook 07 builds, with its tuned tiles ("fp8" may have run the Gluon kernel).
+TL = "fp8-tl"
+STEPS = ("fp8-step0", "fp8+swap", "fp8+tma")
+WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five"}
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return load_rows(DATA_DIR / "h200_fp8_bench.csv")
+
+
+def x(v: float) -> str:
+    return f"{v:.2f}x"
+
+
+def speedups(rows, gemm, Ms):
+    """``{(model, M): bf16 time / FP8 time}`` at the given M, every model of the run."""
+    out = {}
+    for model in report.model_order(select(rows, impl=TL)):
+        m, s = part7.speedups(rows, model, gemm, faster=TL)
+        out.update({(model, int(M)): float(v) for M, v in zip(m, s) if int(M) in Ms})
+    return out
+
+
+def step_sizes(rows, model):
+    """The M at which every step of ``model`` timed correctly (the steps' rows that ran the Gluon kernel do not)."""
+    ok = [{r["M"] for r in select(rows, model=model, gemm="first", impl=s) if report.is_ok(r)} for s in STEPS]
+    return sorted(set.intersection(*ok))
+
+
+def test_e4m3_worst_rounding_is_a_seventeenth():
+    """Half a step at the bottom of a power of two, relative to the number: 1/17, not 2^-4."""
+    v = part7.e4m3_values()
+    v = v[(v >= 2 ** -6) & (v < 448)]                        # normal values below the largest
+    mids = (v[1:] + v[:-1]) / 2
+    worst = float(((mids - v[:-1]) / mids).max())
+    assert worst == pytest.approx(1 / 17)
+    assert_says(P7, "relative to the number itself is largest just above a power of two, halfway to the next "
+                    "value: 1/17 = {:.4f} of it", 1 / 17)
+    assert "2^-4" not in markdown(P7)
+
+
+def test_the_interpreters_cast_as_the_notebook_shows_it():
+    if not runtime.INTERPRETED:
+        pytest.skip("the fault is the CPU interpreter's")
+    plain = cast_to_e4m3(torch.tensor([124.3, 100.0, 0.001]), round_first=False).float().tolist()
+    assert plain[0] == 64.0, "the interpreter's cast no longer drops the carry: rewrite notebook 07, section 5"
+    assert_says(P7, "In the interpreter the cast alone loses the carry when a mantissa rounds up (124.3 becomes "
+                    "{:g}, not 128)", plain[0])
+
+
+def test_scales_and_tolerances():
+    s = get_shape("DeepSeek-V3")
+    w13 = (s.num_experts, 2 * s.intermediate, s.hidden)
+    share = torch.Size(quant.scale_shape(w13, 128)).numel() * 4 / torch.Size(w13).numel()
+    assert_says(P7, "Scales add {:.2%} to a weight's bytes", share)
+    assert_says(P7, "The GPU tests accept {} there", f"{FP8_LAYER_TOLERANCE:.0e}".replace("e-0", "e-"))
+
+
+def test_what_fp8_buys(rows):
+    first_mid = speedups(rows, "first", (8, 64, 256))
+    at_1 = speedups(rows, "first", (1,))
+    at_1024, at_16k = speedups(rows, "first", (1024,)), speedups(rows, "first", (16384,))
+    layer_mid, layer_16k = speedups(rows, "layer", (8, 64, 256)), speedups(rows, "layer", (16384,))
+    models = report.model_order(select(rows, impl=TL))
+    assert len(models) == 5
+    lo1, hi1 = min(at_1, key=at_1.get), max(at_1, key=at_1.get)
+    assert lo1 == ("Qwen3-30B-A3B", 1)
+    q = {impl: select(rows, model="Qwen3-30B-A3B", gemm="first", impl=impl, M=1)[0] for impl in (TL, "sorted")}
+    no_faster = sorted(m for (m, _), v in at_16k.items() if v < 1)
+    assert_says(P7, "From M = 8 to M = 256 the FP8 gate/up GEMM is {} to {} as fast as bf16 on all five models",
+                x(min(first_mid.values())), x(max(first_mid.values())))
+    assert_says(P7, "At M = 1 it is {} on Qwen3-30B-A3B to {} on {}: Qwen3-30B-A3B's call takes {:.1f} us "
+                    "against bf16's {:.1f}, and what FP8 does not halve, one launch of {:.1f} us,",
+                x(at_1[lo1]), x(at_1[hi1]), hi1[0], q[TL]["ms"] * 1e3, q["sorted"]["ms"] * 1e3, q[TL]["launch_us"])
+    lo1024 = min(at_1024, key=at_1024.get)
+    assert lo1024[0] == "Mixtral-8x7B"
+    assert_says(P7, "At M = 1024 it is {} (Mixtral-8x7B, already compute-bound there) to {}, and at M = 16384 {} to {}",
+                x(at_1024[lo1024]), x(max(at_1024.values())), x(min(at_16k.values())), x(max(at_16k.values())))
+    assert_says(P7, "FP8 is no faster than bf16 on {} of the five models", WORDS[len(no_faster)])
+    assert_says(P7, "The whole layer follows the gate/up GEMM: {} to {} from M = 8 to 256, {} to {} at M = 16384.",
+                x(min(layer_mid.values())), x(max(layer_mid.values())), x(min(layer_16k.values())),
+                x(max(layer_16k.values())))
+
+
+def test_the_promotion_and_the_steps(rows):
+    rates = [r["tflops"] / r["fp8_tflops"] for r in select(rows, gemm="first", impl=TL) if r["M"] >= 4096]
+    assert max(rates) < 0.5                                  # "under half"
+    assert_says(P7, "at M >= 4096 the kernel reaches {} to {} of the FP8 matmul rate", fmt2(min(rates)),
+                fmt2(max(rates)))
+    noise = report.spread_percent(report.fp8_same_kernel_pairs(rows))
+    Ms = step_sizes(rows, "DeepSeek-V3")
+    best = {r["M"]: r["ms"] for r in select(rows, model="DeepSeek-V3", gemm="first", impl=TL)}
+    rel = [r["ms"] / best[r["M"]] for s in STEPS for r in select(rows, model="DeepSeek-V3", gemm="first", impl=s)
+           if r["M"] in Ms]
+    assert_says(P7, "On DeepSeek-V3, up to M = {}, every step's time is within {} to {} of the tuned kernel's, against "
+                    "two timings of one kernel up to {:.1f}% apart", max(Ms), x(min(rel)), x(max(rel)), noise)
+    assert max(abs(v - 1) for v in rel) < 0.05, "a step now changes DeepSeek-V3's time: rewrite section 7"
+    beyond = [r for s in STEPS for r in select(rows, model="DeepSeek-V3", gemm="first", impl=s) if r["M"] > max(Ms)]
+    if beyond:
+        assert all(r["status"].startswith("not a tl step") for r in beyond)
+        assert_says(P7, "Past M = {} the run has no `tl` step of DeepSeek-V3", max(Ms))
+    else:
+        assert "the run has no `tl` step" not in markdown(P7), "every step ran: drop the sentence"
+    qM = step_sizes(rows, "Qwen3-30B-A3B")
+    g = report.floor_geomeans([r for r in select(rows, model="Qwen3-30B-A3B") if r["M"] in qM], "first")
+    q = [g["Qwen3-30B-A3B", s] for s in (*STEPS, TL)]
+    assert q[1] - q[0] > max(abs(q[2] - q[1]), abs(q[3] - q[1])), "the swap is no longer Qwen3's step that pays"
+    assert_says(P7, "over M = 1 to {} its geometric mean goes from {} of the floor to {}, then {} with TMA and {} with "
+                    "the tuned table", max(qM), *map(fmt2, q))
+    text = markdown(P7)
+    assert "within noise" not in text and "the tuned table's gain" not in text
+
+
+def test_against_its_floor(rows):
+    small = speedups(rows, "first", (1, 8, 64, 256))
+    fr = [r["fraction_of_floor"] for r in select(rows, gemm="first", impl=TL) if r["M"] <= 256]
+    rates = [r["tflops"] / r["fp8_tflops"] for r in select(rows, gemm="first", impl=TL) if r["M"] >= 4096]
+    assert_says(P7, "At M ≤ 256 the FP8 gate/up GEMM is {} to {} faster than bf16 and reaches {} to {} of its floor; "
+                    "at M ≥ 4096 it reaches at most {} of the FP8 matmul rate", x(min(small.values())),
+                x(max(small.values())), fmt2(min(fr)), fmt2(max(fr)), fmt2(max(rates)))
+    text = markdown(P7)
+    assert "meets its targets" not in text and "0.55 to 0.72" not in text and "We did not run vLLM" not in text
+
+
+def test_recap(rows):
+    mid = speedups(rows, "first", (8, 64, 256))
+    no_faster = [m for (m, _), v in speedups(rows, "first", (16384,)).items() if v < 1]
+    assert_says(P7, "On an H200 it is {} to {} as fast as bf16 from M = 8 to 256", x(min(mid.values())),
+                x(max(mid.values())))
+    assert_says(P7, "and on {} of five models it is no faster than bf16", WORDS[len(no_faster)])
+    summary = markdown(P7).split("## 中文小结")[1]
+    assert f"比 bf16 快 {min(mid.values()):.2f} 到 {max(mid.values()):.2f} 倍" in summary
+    assert f"在五个模型中有{'一二三四五'[len(no_faster) - 1]}个不比 bf16 快" in summary
