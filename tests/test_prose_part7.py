@@ -3,6 +3,8 @@ comes from: when ``moe_tutorial/data/h200_fp8_bench.csv`` changes, the stale sen
 ``scripts/update_prose.py`` rewrites them (read the words around each number afterwards)."""
 import moe_tutorial  # noqa: F401,I001  (first: picks the runtime before triton is imported)
 
+import math
+
 import pytest
 import torch
 from prose import assert_says, fmt2, markdown
@@ -150,3 +152,52 @@ def test_recap(rows):
     summary = markdown(P7).split("## 中文小结")[1]
     assert f"比 bf16 快 {min(mid.values()):.2f} 到 {max(mid.values()):.2f} 倍" in summary
     assert f"在五个模型中有{'一二三四五'[len(no_faster) - 1]}个不比 bf16 快" in summary
+
+
+def test_the_gluon_section(rows):
+    """Section 9 and Appendix A: the Gluon kernel's gain, the layer, vLLM's path, the levers and the profile."""
+    from moe_tutorial.experiments import gluon_fp8
+
+    def ms(model, gemm, impl, M):
+        return next(r["ms"] for r in select(rows, model=model, gemm=gemm, impl=impl) if r["M"] == M and report.is_ok(r))
+
+    def rate(M):
+        r = next(r for r in select(rows, model="DeepSeek-V3", gemm="first", impl="fp8") if r["M"] == M)
+        return r["tflops"] / r["fp8_tflops"]
+    sizes = sorted({r["M"] for r in rows})
+    gain16 = ms("DeepSeek-V3", "first", TL, 16384) / ms("DeepSeek-V3", "first", "fp8", 16384)
+    assert_says(P7, "on DeepSeek-V3 at M = 16384 it is {}x the `tl` kernel and reaches {} of the FP8 matmul rate "
+                    "({} at M = 4096,", fmt2(gain16), fmt2(rate(16384)), fmt2(rate(4096)))
+    # Where the table takes Gluon: the first M at which the package beats the tl kernel by more than noise.
+    first = {m: min(M for M in sizes if ms(m, "first", TL, M) / ms(m, "first", "fp8", M) > 1.1)
+             for m in ("DeepSeek-V3", "Mixtral-8x7B")}
+    assert first == {"DeepSeek-V3": 4096, "Mixtral-8x7B": 1024}
+    assert_says(P7, "(from M = 4096 here; M = 1024 on Mixtral-8x7B's large experts)")
+    layer = {m: [ms(m, "layer", "sorted", M) / ms(m, "layer", "fp8", M) for M in (4096, 16384)]
+             for m in ("DeepSeek-V3", "Kimi-K2", "Qwen3-30B-A3B")}
+    big, small = layer["DeepSeek-V3"] + layer["Kimi-K2"], layer["Qwen3-30B-A3B"]
+    assert_says(P7, "The whole FP8 layer is {}x to {}x as fast as bf16 at M >= 4096 on DeepSeek-V3 and Kimi-K2, "
+                    "but only {}x to {}x on Qwen3-30B-A3B", *map(fmt2, (min(big), max(big), min(small), max(small))))
+    models = ("DeepSeek-V3", "Qwen3-30B-A3B", "Kimi-K2")
+    vs = {m: [ms(m, "first", "vllm-fp8", M) / ms(m, "first", "fp8", M) for M in sizes] for m in models}
+    gm = [math.prod(vs[m]) ** (1 / len(vs[m])) for m in models]
+    worst = min((min(v), m, sizes[v.index(min(v))]) for m, v in vs.items())
+    assert_says(P7, "the geometric mean is {}x on DeepSeek-V3, {}x on Qwen3-30B-A3B and {}x on Kimi-K2; the "
+                    "smallest margin, {}x ({}, M = {}),", *map(fmt2, gm), fmt2(worst[0]), worst[1], worst[2])
+    levers = gluon_fp8.load_levers()
+    slow = gluon_fp8.lever_slowdowns(levers, "DeepSeek-V3", 16384)
+    median, _ = gluon_fp8.noise(levers)
+    assert_says(P7, "without it the same kernel is {}x slower at M = 16384 on DeepSeek-V3, and two warpgroups "
+                    "(128-row tiles) beat one by {}x there",
+                fmt2(slow["gluon-128x8-s4-nooverlap"]), fmt2(slow["gluon-64x4-s6"]))
+    assert_says(P7, "so their promotion waits again ({}x slower). A fifth pipeline stage changes nothing ({}x); "
+                    "the tile order moves a few percent (GROUP_M 1: {}x), against a {:.1%} median spread",
+                fmt2(slow["gluon-256x8-2wave-s3"]), fmt2(slow["gluon-128x8-s5"]), fmt2(slow["gluon-128x8-s4-g1"]),
+                median)
+    profile = gluon_fp8.load_profile()
+    gl, tl_p = profile["gluon-128x8-s4"], profile["tl"]
+    assert_says(P7, "busy {:.0%} of the time, the clock falls to {:.2f} GHz (the power the FP8 tensor cores draw; "
+                    "the `tl` kernel ran at {:.2f})",
+                gl["tensor_pipe_active"], gl["sm_clock_ghz"], tl_p["sm_clock_ghz"])
+    assert 0.6 < gl["tensor_pipe_active"] < 0.72                       # "about two thirds"
+    assert_says(P7, "with the tensor pipe busy about two thirds of the time")

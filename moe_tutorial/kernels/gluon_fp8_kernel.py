@@ -207,9 +207,7 @@ if HAVE_GLUON:
             acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
 
             # [issue step k+1, then promote step k]
-            # Two raw accumulators, x and y, take turns: the loop body does two steps so that neither
-            # is ever copied while its MMA runs (ptxas serialises every wgmma of a kernel whose
-            # accumulators are read in flight).
+            # x and y take turns; two steps a turn, so neither is ever copied while its MMA runs.
             b1, b2 = weight_scale(bs_ptr, 1, num_k, stride_bsk), weight_scale(bs_ptr, 2, num_k, stride_bsk)
             x, scale_x, step = issue_step(a_bufs, as_bufs, b_bufs, ready, x, step, gl.load(bs_ptr), rows_layout,
                                           OVERLAP)
@@ -225,6 +223,7 @@ if HAVE_GLUON:
                 mbarrier.arrive(empty.index((step + STAGES - 2) % STAGES))
                 acc = settled(acc + y * scale_y[:, None])
                 b1, b2 = n1, n2
+            # [the last steps]
             if num_k % 2 == 0:                       # one step left over: no overlap for the last one
                 y, scale_y, step = issue_step(a_bufs, as_bufs, b_bufs, ready, y, step, b1, rows_layout, OVERLAP)
                 x, y = warpgroup_mma_wait(num_outstanding=0, deps=(x, y))
