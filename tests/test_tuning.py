@@ -212,3 +212,15 @@ def test_heuristic_block_m_is_the_tuned_one(variant):
         for M in BATCH_SIZES:
             h = heuristic_config(M, s.topk, s.num_experts, variant)
             assert h.block_m == tuned_config(model, M, variant).block_m, (model, M)
+
+
+def test_the_fp8_tuner_offers_the_gluon_kernel_for_the_first_gemm_only():
+    """Gluon candidates join the plain GEMM's space where the kernel runs; the layer's GEMMs stay on tl
+    (its Gluon form is chosen on the whole layer), and a Gluon tile is its own bucket in stage 1."""
+    from moe_tutorial.kernels.configs import GLUON_PLAIN
+    plain = tuning.fp8_config_space(4096, 256, 4096, 7168, 8, tma=True, gluon=True)
+    gated = tuning.fp8_config_space(4096, 256, 2048, 7168, 8, gated=True, tma=True, gluon=False)
+    assert GLUON_PLAIN in plain and not any(c.gluon for c in gated)
+    heuristic = next(c for c in plain if not c.gluon and c.block_m == 64)
+    picked = tuning.tile_candidates(plain, heuristic)
+    assert GLUON_PLAIN in picked and any(not c.gluon and c.block_m == 128 for c in picked)

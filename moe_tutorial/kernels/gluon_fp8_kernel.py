@@ -20,7 +20,7 @@ copies the e4m3 rows of each (token, slot) pair to its sorted position and write
 transposed (``[K / 128, rows]``), so that one TMA copy brings a step's ``BLOCK_M`` scales. The
 grid is persistent (one program per SM walks the real tiles in Part 4's grouped order, read on
 the device), and the weight block scales (one per 128 x 128 block, so one per tile and step
-for BLOCK_N = 128) are read by the MMA warps one step ahead.
+for BLOCK_N = 128) are read by the MMA warps two steps ahead.
 
 Gluon does not run in Triton's CPU interpreter: on a laptop Part 7's ``tl`` kernel runs, and the
 source of this one is there to read (notebook 07).

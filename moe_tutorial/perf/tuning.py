@@ -120,7 +120,7 @@ def config_space(M: int, E: int, N: int, K: int, topk: int, *, gated: bool = Fal
 
 
 def fp8_config_space(M: int, E: int, N: int, K: int, topk: int, *, gated: bool = False,
-                     tma: bool = False) -> list[KernelConfig]:
+                     tma: bool = False, gluon: bool = False) -> list[KernelConfig]:
     """The FP8 kernel's configurations worth trying: BLOCK_K 128 (one scale group per step) or 64,
     BLOCK_N 128 (the gate/up GEMM quantises its output per 128 columns; 64 and 256 elsewhere),
     BLOCK_M from :func:`block_m_range`, swapped operands for row blocks under 64, 4 or 8 warps,
@@ -142,11 +142,13 @@ def fp8_config_space(M: int, E: int, N: int, K: int, topk: int, *, gated: bool =
                                           num_stages=stages, use_tma=use_tma, short_tails=False, swap_ab=swap)
                     if configs.smem_bytes(config, gated, 1) <= configs.SMEM_LIMIT:
                         space.append(config)
+    if gluon:       # the Gluon kernel's two tile shapes (kernels/gluon_fp8_kernel.py), first GEMM only
+        space += [configs.GLUON_PLAIN, configs.GLUON_FUSED_DOWN]
     return space
 
 
-def _tile(c: KernelConfig) -> tuple[int, int, int]:
-    return c.block_m, c.block_n, c.block_k
+def _tile(c: KernelConfig) -> tuple[int, int, int, bool]:
+    return c.block_m, c.block_n, c.block_k, c.gluon
 
 
 def tile_candidates(space: list[KernelConfig], heuristic: KernelConfig) -> list[KernelConfig]:
@@ -166,7 +168,8 @@ def tile_candidates(space: list[KernelConfig], heuristic: KernelConfig) -> list[
             by_tile[_tile(c)] = (score, c)
 
     def distance(tile):
-        return sum(abs(math.log2(a) - math.log2(b)) for a, b in zip(tile, _tile(heuristic)))
+        sizes = sum(abs(math.log2(a) - math.log2(b)) for a, b in zip(tile[:3], _tile(heuristic)[:3]))
+        return sizes + (tile[3] != heuristic.gluon)
     return [by_tile[t][1] for t in sorted(by_tile, key=lambda t: (distance(t), -t[1]))]
 
 
@@ -304,8 +307,12 @@ def tune_problem(problem: _Problem, dtype: torch.dtype, deadline: float, *,
     E, topk = s.num_experts, s.topk
     gated = problem.variant == "gated"
     if problem.fp8:
-        heuristic = fp8_heuristic_config(M, topk, E, problem.variant, N=problem.N)
-        space = fp8_config_space(M, E, problem.N, problem.K, topk, gated=gated, tma=tma_available())
+        # The layer's two GEMMs stay on the tl kernel here: the layer's Gluon form is chosen on the
+        # whole layer (scripts/experiments/h200_gluon_fp8.py), since its gate/up GEMM and down GEMM go together.
+        plain = problem.variant == "plain"
+        heuristic = fp8_heuristic_config(M, topk, E, problem.variant, N=problem.N, kernel=None if plain else "tl")
+        space = fp8_config_space(M, E, problem.N, problem.K, topk, gated=gated, tma=tma_available(),
+                                 gluon=plain and configs.gluon_fp8_available())
     else:
         heuristic = heuristic_config(M, topk, E, problem.variant, N=problem.N)
         space = config_space(M, E, problem.N, problem.K, topk, gated=gated,
