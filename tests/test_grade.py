@@ -244,13 +244,14 @@ def route(router_logits, top_k, renormalize=True):
 
 _PLANT_BYTECODE = _INSTALLED + '''
 def route(router_logits, top_k, renormalize=True):
-    import importlib.util, marshal, struct
+    import importlib.util, marshal, os, struct
     src = _installed() / "exercises" / "grade.py"
     fake = "def main(argv=None):\\n    print('forged bytecode')\\n    return 0\\n"
     st = src.stat()
     header = importlib.util.MAGIC_NUMBER + struct.pack("<III", 0, int(st.st_mtime) & 0xFFFFFFFF,
                                                        st.st_size & 0xFFFFFFFF)
     pyc = importlib.util.cache_from_source(str(src))
+    os.makedirs(os.path.dirname(pyc), exist_ok=True)    # a fresh clone may have no __pycache__ yet
     with open(pyc, "wb") as f:
         f.write(header + marshal.dumps(compile(fake, str(src), "exec")))
     raise NotImplementedError("planted")
