@@ -678,7 +678,7 @@ def test_exchange_bench_runs_every_step_and_writes_the_csv(tmp_path, world):
     if world == 2:                                   # the GPU script's summary reads this CSV
         import importlib.util
 
-        script = Path(__file__).resolve().parents[1] / "scripts" / "experiments" / "h200_ep_graphs.py"
+        script = Path(__file__).resolve().parents[1] / "measurements" / "scripts" / "h200_ep_graphs.py"
         spec = importlib.util.spec_from_file_location("h200_ep_graphs", script)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)

@@ -11,7 +11,7 @@ import pytest
 from moe_tutorial import runtime
 from moe_tutorial.experiments import part3_cap
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "experiments" / "h200_part3_cap.py"
+SCRIPT = Path(__file__).resolve().parent.parent / "measurements" / "scripts" / "h200_part3_cap.py"
 MODELS = {"Mixtral-8x7B": (8, 28672, 4096, 2), "Qwen3-30B-A3B": (128, 1536, 2048, 8)}
 
 

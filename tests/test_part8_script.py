@@ -6,7 +6,7 @@ from pathlib import Path
 from moe_tutorial.experiments import backward
 from moe_tutorial.perf.results import read_csv
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "experiments" / "h200_backward.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "measurements" / "scripts" / "h200_backward.py"
 
 
 def test_the_dry_run_checks_times_and_sweeps(tmp_path, capsys):

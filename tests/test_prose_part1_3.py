@@ -280,7 +280,7 @@ def test_03_every_section_asks_a_prediction():
 def test_03_does_not_blame_two_causes():
     text = markdown(P3)
     assert "hit the GPU's L2 cache instead of HBM, which is a few times faster. That can lift" not in text
-    assert "scripts/experiments/h200_part3_cap.py" in text
+    assert "measurements/scripts/h200_part3_cap.py" in text
 
 
 def test_03_fault_3_shown_from_the_data(rows):

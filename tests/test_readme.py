@@ -5,7 +5,7 @@ collected. None may rely on an activated environment (a bare ``python`` finds no
 fresh clone), each ``make`` target must exist (``make -n``), and each ``.venv/bin/python -m ...``
 command runs as written, through bash, with a PATH that holds no virtual environment, from a
 folder laid out like the repository root: on a CPU ``bench`` runs its toy shape, the grading line
-grades ``submissions/example.ipynb``, and the GPU-only ``tune`` must refuse, saying why. On a GPU,
+grades ``notebooks/exercises/submissions/example.ipynb``, and the GPU-only ``tune`` must refuse, saying why. On a GPU,
 where ``bench`` and ``tune`` would run for an hour, those two run their ``--help``.
 """
 from __future__ import annotations
@@ -131,8 +131,8 @@ def subcommand(command: str) -> str:
 
 def run_as_written(command: str, where: Path) -> subprocess.CompletedProcess:
     """``command`` through bash (globs expand as a shell expands them) in ``where``, which holds
-    the repository's ``.venv`` and ``submissions`` (links), so that what it writes stays there."""
-    for name in (".venv", "submissions"):
+    the repository's ``.venv`` and ``notebooks`` (links), so that what it writes stays there."""
+    for name in (".venv", "notebooks"):
         (where / name).symlink_to(REPO / name)
     return subprocess.run(["bash", "-c", command], cwd=where, env=clean_env(), capture_output=True, text=True,
                           timeout=540)

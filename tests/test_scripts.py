@@ -1,4 +1,4 @@
-"""The scripts under scripts/, and the GPU session scripts under scripts/experiments/, still fit the
+"""The scripts under scripts/, and the GPU session scripts under measurements/scripts/, still fit the
 package: the GPU ones run only on a lent GPU, so nothing else would notice when the package they call
 changes under them."""
 import ast
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 SCRIPTS = sorted((Path(__file__).resolve().parents[1] / "scripts").glob("*.py")) + sorted(
-    (Path(__file__).resolve().parents[1] / "scripts" / "experiments").glob("*.py"))
+    (Path(__file__).resolve().parents[1] / "measurements" / "scripts").glob("*.py"))
 
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)

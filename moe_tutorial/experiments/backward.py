@@ -1,6 +1,6 @@
 """Part 8 on one H200: the training step's times, memory and gradients, read back.
 
-``scripts/experiments/h200_backward.py`` times, in one run and under the cold-l2 protocol (a CUDA
+``measurements/scripts/h200_backward.py`` times, in one run and under the cold-l2 protocol (a CUDA
 graph per call where one can hold it; calls slower than 20 ms with events, L2 flushed before
 each), the forward, the forward + backward and the backward alone of three implementations on
 real layer shapes: ``ours`` (``moe_layer(impl="sorted")`` with autograd, Part 8's kernels), the
@@ -84,7 +84,7 @@ def verdicts(rows: list[dict]) -> list[dict]:
     return out
 
 
-NOT_MEASURED = ("not measured yet: `scripts/experiments/h200_backward.py` writes the rows, "
+NOT_MEASURED = ("not measured yet: `measurements/scripts/h200_backward.py` writes the rows, "
                 "`moe_tutorial/data/h200_backward.csv` ships them")
 
 

@@ -1,7 +1,7 @@
 """Part 7's Gluon FP8 kernel, measured: each lever on its own, the noise of the measurement, and
 what Nsight Compute saw (notebook 07).
 
-The rows come from ``scripts/experiments/h200_gluon_fp8.py sweep`` (``data/h200_gluon_fp8_levers.csv``:
+The rows come from ``measurements/scripts/h200_gluon_fp8.py sweep`` (``data/h200_gluon_fp8_levers.csv``:
 every variant of one case timed in forward, then in reverse order, cold-l2) and from Nsight
 Compute on the ``tl`` and Gluon kernels at DeepSeek-V3, M = 16384 (``data/h200_fp8_profile.csv``).
 """

@@ -1,6 +1,6 @@
 """Where Part 4 stops short of the floor, and what was tried: the limit experiments, read back.
 
-``scripts/experiments/h200_limit_experiments.py`` measured, on one H200 and under the cold-l2 protocol, the
+``measurements/scripts/h200_limit_experiments.py`` measured, on one H200 and under the cold-l2 protocol, the
 read-only kernel over 25 MiB to 1.9 GB (the floor assumes the 8 GB rate), two reads of a decode
 layer's weights, and each lever tried on Part 4 against Part 4 as it stood in the same run. The
 rows ship as ``moe_tutorial/data/h200_limit_experiments.csv``; notebook 05's appendix reads them
@@ -9,7 +9,7 @@ through the functions here.
 Each run's read ceiling is raised to the best rate its bandwidth-bound calls reached, as the
 bench's are (:func:`raise_read_ceiling`, :mod:`moe_tutorial.perf.reached`). The rows of 2026-12-01
 were written before the script kept its ceilings; theirs (``read_tbps``, ``matmul_tflops``,
-``launch_us``) were taken from the run's log, ``notes/h200-limit-experiments-2026-12-01.log``.
+``launch_us``) were taken from the run's log, ``measurements/logs/2026-12-01-2-levers/limit-experiments.log``.
 """
 from __future__ import annotations
 

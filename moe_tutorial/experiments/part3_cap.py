@@ -1,6 +1,6 @@
 """Why Part 3's kernel stops near 10 TFLOP/s on an H200: the experiments, the file of their results, what it says.
 
-``scripts/experiments/h200_part3_cap.py`` runs the experiments on a GPU and writes :data:`CAP_RESULTS`;
+``measurements/scripts/h200_part3_cap.py`` runs the experiments on a GPU and writes :data:`CAP_RESULTS`;
 notebook 03 reads it with :func:`load` and prints :func:`table` and :func:`explain`. Each
 experiment changes one thing and keeps the rest of the kernel's work as it was:
 

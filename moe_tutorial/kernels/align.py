@@ -289,7 +289,7 @@ def align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int, *,
     num_blocks = expert_ids.numel()
     if numel <= min(small_batch_pairs, SMALL_BATCH_PAIRS):
         # Sized to the batch: SMALL x SMALL tensors, about 16 elements per thread. Past 64 pairs
-        # the three launches are faster (timings in notes/gpu-notes.md, "decode alignment").
+        # the three launches are faster (timings in measurements/gpu-notes.md, "decode alignment").
         small = max(16, triton.next_power_of_2(numel))
         _align_small_kernel[(1,)](
             ids, numel, sorted_ids, expert_ids, num_post, num_blocks,

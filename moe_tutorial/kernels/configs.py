@@ -191,7 +191,7 @@ def sm_count() -> int:
 
 def heuristic_config(M: int, topk: int, E: int, variant: str = "plain", itemsize: int = 2,
                      limit: int = SMEM_LIMIT, *, N: int | None = None) -> KernelConfig:
-    """An untuned choice from what the tuner found on an H200 (notes/gpu-notes.md).
+    """An untuned choice from what the tuner found on an H200 (measurements/gpu-notes.md).
 
     Decode (a few rows per expert) is memory-bound: one 16-row block per expert and long K
     tiles keep many weight bytes in flight; with ``N`` known, BLOCK_N is halved (down to 32)
@@ -217,10 +217,10 @@ def heuristic_config(M: int, topk: int, E: int, variant: str = "plain", itemsize
         cfg = KernelConfig(block_m=64, block_n=64 if gated else 128, block_k=128, group_m=8, num_warps=4,
                            num_stages=4, use_tma=False)
     elif gated:
-        # Two accumulators: a 128x256 pair spills registers (notes/gpu-notes.md, tuning).
+        # Two accumulators: a 128x256 pair spills registers (measurements/gpu-notes.md, tuning).
         cfg = KernelConfig(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=4, use_tma=True)
     elif variant == "plain" and rows_per_expert >= 256:
-        # Many row blocks per expert: the persistent grid won on all three models (notes/gpu-notes.md).
+        # Many row blocks per expert: the persistent grid won on all three models (measurements/gpu-notes.md).
         cfg = KernelConfig(block_m=128, block_n=256, block_k=64, group_m=8, num_warps=8, num_stages=3, use_tma=True,
                            persistent=True, short_tails=False)
     else:

@@ -1,7 +1,7 @@
 """Part 4, beyond ``tl``: a persistent, warp-specialised MoE GEMM written in Gluon (GPU only).
 
 Triton's automatic warp specialisation makes no producer/consumer warps for Hopper (sm90) in
-Triton 3.6 or 3.9 (``scripts/experiments/sm90_warp_specialize_probe.py``). Gluon
+Triton 3.6 or 3.9 (``measurements/scripts/sm90_warp_specialize_probe.py``). Gluon
 (``triton.experimental.gluon``) lets the kernel say it itself:
 
 * a **load partition** of one warp only issues TMA copies: for each K step of each tile, it waits

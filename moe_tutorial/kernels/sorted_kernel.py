@@ -315,7 +315,7 @@ def _activation_descriptors(a: torch.Tensor, config: KernelConfig):
     ``(None, None)`` where TMA cannot or should not be used.
 
     Only with the configurations that take the weights through TMA too, 64-row tiles or taller
-    (the prefill end): on an H200 it paid there and not at decode (notes/gpu-notes.md, the
+    (the prefill end): on an H200 it paid there and not at decode (measurements/gpu-notes.md, the
     second 2026-12-01 session, "Sorted activations").
     """
     if not config.use_tma or config.block_m < 64 or not _tma_can_read(a):

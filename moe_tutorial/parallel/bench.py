@@ -1,7 +1,7 @@
 """Measuring the parallel layers: correctness against one device, then timings.
 
 The rank programs here run under :func:`moe_tutorial.parallel.launch.launch`, on GPUs with
-``backend="nccl"`` (``scripts/experiments/h200x2_ep.py`` drives them on two H200s) or on CPU processes with
+``backend="nccl"`` (``measurements/scripts/h200x2_ep.py`` drives them on two H200s) or on CPU processes with
 gloo (the tests run the same code on tiny shapes). Rank 0 appends each result to a CSV as soon as
 it has it, so a case that fails, or a run that is stopped, keeps everything measured before it.
 Before each case the ranks agree (one all-reduce) on whether to run it, so they never part ways
@@ -353,7 +353,7 @@ def link_rank(csv_path: str | None, deadline: float, sizes=A2A_BYTES) -> list[di
 def link_and_check_rank(models: list, csv_path: str | None, link_deadline: float, deadline: float,
                         experts: dict | None = None, sizes=A2A_BYTES, dtype=torch.bfloat16,
                         cases=CHECK_CASES) -> list[dict]:
-    """:func:`link_rank`, then :func:`check_rank`: the first stage of ``scripts/experiments/h200x2_ep.py``."""
+    """:func:`link_rank`, then :func:`check_rank`: the first stage of ``measurements/scripts/h200x2_ep.py``."""
     return link_rank(csv_path, link_deadline, sizes) + check_rank(models, csv_path, deadline, experts, dtype, cases)
 
 

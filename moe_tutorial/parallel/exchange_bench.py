@@ -2,7 +2,7 @@
 fixed-capacity all-gather, each beside two plain ``all_to_all_single`` calls of the same bytes.
 
 The rank program :func:`timing_rank` runs under :func:`moe_tutorial.parallel.launch.launch` with
-``backend="nccl"`` (``scripts/experiments/h200_ep_graphs.py`` drives it), or on CPU processes
+``backend="nccl"`` (``measurements/scripts/h200_ep_graphs.py`` drives it), or on CPU processes
 with gloo (the tests run it on a tiny shape). For each model and M (tokens per rank) it times,
 as rows of the CSV (columns :data:`FIELDS`; ``method`` says which exchange a row belongs to):
 

@@ -10,7 +10,7 @@ go in by copying them into the graph's own input tensors before each replay.
 On the CPU (gloo) there is no graph: :class:`StaticLayer` then calls the layer on its static
 inputs, so the same protocol (fixed buffers, copies in, the same output tensor each time) runs
 in the CPU tests too. :func:`graph_replay_rank` is the check that the GPU tests and
-``scripts/experiments/h200_ep_graphs.py`` run on each rank.
+``measurements/scripts/h200_ep_graphs.py`` run on each rank.
 """
 from __future__ import annotations
 

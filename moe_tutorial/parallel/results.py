@@ -1,6 +1,6 @@
 """The two-GPU measurements shipped with the series, and the link numbers the cost model takes from them.
 
-``moe_tutorial/data/h200x2_ep.csv`` is written by ``scripts/experiments/h200x2_ep.py`` (columns in
+``moe_tutorial/data/h200x2_ep.csv`` is written by ``measurements/scripts/h200x2_ep.py`` (columns in
 :data:`moe_tutorial.parallel.bench.FIELDS`). Until it is committed, :func:`load` returns None and
 notebook 06 says so.
 """
@@ -13,7 +13,7 @@ from ..shapes import ModelShape
 from .cost import Calibration, Machine, calibrate, predict
 
 H200X2_RESULTS = Path(__file__).parent.parent / "data" / "h200x2_ep.csv"
-#: Both exchanges under graph replay on two H200s (``scripts/experiments/h200_ep_graphs.py --gpus 2``,
+#: Both exchanges under graph replay on two H200s (``measurements/scripts/h200_ep_graphs.py --gpus 2``,
 #: columns in :data:`moe_tutorial.parallel.exchange_bench.FIELDS`); not measured yet while absent.
 H200X2_GRAPHS = Path(__file__).parent.parent / "data" / "h200x2_ep_graphs.csv"
 #: The same script on one H200 (a one-rank group): the host wait removed, graph capture checked.

@@ -114,7 +114,7 @@ def measure_ceilings(dtype: torch.dtype | None = None, protocol: str = "cold-l2"
     ``torch.sum``), a copy
     of half of those bytes (so it
     moves as many: half read, half written) timed with events (a copy
-    replayed in a CUDA graph read only 2.75 TB/s on an H200, notes/gpu-notes.md), and an empty
+    replayed in a CUDA graph read only 2.75 TB/s on an H200, measurements/gpu-notes.md), and an empty
     launch. CPU: a 64 MiB sum and copy and a 1024^3 matmul with ``perf_counter``, only so that a
     CPU run fills every column; on the CPU the launch is taken as 0 and the protocol is
     "perf_counter", the only timer there.

@@ -324,7 +324,7 @@ def first_persistent(inp: Inputs) -> Prepared:
 
 def layer_persistent(inp: Inputs) -> Prepared:
     """Part 4's layer with the down GEMM on the persistent grid (the gate/up GEMM as tuned: with
-    two accumulators per tile it lost on the persistent grid, notes/gpu-notes.md)."""
+    two accumulators per tile it lost on the persistent grid, measurements/gpu-notes.md)."""
     s = inp.shape
     configs = (get_config(inp.M, s.num_experts, s.intermediate, s.hidden, s.topk, inp.dtype, "gated"),
                persistent_of(get_config(inp.M, s.num_experts, s.hidden, s.intermediate, s.topk, inp.dtype, "down")))

@@ -1,6 +1,6 @@
 """The FP8 layer's input checks on a GPU: refused NaN, NaN inside a CUDA graph, and what the checks cost.
 
-Usage, on a GPU, from the repository root: ``python3 scripts/experiments/h200_fp8_input_checks.py``
+Usage, on a GPU, from the repository root: ``python3 measurements/scripts/h200_fp8_input_checks.py``
 (CSV to ``$OUT/fp8_input_checks.csv``, ``$OUT`` defaulting to the current folder). About two minutes.
 
 For DeepSeek-V3 and Qwen3-30B-A3B (64 experts at most, as the GPU tests take them) at M = 1, 64

@@ -1,7 +1,7 @@
 """Part 7 on one H200: the Gluon block-FP8 kernel checked against float64, then each lever timed.
 
-    python3 scripts/experiments/h200_gluon_fp8.py check            # correctness, about a minute
-    python3 scripts/experiments/h200_gluon_fp8.py sweep [--models ...] [--M ...] [--deadline S]
+    python3 measurements/scripts/h200_gluon_fp8.py check            # correctness, about a minute
+    python3 measurements/scripts/h200_gluon_fp8.py sweep [--models ...] [--M ...] [--deadline S]
 
 ``check`` runs every Gluon variant (the plain first GEMM with 128- and 64-row tiles, 256-row tiles
 as two waves, the promotion without overlap, the whole layer with the quantising gate/up

@@ -23,7 +23,7 @@
 Usage, on one H200 from the repository root (about 8 minutes; torch 2.11, Triton 3.6):
 
     pip install liger-kernel==0.8.5        # optional, the second anchor; skipped cleanly without it
-    python3 scripts/experiments/h200_backward.py --out "$OUT"
+    python3 measurements/scripts/h200_backward.py --out "$OUT"
 
 Writes ``$OUT/h200_backward.csv`` (commit it as ``moe_tutorial/data/h200_backward.csv``; notebook 08
 and the README read it), ``$OUT/h200_backward_grads.csv``, ``$OUT/h200_backward_tiles.csv`` and

@@ -2,7 +2,7 @@
 
 Usage, from the repository root on a machine with two GPUs:
 
-    python3 scripts/experiments/h200x2_ep.py --out "$OUT"
+    python3 measurements/scripts/h200x2_ep.py --out "$OUT"
 
 Three stages, each a fresh pair of processes (so that a crash in one loses nothing of the others),
 each under its own deadline; the whole run stays under ``--budget-s`` (default 270 s):

@@ -6,7 +6,7 @@ weight gradients. ``triton.compile`` with a GPUTarget runs the whole GPU pipelin
 LLIR, PTX) on the CPU, so a fault that only a GPU compile would hit (a block dimension under 16,
 a layout ``tl.trans`` cannot take, a descriptor of the wrong rank) shows here first:
 
-    python scripts/experiments/sm90_compile_backward.py
+    python measurements/scripts/sm90_compile_backward.py
 
 It prints one line per variant: registers are not known without ptxas, so it reports the wgmma
 instructions (tensor cores on Hopper) and whether shared memory fits.

@@ -14,8 +14,8 @@ cores. Each experiment below changes one thing (see :mod:`moe_tutorial.experimen
 Usage, on one GPU (about 2 minutes on an H200; torch and Triton as in the bench), from the
 repository root:
 
-    python scripts/experiments/h200_part3_cap.py --out "$OUT"            # experiments + Nsight Compute
-    python scripts/experiments/h200_part3_cap.py --out "$OUT" --no-ncu   # experiments only
+    python measurements/scripts/h200_part3_cap.py --out "$OUT"            # experiments + Nsight Compute
+    python measurements/scripts/h200_part3_cap.py --out "$OUT" --no-ncu   # experiments only
 
 It prints a table and the verdict, and writes ``$OUT/h200_part3_cap.csv`` (commit it as
 ``moe_tutorial/data/h200_part3_cap.csv``; notebook 03 reads it) and, with Nsight Compute,

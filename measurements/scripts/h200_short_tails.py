@@ -1,6 +1,6 @@
 """Short tails on and off: Part 4's kernel on the H200 with each configuration from the tables.
 
-Usage, on a GPU: ``python scripts/experiments/h200_short_tails.py OUT.csv``. For each model and problem
+Usage, on a GPU: ``python measurements/scripts/h200_short_tails.py OUT.csv``. For each model and problem
 (the first GEMM at M = 1024, 4096, 16384; the gated and down GEMMs at M = 4096) it runs the
 tuned configuration with ``short_tails`` off and on, checks that both give the same output,
 and times them twice each, alternating (off, on, off, on), so that drift hits both alike.

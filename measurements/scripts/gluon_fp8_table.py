@@ -1,6 +1,6 @@
 """Write the Gluon FP8 kernel's wins into the shipped H200 table, from the sweeps' rows.
 
-    python scripts/experiments/gluon_fp8_table.py notes/h200-gluon-fp8-sweep-2026-12-01*.csv
+    python measurements/scripts/gluon_fp8_table.py measurements/logs/2026-12-01-5-gluon-fp8/gluon-fp8-sweep-*.csv
 
 For each model, GEMM and M that ``h200_gluon_fp8.py sweep`` measured, the fastest Gluon variant
 replaces the ``tl`` kernel's entry where it ran faster (the least of each variant's two timings);

@@ -2,13 +2,13 @@
 
 Run from the repository root on a GPU machine with Nsight Compute (no Jupyter needed):
 
-    PYTHONPATH=. python scripts/experiments/h200_sorted_profile.py --out "$OUT"
+    PYTHONPATH=. python measurements/scripts/h200_sorted_profile.py --out "$OUT"
 
 It profiles the tuned first GEMM (the bench's "sorted" row, alignment outside) at the points
 the H200 results show furthest from the floor, writes every metric Nsight Compute reports to
 ``$OUT/sorted_profile_raw.csv`` and a short table of the ones that say what limits the kernel
 (time, SM and tensor-pipe activity, DRAM and L2 throughput, occupancy, the top warp stalls) to
-``$OUT/sorted_profile.csv``. notes/gpu-notes.md quotes it. The child mode (``--child``) is what
+``$OUT/sorted_profile.csv``. measurements/gpu-notes.md quotes it. The child mode (``--child``) is what
 ``ncu`` runs: one launch per case, after a warm-up launch that compiles it.
 """
 from __future__ import annotations

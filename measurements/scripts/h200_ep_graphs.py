@@ -2,8 +2,8 @@
 
 Usage, from the repository root:
 
-    python3 scripts/experiments/h200_ep_graphs.py --gpus 1 --out "$OUT"                 # one GPU, ~4 min
-    python3 scripts/experiments/h200_ep_graphs.py --gpus 2 --out "$OUT" --budget-s 500  # two GPUs
+    python3 measurements/scripts/h200_ep_graphs.py --gpus 1 --out "$OUT"                 # one GPU, ~4 min
+    python3 measurements/scripts/h200_ep_graphs.py --gpus 2 --out "$OUT" --budget-s 500  # two GPUs
 
 Stages, each a fresh group of N processes (a crash in one loses nothing of the others), each
 under its own deadline, the whole run under ``--budget-s``:

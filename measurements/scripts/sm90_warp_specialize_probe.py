@@ -6,10 +6,10 @@ warps, and reports what the compiled kernel holds: ``ttg.warp_specialize`` regio
 partitions), ``setmaxnreg`` (the register split between producer and consumer warps) and the
 wgmma count. Run it with the Triton you have:
 
-    python scripts/experiments/sm90_warp_specialize_probe.py
+    python measurements/scripts/sm90_warp_specialize_probe.py
 
 Triton 3.6 (the H200 image's) gave, on 2026-12-01: no partition and no setmaxnreg in any case,
-and an NVGPUWarpSpecialization pass failure for the K loop with 4 warps (notes/gpu-notes.md).
+and an NVGPUWarpSpecialization pass failure for the K loop with 4 warps (measurements/gpu-notes.md).
 """
 import os
 import subprocess

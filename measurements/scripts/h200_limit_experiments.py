@@ -13,12 +13,12 @@ Round 2 (``--round 2``): the read-only kernel after a flush that leaves L2 clean
 bytes of a decode layer's weights (w13, then w2); torch's sum against
 :func:`moe_tutorial.kernels.topk_sum.topk_sum`; the down GEMM on sorted activations with other tiles.
 
-Dropped after measuring (the code as run is commit 6d62726, the numbers in notes/gpu-notes.md):
+Dropped after measuring (the code as run is commit 6d62726, the numbers in measurements/gpu-notes.md):
 Triton's warp specialisation of the K loop, a decode path (one block per pair, no sort, and a down
 GEMM that adds up each token's experts itself) and a down GEMM that adds its rows into the output
 with fp32 atomics.
 
-Usage: python scripts/experiments/h200_limit_experiments.py --out "$OUT" [--round 2] [--models ...] [--batches ...]
+Usage: python measurements/scripts/h200_limit_experiments.py --out "$OUT" [--round 2] [--models ...] [--batches ...]
 Writes ``$OUT/limit_experiments.csv`` and prints one line per timing. ``--dry-run`` runs round 1
 on a toy shape in the interpreter so the script can be tested anywhere.
 """

@@ -1,7 +1,7 @@
 """Does a hot GPU time slower? The ceilings and Part 4's kernel, before and after 15 s of load.
 
 Why: in the bench the same configuration read up to 12% apart at M >= 1024 depending on what
-ran just before it (notes/gpu-notes.md). Usage, on a GPU: ``python scripts/experiments/h200_thermal_check.py``.
+ran just before it (measurements/gpu-notes.md). Usage, on a GPU: ``python measurements/scripts/h200_thermal_check.py``.
 Prints one table: matmul ceiling, the Mixtral-8x7B first GEMM at M = 4096 (tuned "sorted") and
 the SM clock, cold and after heating.
 """

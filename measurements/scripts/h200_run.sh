@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# One batched GPU session on a lent H200 (see notes/gpu-notes.md): run from the repository root as
-#   OUT=<folder> bash scripts/experiments/h200_run.sh STAGE [STAGE ...]
+# One batched GPU session on a lent H200 (see measurements/gpu-notes.md): run from the repository root as
+#   OUT=<folder> bash measurements/scripts/h200_run.sh STAGE [STAGE ...]
 # Stages: tests (GPU correctness tests), bench-part4 (Part 4, its production steps and
 # torch._grouped_mm under the cold-l2 protocol), bench-rest (Parts 1-3 under cold-l2),
 # bench-rotated (Part 4 and torch._grouped_mm under the rotated protocol); fp8-tests (Part 7's GPU
 # tests), fp8-tune (Part 7's kernel tuned on $FP8_MODELS into $OUT/tuned_configs.json, which later
 # stages read), fp8-bench (Part 4 against Part 7 on $FP8_MODELS and $FP8_MORE under cold-l2),
 # bench-untuned (Part 4 and torch._grouped_mm on shapes the table was never tuned for: $UNTUNED and a
-# topk = 1 shape); backward-tests (Part 8's GPU tests), backward (Part 8's script, scripts/experiments/h200_backward.py;
+# topk = 1 shape); backward-tests (Part 8's GPU tests), backward (Part 8's script, measurements/scripts/h200_backward.py;
 # pip install liger-kernel first for its second anchor).
 # Each stage writes its log and CSVs under $OUT; a failing stage does not stop the next.
 set -u
@@ -58,7 +58,7 @@ for stage in "$@"; do
       python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_backward_kernel.py 2>&1 | tee "$OUT/backward-tests.log" | tail -15 ;;
     backward)
       # Part 8: gradients on real shapes, step times against the anchors, memory, tiles (about 8 minutes).
-      python3 scripts/experiments/h200_backward.py --out "$OUT/backward" 2>&1 | tee "$OUT/backward.log" | tail -60 ;;
+      python3 measurements/scripts/h200_backward.py --out "$OUT/backward" 2>&1 | tee "$OUT/backward.log" | tail -60 ;;
     *) echo "unknown stage $stage" ;;
   esac
   rm -f "$OUT"/*/*.png   # the CSVs hold the data; the tool brings back at most 8 files
