@@ -1,8 +1,9 @@
 """The README's commands work as written on a fresh clone, where nothing is activated.
 
-Every shell command of README.md (bash blocks, indented blocks, commands quoted in the prose) is
+Every shell command of README.md and of the docs pages it sends readers to for commands
+(docs/measuring.md, docs/testing.md), in bash blocks, indented blocks or quoted in the prose, is
 collected. None may rely on an activated environment (a bare ``python`` finds no torch on a
-fresh clone), each ``make`` target must exist (``make -n``), and each ``.venv/bin/python -m ...``
+fresh clone), each ``make`` target must exist (``make -n``), and each ``.venv/bin/python -m moe_tutorial...``
 command runs as written, through bash, with a PATH that holds no virtual environment, from a
 folder laid out like the repository root: on a CPU ``bench`` runs its toy shape, the grading line
 grades ``notebooks/exercises/submissions/example.ipynb``, and the GPU-only ``tune`` must refuse, saying why. On a GPU,
@@ -21,6 +22,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+#: The pages whose commands a reader runs: the README's first screens, then every command of the
+#: bench and the tuner, and what ``make test`` runs.
+PAGES = (README, REPO / "docs" / "measuring.md", REPO / "docs" / "testing.md")
 
 #: How a command begins, for the prose's inline code spans (a bare word like `python` is no command).
 COMMAND_START = re.compile(r"^(make|\.venv/bin/\S+|python3?|pip3?|pytest|jupyter|bash|conda)\s")
@@ -67,12 +71,20 @@ def test_the_extractor_finds_commands_where_readmes_put_them():
     assert readme_commands(text) == ["make lab", ".venv/bin/python -m x y --z 1", "python -m a b", "make test-browser"]
 
 
-COMMANDS = readme_commands(README.read_text())
+COMMANDS = [c for page in PAGES for c in readme_commands(page.read_text())]
 
 
 def test_the_readme_has_commands():
-    assert {"make lab", "make test", "make test-browser"} <= set(COMMANDS)
-    assert any(c.startswith(".venv/bin/python -m moe_tutorial bench") for c in COMMANDS)
+    first = readme_commands(README.read_text())
+    assert {"make lab", "make test"} <= set(first) and "make test-browser" in COMMANDS
+    assert any(c.startswith(".venv/bin/python -m moe_tutorial bench") for c in first)
+    assert any(c.startswith(".venv/bin/python -m moe_tutorial tune") for c in COMMANDS)
+
+
+def test_the_readme_links_the_pages_it_leaves_details_to():
+    text = README.read_text()
+    for page in PAGES[1:] + (REPO / "docs" / "results.md", REPO / "docs" / "ARCHITECTURE.md"):
+        assert f"(docs/{page.name})" in text, page.name
 
 
 @pytest.mark.parametrize("command", sorted(set(COMMANDS)))
@@ -139,7 +151,7 @@ def run_as_written(command: str, where: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("command", [c for c in COMMANDS if c.startswith(".venv/bin/python")])
+@pytest.mark.parametrize("command", sorted({c for c in COMMANDS if c.startswith(".venv/bin/python -m moe_tutorial")}))
 def test_venv_python_commands_run_as_written(command, tmp_path):
     if not (REPO / ".venv" / "bin" / "python").exists():
         pytest.skip("no .venv here: `make setup` creates it (`make test` does it first)")

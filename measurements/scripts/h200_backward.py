@@ -26,7 +26,7 @@ Usage, on one H200 from the repository root (about 8 minutes; torch 2.11, Triton
     python3 measurements/scripts/h200_backward.py --out "$OUT"
 
 Writes ``$OUT/h200_backward.csv`` (commit it as ``moe_tutorial/data/h200_backward.csv``; notebook 08
-and the README read it), ``$OUT/h200_backward_grads.csv``, ``$OUT/h200_backward_tiles.csv`` and
+and docs/results.md read it), ``$OUT/h200_backward_grads.csv``, ``$OUT/h200_backward_tiles.csv`` and
 ``$OUT/tuned_configs_training.json`` (copy into ``moe_tutorial/data/tuned_configs_training_h200.json``
 to ship the best tiles). Liger-Kernel autotunes for minutes per shape; by default it runs with
 ``LIGER_FUSED_MOE_AUTOTUNE=0`` (one pinned configuration per kernel, as Liger offers), and the

@@ -509,7 +509,7 @@ def summary_table(rows: list[dict], impls, *, labels: dict | None = None, protoc
     """One line per implementation, one column per model: the geometric-mean fraction of the
     floor of the gate/up GEMM, then of the whole layer ("GEMM / layer"; "-" where the
     implementation has no such variant). A mean over only some M says how many, e.g. "(3/7 M)".
-    ``markdown=True`` gives the same table in Markdown (the README's)."""
+    ``markdown=True`` gives the same table in Markdown (docs/results.md's)."""
     labels = labels or {}
     rows = subset(rows, protocol=protocol)
     models = model_order(rows)
