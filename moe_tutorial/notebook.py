@@ -4,7 +4,7 @@ When a reader's edited cell calls the package with a wrong argument, the error i
 the package (an input check, a launcher, the interpreter), and IPython prints 40 to 50 lines of
 frames the reader never wrote. :func:`install` (done on import inside IPython) registers a
 handler for the errors the package raises on purpose (``ValueError``, ``TypeError``,
-``IndexError`` and :class:`moe_tutorial.lab.KernelError`): when the innermost frame is inside
+``IndexError`` and :class:`moe_tutorial.edited_kernel.KernelError`): when the innermost frame is inside
 ``moe_tutorial``, it prints the message and the reader's own line, and nothing else. Any other
 error, and any error raised outside the package, keeps IPython's full traceback;
 :func:`full_tracebacks` switches the handler off.
@@ -57,7 +57,7 @@ def install(shell=None) -> bool:
         shell = get_ipython()
     if shell is None:
         return False
-    from .lab import KernelError
+    from .edited_kernel import KernelError
 
     shell.set_custom_exc(SHORT_ERRORS + (KernelError,), _handler)
     return True

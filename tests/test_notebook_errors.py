@@ -38,8 +38,8 @@ def test_a_wrong_shape_is_one_message_and_the_readers_line(shell):
 
 
 def test_a_failing_edited_kernel_is_short_too(shell):
-    text = run(shell, "from moe_tutorial import lab\nids = torch.full((2, 3), 9)\n"
-                      "lab.run_edited(mt.fused_moe_kernel, torch.randn(2, 8), torch.randn(4, 16, 8), ids)")
+    text = run(shell, "from moe_tutorial import edited_kernel\nids = torch.full((2, 3), 9)\n"
+                      "edited_kernel.run_edited(mt.fused_moe_kernel, torch.randn(2, 8), torch.randn(4, 16, 8), ids)")
     lines = text.strip().splitlines()
     assert lines[0].startswith("KernelError: your kernel failed: ValueError: topk_ids")
     assert len(lines) == 3 and "Traceback" not in text

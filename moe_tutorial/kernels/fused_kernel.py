@@ -106,7 +106,7 @@ def fused_moe_matmul(x: torch.Tensor, weight: torch.Tensor, topk_ids: torch.Tens
         out: optional ``[M, topk, N]`` buffer to write into: any strides, but no two elements
             at one address and no memory shared with the inputs.
         kernel: the ``@triton.jit`` kernel to launch, with :func:`fused_moe_kernel`'s arguments
-            (default: that kernel; notebook 03 passes the reader's edited copy, see ``moe_tutorial.lab``).
+            (default: that kernel; notebook 03 passes the reader's edited copy, see ``moe_tutorial.edited_kernel``).
 
     No backward pass: inputs that require grad are refused unless autograd is off.
 

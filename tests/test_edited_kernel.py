@@ -1,11 +1,11 @@
-"""moe_tutorial.lab: the three suggested edits of notebook 03's kernel end in one-line messages."""
+"""moe_tutorial.edited_kernel: the three suggested edits of notebook 03's kernel end in one-line messages."""
 import moe_tutorial  # noqa: F401,I001  (first: picks the runtime before triton is imported)
 
 import importlib.util
 
 import pytest
 
-from moe_tutorial import lab, runtime
+from moe_tutorial import edited_kernel, runtime
 from moe_tutorial.kernels.fused_kernel import fused_moe_kernel
 from moe_tutorial.shapes import random_problem
 from moe_tutorial.source import source_of
@@ -38,15 +38,15 @@ def problem():
 
 @interpreted
 def test_unedited_kernel_agrees_and_is_int64(capsys):
-    lab.run_edited(fused_moe_kernel, *problem(), block_n=4, block_k=4)
-    assert lab.wrap_probe(fused_moe_kernel) == 147 * lab.DEEPSEEK_V3_EXPERT_STRIDE
+    edited_kernel.run_edited(fused_moe_kernel, *problem(), block_n=4, block_k=4)
+    assert edited_kernel.wrap_probe(fused_moe_kernel) == 147 * edited_kernel.DEEPSEEK_V3_EXPERT_STRIDE
     assert "equals the float64 reference" in capsys.readouterr().out
 
 
 @interpreted
 def test_dropping_the_padding_mask_stores_past_out(tmp_path):
-    with pytest.raises(lab.KernelError) as excinfo:
-        lab.run_edited(edited(tmp_path, "no padding mask"), *problem(), block_n=4, block_k=4)
+    with pytest.raises(edited_kernel.KernelError) as excinfo:
+        edited_kernel.run_edited(edited(tmp_path, "no padding mask"), *problem(), block_n=4, block_k=4)
     message = str(excinfo.value)
     assert "tried to store to element" in message and "`out_ptr`" in message
     assert excinfo.value.__cause__ is None and excinfo.value.__suppress_context__     # no interpreter frames
@@ -54,15 +54,15 @@ def test_dropping_the_padding_mask_stores_past_out(tmp_path):
 
 @interpreted
 def test_int32_offsets_wrap_at_deepseek_v3s_stride(tmp_path, capsys):
-    true = 147 * lab.DEEPSEEK_V3_EXPERT_STRIDE
-    assert lab.wrap_probe(edited(tmp_path, "int32 offsets")) == true - 2 ** 32
+    true = 147 * edited_kernel.DEEPSEEK_V3_EXPERT_STRIDE
+    assert edited_kernel.wrap_probe(edited(tmp_path, "int32 offsets")) == true - 2 ** 32
     assert "int32 arithmetic" in capsys.readouterr().out
 
 
 @interpreted
 def test_swapped_program_ids_read_tokens_that_do_not_exist(tmp_path):
-    with pytest.raises(lab.KernelError, match="tried to load from element .* of `topk_ids_ptr`"):
-        lab.run_edited(edited(tmp_path, "swapped ids"), *problem(), block_n=4, block_k=4)
+    with pytest.raises(edited_kernel.KernelError, match="tried to load from element .* of `topk_ids_ptr`"):
+        edited_kernel.run_edited(edited(tmp_path, "swapped ids"), *problem(), block_n=4, block_k=4)
 
 
 @interpreted
@@ -73,6 +73,6 @@ def test_a_kernel_that_does_not_compile_says_so_in_one_line(tmp_path):
     spec = importlib.util.spec_from_file_location("broken", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    with pytest.raises(lab.KernelError) as excinfo:
-        lab.run_edited(module.fused_moe_kernel, *problem(), block_n=4, block_k=4)
+    with pytest.raises(edited_kernel.KernelError) as excinfo:
+        edited_kernel.run_edited(module.fused_moe_kernel, *problem(), block_n=4, block_k=4)
     assert str(excinfo.value).startswith("your kernel failed: ") and "\n" not in str(excinfo.value)
