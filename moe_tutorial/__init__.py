@@ -15,13 +15,10 @@ from . import (  # noqa: E402
 from .examples import worked_example  # noqa: E402
 from .indexing import expert_moe_matmul, indexing_moe_matmul, intermediate_bytes  # noqa: E402
 from .kernels.align import align_block_size  # noqa: E402
-from .kernels.fp8_kernel import fp8_moe_layer, fp8_moe_matmul  # noqa: E402
+from .kernels.fp8_layer import fp8_moe_layer, fp8_moe_matmul  # noqa: E402
 from .kernels.fused_kernel import fused_moe_kernel, fused_moe_matmul  # noqa: E402
-from .kernels.sorted_kernel import (  # noqa: E402
-    sorted_moe_kernel,
-    sorted_moe_layer,
-    sorted_moe_matmul,
-)
+from .kernels.sorted_kernel import sorted_moe_kernel  # noqa: E402
+from .kernels.sorted_layer import sorted_moe_layer, sorted_moe_matmul  # noqa: E402
 from .layer import moe_layer  # noqa: E402
 from .loop import loop_moe_layer, loop_moe_matmul  # noqa: E402
 from .parallel import expert_parallel_layer, tensor_parallel_layer  # noqa: E402

@@ -12,7 +12,7 @@ the scale that quantised it)::
 
 where ``prefix`` is one layer's, e.g. ``"model.layers.3.mlp."``. :func:`stack_experts` turns that
 into ``w13 [E, 2I, K]`` (gate rows then up rows), ``w2 [E, K, I]`` and their stacked scales, the
-inputs of :func:`moe_tutorial.kernels.fp8_kernel.fp8_moe_layer`; :func:`load_experts` reads
+inputs of :func:`moe_tutorial.kernels.fp8_layer.fp8_moe_layer`; :func:`load_experts` reads
 them from ``.safetensors`` files without loading the rest of the model, and checks them against
 the model's index (``model.safetensors.index.json``) where there is one, so that a missing shard is
 named rather than read as fewer experts.

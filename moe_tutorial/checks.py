@@ -4,6 +4,7 @@ from __future__ import annotations
 import operator
 
 import torch
+import triton
 
 from . import runtime
 from .fp8_format import BLOCK, FP8_DTYPE, nan_codes, scale_shape
@@ -358,7 +359,7 @@ def check_fp8_activations(name: str, x) -> None:
 
 def check_fp8_matmul_inputs(x_q, x_scale, weight, weight_scale, topk_ids,
                             topk_weights=None) -> tuple[int, int, int, int, int]:
-    """The FP8 first GEMM's contract (:func:`moe_tutorial.kernels.fp8_kernel.fp8_moe_matmul`);
+    """The FP8 first GEMM's contract (:func:`moe_tutorial.kernels.fp8_layer.fp8_moe_matmul`);
     returns ``(M, K, N, E, topk)``.
 
     x_q ``[M, K]`` e4m3 with x_scale ``[M, ceil(K/128)]``, weight ``[E, N, K]`` e4m3 with
@@ -388,7 +389,7 @@ def check_fp8_matmul_inputs(x_q, x_scale, weight, weight_scale, topk_ids,
 
 def check_fp8_layer_inputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
                            dtype: torch.dtype) -> tuple[int, int, int, int, int]:
-    """The FP8 layer's contract (:func:`moe_tutorial.kernels.fp8_kernel.fp8_moe_layer`); returns
+    """The FP8 layer's contract (:func:`moe_tutorial.kernels.fp8_layer.fp8_moe_layer`); returns
     ``(M, K, I, E, topk)``.
 
     x ``[M, K]`` of ``dtype`` (what the layer returns on this runtime), finite; w13 ``[E, 2I, K]``
@@ -439,3 +440,27 @@ def _check_not_swapped(K: int, w13: torch.Tensor, w2: torch.Tensor) -> None:
     if not fits(w13, w2) and fits(w2, w13):
         fail(ValueError, "w13, w2", f"w13 [E, 2I, K] and w2 [E, K, I] with x's K={K}",
              f"w13 {tuple(w13.shape)} and w2 {tuple(w2.shape)}: they are swapped")
+
+
+#: Triton releases whose e4m3 ``tl.dot`` was checked: natively on a GPU (FP8 tensor cores need
+#: compute capability 8.9+: Ada, Hopper and later), in the CPU interpreter with 3.9.
+MIN_TRITON_GPU = (3, 2)
+MIN_TRITON_INTERPRETER = (3, 9)
+
+
+def check_fp8_runtime() -> None:
+    """Refuse, with the reason, a runtime where e4m3 kernels cannot run or were never checked: the
+    first check of Part 7's entry points."""
+    version = tuple(int(p) for p in triton.__version__.split(".")[:2])
+    if runtime.INTERPRETED:
+        if version < MIN_TRITON_INTERPRETER:
+            raise RuntimeError(f"FP8 kernels: Triton's CPU interpreter runs e4m3 tl.dot from Triton "
+                               f"{'.'.join(map(str, MIN_TRITON_INTERPRETER))} on; this is Triton {triton.__version__}")
+        return
+    if version < MIN_TRITON_GPU:
+        raise RuntimeError(f"FP8 kernels: expected Triton {'.'.join(map(str, MIN_TRITON_GPU))} or newer, "
+                           f"got {triton.__version__}")
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) < (8, 9):
+        raise RuntimeError(f"FP8 kernels: need FP8 tensor cores (compute capability 8.9+), "
+                           f"this GPU is sm{major}{minor}")

@@ -9,7 +9,7 @@ from .activation import silu_and_mul
 from .checks import check_kernel_dtype, check_layer_inputs, check_no_grad
 from .indexing import indexing_moe_matmul
 from .kernels.fused_kernel import fused_moe_matmul
-from .kernels.sorted_kernel import sorted_moe_layer
+from .kernels.sorted_layer import sorted_moe_layer
 from .kernels.trainable_layer import trainable_moe_layer
 from .loop import loop_moe_layer
 

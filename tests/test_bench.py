@@ -3,7 +3,7 @@ import dataclasses
 import math
 
 from moe_tutorial import runtime
-from moe_tutorial.kernels import sorted_kernel
+from moe_tutorial.kernels import sorted_layer
 from moe_tutorial.perf import bench, ceilings, registry, timing
 from moe_tutorial.perf import impls as bench_impls
 from moe_tutorial.reference import reference_moe_layer, reference_moe_matmul, rel_error
@@ -113,7 +113,7 @@ def test_wrong_results_are_flagged_and_still_timed(monkeypatch):
 def test_unwritten_outputs_count_as_wrong(monkeypatch):
     """The kernels' output buffers are poisoned with NaN, so a launch that writes nothing fails."""
     inp = inputs(M=3)
-    monkeypatch.setattr(sorted_kernel, "launch_sorted_gemm", lambda *a, **k: None)
+    monkeypatch.setattr(sorted_layer, "launch_sorted_gemm", lambda *a, **k: None)
     row = bench.run_case("first", "sorted", inp, bench.reference_rows("first", inp), ceilings.Ceilings(1.0, 1.0),
                          bench.BenchPlan([SHAPE], (3,), torch.float32))
     assert row["status"] == "wrong" and row["rel_error"] == math.inf

@@ -576,7 +576,7 @@ def test_check_out_refuses_a_buffer_that_shares_an_input():
 def _entry_points():
     from moe_tutorial.kernels.fused_kernel import fused_moe_matmul
     from moe_tutorial.kernels.published_kernel import published_fused_moe_matmul
-    from moe_tutorial.kernels.sorted_kernel import sorted_moe_layer, sorted_moe_matmul
+    from moe_tutorial.kernels.sorted_layer import sorted_moe_layer, sorted_moe_matmul
 
     def layer(impl):
         return lambda **a: moe_layer(**a, impl=impl)

@@ -15,7 +15,7 @@ import torch
 
 from moe_tutorial import checkpoint, checks, quant, runtime
 from moe_tutorial.kernels.configs import CPU_FP8_CONFIG, KernelConfig
-from moe_tutorial.kernels.fp8_kernel import fp8_moe_layer, fp8_moe_matmul
+from moe_tutorial.kernels.fp8_layer import fp8_moe_layer, fp8_moe_matmul
 from moe_tutorial.kernels.fp8_quant import launch_quantize_rows, quantize_rows
 from moe_tutorial.reference import reference_fp8_moe_layer, reference_moe_matmul, rel_error
 

@@ -11,7 +11,7 @@ from moe_tutorial.experiments.sm90 import KERNELS, compile_report
 from moe_tutorial.kernels import gluon_fp8_kernel as gk
 from moe_tutorial.kernels.align import align_block_size
 from moe_tutorial.kernels.configs import KernelConfig
-from moe_tutorial.kernels.fp8_kernel import fp8_moe_layer, fp8_moe_matmul
+from moe_tutorial.kernels.fp8_layer import fp8_moe_layer, fp8_moe_matmul
 from moe_tutorial.kernels.fp8_quant import quantize_rows
 from moe_tutorial.kernels.gluon_kernel import HAVE_GLUON
 from moe_tutorial.quant import dequantize_activations, dequantize_weight, quantize_w13, quantize_weight

@@ -11,7 +11,7 @@ import dataclasses
 from moe_tutorial import reference_moe_layer, reference_moe_matmul, rel_error, route, runtime
 from moe_tutorial.kernels.configs import KernelConfig, check_config, get_config
 from moe_tutorial.kernels.persistent_kernel import INTERPRETER_PROGRAMS, persistent_grid
-from moe_tutorial.kernels.sorted_kernel import sorted_moe_layer, sorted_moe_matmul
+from moe_tutorial.kernels.sorted_layer import sorted_moe_layer, sorted_moe_matmul
 from moe_tutorial.reference import tolerance
 from moe_tutorial.shapes import MODEL_SHAPES, random_problem
 
@@ -59,9 +59,7 @@ def test_grid_is_one_program_per_sm_at_most_the_tiles():
         assert persistent_grid(10_000) == (INTERPRETER_PROGRAMS,)
 
 
-def test_warp_specialisation_needs_the_persistent_kernel():
-    with pytest.raises(ValueError, match="set persistent=True"):
-        check_config(KernelConfig(block_m=64, block_n=64, block_k=64, warp_specialize=True))
+def test_persistent_is_a_flag():
     with pytest.raises(TypeError, match="persistent"):
         check_config(KernelConfig(block_m=64, block_n=64, block_k=64, persistent=1))
 

@@ -228,7 +228,7 @@ def test_04_short_tails(rows, ceil):
                 ridge)
     assert_says(P4, "Short tails are on only for `BLOCK_M >= 32`.")
     assert "config.block_m >= 32" in inspect.getsource(__import__(
-        "moe_tutorial.kernels.sorted_kernel", fromlist=["_launch"])._launch)
+        "moe_tutorial.kernels.sorted_layer", fromlist=["_launch"])._launch)
 
 
 def test_04_layer_steps(rows, ceil):

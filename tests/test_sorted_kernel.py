@@ -20,7 +20,7 @@ from moe_tutorial import (
     worked_example,
 )
 from moe_tutorial.kernels.configs import KernelConfig, get_config
-from moe_tutorial.kernels.sorted_kernel import launch_sorted_gemm
+from moe_tutorial.kernels.sorted_layer import launch_sorted_gemm
 from moe_tutorial.mixtral_block import MixtralSparseMoeBlock, pack_weights
 from moe_tutorial.reference import tolerance
 from moe_tutorial.shapes import MODEL_SHAPES, random_problem, random_topk_ids
@@ -199,7 +199,7 @@ def test_launcher_refuses_inputs_that_require_grad():
 def _count_checks(monkeypatch) -> dict:
     """Spy on the checks behind the sorted kernel's doors: how often each tensor reaches each one."""
     import moe_tutorial.checks as checks
-    import moe_tutorial.kernels.sorted_kernel as sk
+    import moe_tutorial.kernels.sorted_layer as sk
 
     seen: dict = {}
 
@@ -235,10 +235,10 @@ def test_inputs_are_checked_once_at_the_door(monkeypatch):
 
 def _record_descriptors(monkeypatch) -> list:
     """Spy on the launcher's choice of weight path: each launch appends its TMA descriptor or None."""
-    import moe_tutorial.kernels.sorted_kernel as sk
+    import moe_tutorial.kernels.sorted_layer as sk
 
-    made, real = [], sk._weight_descriptor
-    monkeypatch.setattr(sk, "_weight_descriptor", lambda b, config: made.append(real(b, config)) or made[-1])
+    made, real = [], sk.weight_descriptor
+    monkeypatch.setattr(sk, "weight_descriptor", lambda b, block: made.append(real(b, block)) or made[-1])
     return made
 
 
@@ -328,6 +328,18 @@ def test_every_element_written(variant):
     launch_sorted_gemm(x, weight, c, router, alignment, num_pairs, topk, config, gated=variant == "gated")
     assert not c.isnan().any(), "some output elements were never written"
     assert rel_error(c, ref) < FP32_TOL
+
+
+def test_router_weights_on_the_gated_gemm_are_refused():
+    """The kernel's epilogue is one of silu(gate) * up and the router weights (the layer's two GEMMs):
+    the door refuses both at once rather than run one of them."""
+    M, N, K, E, topk = 4, 8, 16, 4, 2
+    x, weight, ids = random_problem(M, 2 * N, K, E, topk, device=DEVICE, seed=3)
+    alignment = align_block_size(ids, CONFIGS[0].block_m, E)
+    c = torch.empty(M * topk, N, device=DEVICE)
+    with pytest.raises(ValueError, match=r"^router_weights: expected None with gated=True"):
+        launch_sorted_gemm(x, weight, c, torch.ones(M * topk, device=DEVICE), alignment, M * topk, topk, CONFIGS[0],
+                           gated=True)
 
 
 def test_worked_example_exact():
@@ -612,7 +624,7 @@ def test_small_shapes_on_gpu(M, N, K, E, topk, dtype):
 
 def test_launch_shrinks_a_config_that_does_not_fit(monkeypatch):
     """A table tuned on an H200 can ask for more shared memory than a smaller GPU has."""
-    import moe_tutorial.kernels.sorted_kernel as sk
+    import moe_tutorial.kernels.sorted_layer as sk
 
     from triton.runtime.errors import OutOfResources
 
@@ -627,8 +639,8 @@ def test_launch_shrinks_a_config_that_does_not_fit(monkeypatch):
     monkeypatch.setattr(sk, "_FITTED", {})
     big = KernelConfig(block_m=16, block_n=128, block_k=256, group_m=8, num_warps=4, num_stages=4)
     a = torch.empty(0, 8)
-    sk._launch_fitted(a, None, None, None, None, 0, 1, big)
+    sk.launch_fitted(a, None, None, None, None, 0, 1, big)
     assert [(c.num_stages, c.block_k) for c in tried] == [(4, 256), (3, 256), (2, 256), (2, 128), (2, 64)]
     tried.clear()
-    sk._launch_fitted(a, None, None, None, None, 0, 1, big)   # remembered: one launch
+    sk.launch_fitted(a, None, None, None, None, 0, 1, big)   # remembered: one launch
     assert [(c.num_stages, c.block_k) for c in tried] == [(2, 64)]

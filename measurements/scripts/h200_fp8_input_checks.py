@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 from moe_tutorial import checks, quant
-from moe_tutorial.kernels.fp8_kernel import fp8_moe_layer
+from moe_tutorial.kernels.fp8_layer import fp8_moe_layer
 from moe_tutorial.kernels.fp8_quant import launch_quantize_rows, quantize_rows
 from moe_tutorial.perf import timing
 from moe_tutorial.reference import FP8_LAYER_TOLERANCE, reference_fp8_moe_layer, rel_error

@@ -31,7 +31,7 @@ from moe_tutorial import runtime
 from moe_tutorial.kernels import gluon_fp8_kernel as gk
 from moe_tutorial.kernels.align import align_block_size
 from moe_tutorial.kernels.configs import KernelConfig, fp8_config
-from moe_tutorial.kernels.fp8_kernel import fp8_moe_layer, launch_fp8_gemm
+from moe_tutorial.kernels.fp8_layer import fp8_moe_layer, launch_fp8_gemm
 from moe_tutorial.kernels.fp8_quant import quantize_rows
 from moe_tutorial.perf import bench, impls
 from moe_tutorial.perf.ceilings import measure_ceilings

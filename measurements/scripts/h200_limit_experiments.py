@@ -38,7 +38,7 @@ import moe_tutorial  # noqa: E402,F401,I001
 from moe_tutorial import runtime  # noqa: E402
 from moe_tutorial.kernels.align import align_block_size  # noqa: E402
 from moe_tutorial.kernels.configs import get_config  # noqa: E402
-from moe_tutorial.kernels.sorted_kernel import launch_sorted_gemm  # noqa: E402
+from moe_tutorial.kernels.sorted_layer import launch_sorted_gemm  # noqa: E402
 from moe_tutorial.experiments import limits  # noqa: E402
 from moe_tutorial.perf import bench  # noqa: E402
 from moe_tutorial.perf.ceilings import measure_ceilings, read_only_kernel  # noqa: E402
@@ -270,6 +270,7 @@ class _WithCtas:
 def round3(args, rows, info) -> None:
     """CTA clusters (``num_ctas=2``), alone and with 256-row tiles, on the first GEMM at prefill."""
     from moe_tutorial.kernels import sorted_kernel as sk
+    from moe_tutorial.kernels import sorted_layer
     kernel = sk.sorted_moe_kernel
     ceil = measure_ceilings(torch.bfloat16, "cold-l2")
     keep_ceilings(info, ceil)
@@ -293,7 +294,7 @@ def round3(args, rows, info) -> None:
                                   ("notails-256x256-ctas2", replace(whole, block_m=256, block_n=256, num_stages=3), 2)):
                 sk.sorted_moe_kernel = _WithCtas(kernel, ctas) if ctas > 1 else kernel
                 al = align_block_size(ids, c.block_m, E)
-                fn = lambda: sk._launch(x, w13, out, None, al, P, topk, c)  # noqa: E731
+                fn = lambda: sorted_layer._launch(x, w13, out, None, al, P, topk, c)  # noqa: E731
                 try:
                     fn()
                     err = 0.0 if ref is None else rel(out, ref)

@@ -39,7 +39,7 @@ KEYS = ("gpu__time_duration.sum", "sm__throughput.avg.pct_of_peak_sustained_elap
 def child() -> None:
     from moe_tutorial.kernels.align import align_block_size
     from moe_tutorial.kernels.configs import get_config
-    from moe_tutorial.kernels.sorted_kernel import launch_sorted_gemm
+    from moe_tutorial.kernels.sorted_layer import launch_sorted_gemm
     from moe_tutorial.routing import route
     from moe_tutorial.shapes import get_shape
 

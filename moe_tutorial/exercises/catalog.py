@@ -34,14 +34,14 @@ FIRST_GEMMS = ("moe_tutorial.loop.loop_moe_matmul", "moe_tutorial.indexing.index
                "moe_tutorial.kernels.fused_kernel.fused_moe_matmul",
                "moe_tutorial.kernels.published_kernel.published_fused_moe_matmul",
                "moe_tutorial.kernels.minimal_sorted_kernel.minimal_sorted_moe_matmul",
-               "moe_tutorial.kernels.sorted_kernel.sorted_moe_matmul")
+               "moe_tutorial.kernels.sorted_layer.sorted_moe_matmul")
 LAYERS = ("moe_tutorial.loop.loop_moe_layer", "moe_tutorial.layer.moe_layer", "moe_tutorial.layer.two_gemm_layer",
-          "moe_tutorial.reference.reference_moe_layer", "moe_tutorial.kernels.sorted_kernel.sorted_moe_layer")
+          "moe_tutorial.reference.reference_moe_layer", "moe_tutorial.kernels.sorted_layer.sorted_moe_layer")
 _QUANTISERS = ("moe_tutorial.quant.quantize_weight", "moe_tutorial.quant.quantize_w13",
                "moe_tutorial.quant.quantize_activations", "moe_tutorial.kernels.fp8_quant.quantize_rows",
                "moe_tutorial.kernels.fp8_quant.launch_quantize_rows")
 _DEQUANTISED = ("moe_tutorial.quant.dequantize_weight", "moe_tutorial.quant.dequantize_activations",
-                "moe_tutorial.kernels.fp8_kernel.fp8_moe_matmul")
+                "moe_tutorial.kernels.fp8_layer.fp8_moe_matmul")
 #: Part 8: the package's gradients (autograd through its layers too).
 _GRADIENTS = ("moe_tutorial.reference.reference_layer_grads",
               "moe_tutorial.kernels.trainable_layer.trainable_moe_layer", *LAYERS)

@@ -92,7 +92,7 @@ def _compile(kernel: str):
     """Launch ``kernel`` on CPU tensors of a DeepSeek-V3-like problem (E = 8 here), compiling only."""
     import torch
 
-    from ..kernels import fp8_kernel, gluon_fp8_kernel
+    from ..kernels import fp8_kernel, fp8_layer, gluon_fp8_kernel
     from ..kernels.align import max_padded_rows
     from ..kernels.configs import KernelConfig
     from ..quant import FP8_DTYPE
@@ -114,7 +114,7 @@ def _compile(kernel: str):
         config = KernelConfig(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=4, short_tails=False)
         out = torch.empty(pairs, 2 * inter, dtype=torch.bfloat16)
         with _captured(fp8_kernel, "fp8_moe_kernel") as cap:
-            fp8_kernel.launch_fp8_gemm(x_q, x_s, w, w_s, out, align_block_size(ids, 64, E), pairs, topk, config)
+            fp8_layer.launch_fp8_gemm(x_q, x_s, w, w_s, out, align_block_size(ids, 64, E), pairs, topk, config)
         return cap.compiled[0]
     bm, warps, stages = {"gluon-gated": (64, 8, 4), "gluon-two-wave": (256, 8, 3)}.get(kernel, (128, 8, 4))
     config = KernelConfig(block_m=bm, block_n=128, block_k=128, num_warps=warps, num_stages=stages,

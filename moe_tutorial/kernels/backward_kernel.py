@@ -34,10 +34,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .configs import KernelConfig
-from .sorted_kernel import _tma_can_read, _weight_descriptor, grouped_tile, load_weight_tile, pid_to_tile
+from .sorted_kernel import grouped_tile, load_weight_tile, pid_to_tile
+from .tma import rows_descriptor, weight_descriptor
 
 #: The epilogues of :func:`rows_gemm_kernel`.
 EPILOGUES = ("save_swiglu", "dswiglu", "scatter")
@@ -287,18 +287,14 @@ def _dot_precision(t: torch.Tensor) -> str:
 def _kn_descriptor(b: torch.Tensor, config: KernelConfig):
     """A TMA descriptor over ``b [E, K, N]`` as ``[E * K, N]`` with ``[BLOCK_K, BLOCK_N]`` tiles,
     or None where TMA cannot be used or K is ragged (the last tile would reach the next expert)."""
-    E, K, N = b.shape
-    if not config.use_tma or K % config.block_k or not _tma_can_read(b) or b.stride(0) != K * b.stride(1):
+    if not config.use_tma or b.shape[1] % config.block_k:
         return None
-    flat = b.as_strided((E * K, N), (b.stride(1), 1))
-    return TensorDescriptor.from_tensor(flat, [config.block_k, config.block_n])
+    return weight_descriptor(b, [config.block_k, config.block_n])
 
 
 def _sorted_descriptor(t: torch.Tensor, rows: int, cols: int, use: bool):
     """A TMA descriptor over sorted rows ``t [max_padded, C]`` with ``[rows, cols]`` tiles, or None."""
-    if not use or not _tma_can_read(t):
-        return None
-    return TensorDescriptor.from_tensor(t, [rows, cols])
+    return rows_descriptor(t, [rows, cols]) if use else None
 
 
 def launch_rows_gemm(a, b, alignment, num_pairs: int, a_row_div: int, config: KernelConfig, *,
@@ -318,7 +314,7 @@ def launch_rows_gemm(a, b, alignment, num_pairs: int, a_row_div: int, config: Ke
     if b_layout == "nk":
         K = b.shape[2]
         N = b.shape[1] // 2 if epilogue == "save_swiglu" else b.shape[1]
-        b_desc = _weight_descriptor(b, config) if config.use_tma else None
+        b_desc = weight_descriptor(b, [config.block_n, config.block_k]) if config.use_tma else None
         stride_bn, stride_bk = b.stride(1), b.stride(2)
     else:
         K, N = b.shape[1], b.shape[2]

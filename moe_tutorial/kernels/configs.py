@@ -35,7 +35,6 @@ class KernelConfig:
     short_tails: bool = True   # blocks at most half full multiply half as many rows (BLOCK_M >= 32)
     swap_ab: bool = False      # FP8 kernel only: small row blocks computed transposed (C^T = B^T A^T)
     persistent: bool = False   # one program per SM walks the tiles (kernels/persistent_kernel.py); no short tails
-    warp_specialize: bool = False  # persistent only: producer and consumer warps (Triton, GPU only)
     gluon: bool = False        # FP8 only: the Gluon kernel (kernels/gluon_fp8_kernel.py; Hopper only)
 
     def as_dict(self) -> dict:
@@ -68,20 +67,21 @@ def check_config(config, name: str = "config") -> KernelConfig:
         if value < 1:
             raise ValueError(f"{name}.{field}: expected an int of at least 1, got {value}")
         fields[field] = value
-    for field in ("use_tma", "short_tails", "persistent", "warp_specialize", "gluon"):
+    for field in ("use_tma", "short_tails", "persistent", "gluon"):
         if not isinstance(getattr(config, field), bool):
             raise TypeError(f"{name}.{field}: expected True or False, got {getattr(config, field)!r}")
-    if config.warp_specialize and not config.persistent:
-        raise ValueError(f"{name}.warp_specialize: only the persistent kernel specialises warps; "
-                         f"set persistent=True too")
     return replace(config, **fields)
 
 
 def check_fp8_config(config, name: str = "config", *, quant_out: bool = False) -> KernelConfig:
-    """:func:`check_config`, and the FP8 kernel's own rules: ``block_k`` divides 128 (one scale per
-    K step), and ``block_n`` is 128 where the GEMM quantises its output (``quant_out``: the layer's
-    gate/up GEMM writes one scale per row and 128 columns)."""
+    """:func:`check_config`, and the FP8 kernel's own rules: one program per tile (no persistent
+    grid), ``block_k`` divides 128 (one scale per K step), and ``block_n`` is 128 where the GEMM
+    quantises its output (``quant_out``: the layer's gate/up GEMM writes one scale per row and 128
+    columns)."""
     config = check_config(config, name)
+    if config.persistent:
+        raise ValueError(f"{name}.persistent: the FP8 kernel has no persistent grid (it lost to one program per "
+                         f"tile on an H200, measurements/gpu-notes.md); expected False")
     if FP8_BLOCK % config.block_k:
         raise ValueError(f"{name}.block_k: expected a power of two dividing {FP8_BLOCK} (one scale per K step), "
                          f"got {config.block_k}")

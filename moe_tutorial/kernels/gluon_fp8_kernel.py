@@ -36,6 +36,7 @@ from ..quant import BLOCK, FP8_DTYPE
 from .configs import sm_count
 from .fp8_quant import E4M3_MAX_C, MIN_AMAX_C, launch_quantize_rows, quantize_group, silu_mul_quantize
 from .gluon_kernel import HAVE_GLUON
+from .tma import stacked_rows
 from .topk_sum import topk_sum
 
 if HAVE_GLUON:
@@ -437,9 +438,8 @@ def _descriptors(a: torch.Tensor, a_scale_t: torch.Tensor, b: torch.Tensor, bloc
     B ``[E, rows, K]`` viewed as ``[E * rows, K]`` by ``[block_n, 128]``."""
     def desc(t, box, dtype):
         return GluonDescriptor.from_tensor(t, box, gl.NVMMASharedLayout.get_default_for(box, dtype))
-    E, rows, K = b.shape
     return (desc(a, [block_m, BLOCK], gl.float8e4nv), desc(a_scale_t, [1, block_m], gl.float32),
-            desc(b.as_strided((E * rows, K), (b.stride(1), 1)), [block_n, BLOCK], gl.float8e4nv))
+            desc(stacked_rows(b), [block_n, BLOCK], gl.float8e4nv))
 
 
 def launch_gluon_fp8_gemm(a: torch.Tensor, a_scale_t: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,

@@ -28,6 +28,7 @@ import torch
 import triton
 
 from .. import runtime
+from .tma import stacked_rows
 
 try:   # Gluon ships with Triton 3.4+; its Hopper module is what this kernel needs.
     from triton.experimental import gluon
@@ -195,13 +196,13 @@ def launch_gluon_gemm(a_sorted: torch.Tensor, b: torch.Tensor, c: torch.Tensor, 
     if UNAVAILABLE:
         raise RuntimeError(UNAVAILABLE)
     sorted_ids, expert_ids, num_post = alignment
-    E, rows, K = b.shape
+    rows, K = b.shape[1], b.shape[2]
     N = c.shape[1]
     dtype = gl.bfloat16 if a_sorted.dtype == torch.bfloat16 else gl.float16
     bm, bn, bk = config.block_m, config.block_n, config.block_k
     a_desc = GluonDescriptor.from_tensor(a_sorted, [bm, bk], gl.NVMMASharedLayout.get_default_for([bm, bk], dtype))
-    flat = b.view(E * rows, K)
-    b_desc = GluonDescriptor.from_tensor(flat, [bn, bk], gl.NVMMASharedLayout.get_default_for([bn, bk], dtype))
+    b_desc = GluonDescriptor.from_tensor(stacked_rows(b), [bn, bk],
+                                         gl.NVMMASharedLayout.get_default_for([bn, bk], dtype))
     max_tiles = triton.cdiv(sorted_ids.numel(), bm) * triton.cdiv(N, bn)
     sms = torch.cuda.get_device_properties(c.device).multi_processor_count
     gluon_moe_kernel[(max(1, min(sms, max_tiles)),)](

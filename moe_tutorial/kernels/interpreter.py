@@ -113,6 +113,16 @@ def base_of(ptrs) -> str | None:
     return getattr(ptrs, _BASE, None)
 
 
+def _tensor_args(pairs):
+    """The tensors among a launch's ``(name, value)`` arguments; a tuple argument's tensors are
+    named by their place in it (``alignment[0]``), as the kernel unpacks them."""
+    for name, value in pairs:
+        if isinstance(value, torch.Tensor):
+            yield name, value
+        elif isinstance(value, tuple):
+            yield from _tensor_args((f"{name}[{i}]", v) for i, v in enumerate(value))
+
+
 @contextlib.contextmanager
 def watch(on_launch: Callable[[list[Extent]], None] | None = None,
           on_access: Callable[[str, object, object], None] | None = None):
@@ -137,7 +147,7 @@ def watch(on_launch: Callable[[list[Extent]], None] | None = None,
     def init_args(self, args_dev, kwargs):
         args_hst, kwargs_hst = orig_init(self, args_dev, kwargs)
         pairs = list(zip(self.arg_names, args_hst)) + list(kwargs_hst.items())
-        extents[:] = [Extent.of(n, a) for n, a in pairs if isinstance(a, torch.Tensor)]
+        extents[:] = [Extent.of(n, a) for n, a in _tensor_args(pairs)]
         if on_launch is not None:
             on_launch(list(extents))
         return args_hst, kwargs_hst

@@ -18,7 +18,7 @@ import triton
 from ..checks import check_kernel_dtype, check_layer_inputs
 from .align import Alignment, max_padded_rows
 from .backward_kernel import launch_expert_grad, launch_rows_gemm
-from .sorted_kernel import _launch_fitted
+from .sorted_layer import launch_fitted
 from .stable_align import expert_rows, stable_align_block_size
 from .topk_sum import topk_sum
 from .training_configs import TrainingConfigs, training_configs
@@ -35,7 +35,7 @@ def _forward(x, w13, w2, router, topk_ids, configs: TrainingConfigs):
     act = x.new_empty(max_padded, inter)
     launch_rows_gemm(x, w13, alignment, pairs, topk, configs.up, epilogue="save_swiglu", b_layout="nk", h=h, act=act)
     down = x.new_empty(pairs, K)
-    _launch_fitted(act, w2, down, router, alignment, pairs, 1, configs.down, a_sorted=True)
+    launch_fitted(act, w2, down, router, alignment, pairs, 1, configs.down, a_sorted=True)
     return topk_sum(down.view(M, topk, K)), h, alignment
 
 

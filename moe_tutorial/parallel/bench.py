@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..kernels.sorted_kernel import sorted_moe_layer
+from ..kernels.sorted_layer import sorted_moe_layer
 from ..perf.timing import machine_info
 from ..reference import reference_moe_layer, rel_error, tolerance
 from ..routing import route
@@ -121,7 +121,8 @@ def timed_ms(fn, reps: int = REPS, warmup: int = WARMUP) -> float:
     return statistics.median(slowest.tolist())
 
 
-def _shape(model) -> ModelShape:
+def as_shape(model) -> ModelShape:
+    """``model`` as a :class:`ModelShape`: one already, or its name."""
     return model if isinstance(model, ModelShape) else get_shape(model)
 
 
@@ -159,7 +160,8 @@ def _shape_columns(shape: ModelShape, num_experts: int, dtype) -> dict:
             "dtype": str(dtype).replace("torch.", "")}
 
 
-def _last_line() -> str:
+def last_error_line() -> str:
+    """The last line of the exception being handled: what a row's status says went wrong."""
     return traceback.format_exc(limit=1).strip().splitlines()[-1]
 
 
@@ -196,7 +198,7 @@ def check_rank(models: list, csv_path: str | None, deadline: float, experts: dic
     rows = []
     common = machine_columns(world)
     for model in models:
-        shape = _shape(model)
+        shape = as_shape(model)
         E = (experts or {}).get(shape.name, shape.num_experts)
         cols = {**common, **_shape_columns(shape, E, dtype)}
         try:
@@ -204,7 +206,7 @@ def check_rank(models: list, csv_path: str | None, deadline: float, experts: dic
             ep, tp = shard_experts(w13, w2, rank, world), shard_intermediate(w13, w2, rank, world)
             ok, err = True, ""
         except Exception:  # noqa: BLE001  (e.g. out of memory: recorded, and the ranks move on together)
-            ok, err = False, _last_line()
+            ok, err = False, last_error_line()
         if not all_ranks_ok(ok):
             rows.append(_emit(csv_path, rank, {**cols, "step": "check_ep",
                                                "status": f"error: {err or 'another rank'}"}))
@@ -225,7 +227,7 @@ def check_rank(models: list, csv_path: str | None, deadline: float, experts: dic
                     status = "another rank failed"
                 rows.append(_emit(csv_path, rank, {**case_cols, "step": step, "rel_error": err, "status": status}))
         del w13, w2, ep, tp
-        _empty_cache()
+        empty_cache()
     return rows
 
 
@@ -242,10 +244,11 @@ def _check(step: str, batch, rank: int, full, ep, tp, num_experts: int, dtype) -
         err = rel_error(out, ref) if out.numel() else 0.0
         return err, "ok" if err <= tolerance(dtype) else "wrong"
     except Exception:  # noqa: BLE001  (recorded; the ranks agree on it before the next collective)
-        return float("nan"), "error: " + _last_line()
+        return float("nan"), "error: " + last_error_line()
 
 
-def _empty_cache() -> None:
+def empty_cache() -> None:
+    """Give the CUDA caching allocator's free blocks back between cases (nothing without a GPU)."""
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
@@ -258,7 +261,7 @@ def timing_rank(model, csv_path: str | None, deadline: float, batch_sizes=BATCH_
     ``reps`` and ``warmup`` override :data:`PROTOCOL`'s repetitions (the CPU tests use 1 and 0).
     """
     rank, world = require_group()
-    shape = _shape(model)
+    shape = as_shape(model)
     E = num_experts or shape.num_experts
     common = {**machine_columns(world), **_shape_columns(shape, E, dtype), "case": "uniform routing"}
     if reps is not None:
@@ -269,7 +272,7 @@ def timing_rank(model, csv_path: str | None, deadline: float, batch_sizes=BATCH_
         ep, tp = shard_experts(w13, w2, rank, world), shard_intermediate(w13, w2, rank, world)
         ok, err = True, ""
     except Exception:  # noqa: BLE001
-        ok, err = False, _last_line()
+        ok, err = False, last_error_line()
     if not all_ranks_ok(ok):
         return [_emit(csv_path, rank, {**common, "step": "ep_layer", "status": f"error: {err or 'another rank'}"})]
     for M in batch_sizes:
@@ -280,7 +283,7 @@ def timing_rank(model, csv_path: str | None, deadline: float, batch_sizes=BATCH_
         try:
             steps, ok, err = _timing_steps(M, shape, E, dtype, rank, world, (w13, w2), ep, tp), True, ""
         except Exception:  # noqa: BLE001
-            steps, ok, err = {}, False, _last_line()
+            steps, ok, err = {}, False, last_error_line()
         if not all_ranks_ok(ok):
             rows.append(_emit(csv_path, rank, {**cols, "step": "ep_layer",
                                                "status": f"error: {err or 'another rank'}"}))
@@ -290,12 +293,12 @@ def timing_rank(model, csv_path: str | None, deadline: float, batch_sizes=BATCH_
             try:
                 ms, status = timed_ms(fn, n, warmup), "ok"
             except Exception:  # noqa: BLE001  (a failure inside a collective may still stop the run: the CSV keeps the rest)
-                ms, status = float("nan"), "error: " + _last_line()
+                ms, status = float("nan"), "error: " + last_error_line()
             gbps = nbytes / (ms * 1e6) if nbytes and ms == ms else ""
             rows.append(_emit(csv_path, rank, {**cols, "step": step, "ms": ms, "bytes": int(nbytes), "gbps": gbps,
                                                "status": status}))
         del steps
-        _empty_cache()
+        empty_cache()
     return rows
 
 
@@ -346,7 +349,7 @@ def link_rank(csv_path: str | None, deadline: float, sizes=A2A_BYTES) -> list[di
         ms = timed_ms(lambda: dist.all_to_all_single(recv, send))
         rows.append(_emit(csv_path, rank, {**common, "ms": ms, "bytes": int(nbytes), "gbps": nbytes / (ms * 1e6),
                                            "status": "ok"}))
-    _empty_cache()
+    empty_cache()
     return rows
 
 

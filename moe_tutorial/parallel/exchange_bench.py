@@ -31,17 +31,17 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from ..kernels.sorted_kernel import sorted_moe_layer
+from ..kernels.sorted_layer import sorted_moe_layer
 from ..perf.timing import flush_l2
 from ..reference import rel_error, tolerance
 from ..shapes import BATCH_SIZES
 from . import bench
 from .bench import (
-    _empty_cache,
-    _last_line,
-    _shape,
     all_ranks_ok,
+    as_shape,
+    empty_cache,
     in_time,
+    last_error_line,
     machine_columns,
     make_batch,
     make_weights,
@@ -103,7 +103,7 @@ class Timer:
                 g, why = _capture(fn, self.warmup), ""
             except Exception:  # noqa: BLE001  (reported in the row's protocol)
                 torch.cuda.synchronize()
-                g, why = None, _last_line()[:80]
+                g, why = None, last_error_line()[:80]
             # A graph holding a collective must be replayed on every rank or on none (NCCL's rule).
             if self._everywhere(g is not None):
                 run = g.replay
@@ -174,7 +174,7 @@ def timing_rank(model, csv_path: str | None, deadline: float, batch_sizes=BATCH_
     to ``csv_path``. ``reps`` overrides the repetitions (the CPU tests use 1).
     """
     rank, world = require_group()
-    shape = _shape(model)
+    shape = as_shape(model)
     E = num_experts or shape.num_experts
     cols = {**machine_columns(world, protocol=""), "model": shape.name, "E": E, "K": shape.hidden,
             "I": shape.intermediate, "topk": shape.topk, "dtype": str(dtype).replace("torch.", "")}
@@ -184,7 +184,7 @@ def timing_rank(model, csv_path: str | None, deadline: float, batch_sizes=BATCH_
         ep, tp = shard_experts(w13, w2, rank, world), shard_intermediate(w13, w2, rank, world)
         ok, err = True, ""
     except Exception:  # noqa: BLE001  (out of memory: recorded, and the ranks stop together)
-        ok, err = False, _last_line()
+        ok, err = False, last_error_line()
     if not all_ranks_ok(ok):
         return [_emit(csv_path, rank, {**cols, "step": "ep_layer", "status": f"error: {err or 'another rank'}"})]
     host = host_group()
@@ -198,7 +198,7 @@ def timing_rank(model, csv_path: str | None, deadline: float, batch_sizes=BATCH_
             except StopIteration:
                 break
             except Exception:  # noqa: BLE001  (building a step's inputs failed, e.g. out of memory)
-                ok, err = False, _last_line()
+                ok, err = False, last_error_line()
             if not all_ranks_ok(ok):
                 rows.append(_emit(csv_path, rank, {**cols, "M": M, "step": "setup",
                                                    "status": f"error: {err or 'another rank'}"}))
@@ -217,14 +217,14 @@ def timing_rank(model, csv_path: str | None, deadline: float, batch_sizes=BATCH_
                 else:
                     ms, protocol = timer(fn, graph)
             except Exception:  # noqa: BLE001
-                status = "error: " + _last_line()
+                status = "error: " + last_error_line()
             if not all_ranks_ok(status in ("ok", "wrong")) and status in ("ok", "wrong"):
                 status = "another rank failed"
             gbps = nbytes / (ms * 1e6) if nbytes and ms == ms else ""
             rows.append(_emit(csv_path, rank, {**row, "protocol": protocol, "ms": "" if ms != ms else ms,
                                                "bytes": int(nbytes), "gbps": gbps, "rel_error": rel,
                                                "status": status}))
-        _empty_cache()
+        empty_cache()
     return rows
 
 

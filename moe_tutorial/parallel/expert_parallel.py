@@ -12,7 +12,7 @@ import torch
 from ..checks import check_kernel_dtype, check_no_grad, check_tensor
 from ..kernels.align import align_block_size
 from ..kernels.configs import get_config
-from ..kernels.sorted_kernel import _launch_fitted, sorted_moe_layer
+from ..kernels.sorted_layer import launch_fitted, sorted_moe_layer
 from ..kernels.topk_sum import local_topk_sum
 from .dispatch import METHODS, Dispatched, capturing, combine, dispatch
 from .groups import check_same_on_all_ranks, dtype_code, gather_rows, require_group
@@ -49,7 +49,7 @@ def local_moe_layer(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
 
     Reads no device value (the ids are not range-checked: out of range means "not here"), so it
     can be captured in a CUDA graph. Same kernels and configurations as
-    :func:`moe_tutorial.kernels.sorted_kernel.sorted_moe_layer`; only the last sum differs.
+    :func:`moe_tutorial.kernels.sorted_layer.sorted_moe_layer`; only the last sum differs.
     """
     check_no_grad({"x": x, "w13": w13, "w2": w2, "topk_weights": topk_weights})
     check_tensor("local_ids", local_ids, 2)
@@ -69,9 +69,9 @@ def local_moe_layer(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
     # Sorted activations when both GEMMs share a BLOCK_M, as in sorted_moe_layer: one alignment.
     in_sorted_order = cfg_down.block_m == cfg_up.block_m
     act = x.new_empty(align_up[0].numel() if in_sorted_order else num_pairs, inter)
-    _launch_fitted(x, w13, act, None, align_up, num_pairs, topk, cfg_up, gated=True, c_sorted=in_sorted_order)
+    launch_fitted(x, w13, act, None, align_up, num_pairs, topk, cfg_up, gated=True, c_sorted=in_sorted_order)
     align_down = align_up if in_sorted_order else align_block_size(local_ids, cfg_down.block_m, E)
-    _launch_fitted(act, w2, down, router, align_down, num_pairs, 1, cfg_down, a_sorted=in_sorted_order)
+    launch_fitted(act, w2, down, router, align_down, num_pairs, 1, cfg_down, a_sorted=in_sorted_order)
     return local_topk_sum(down.view(R, topk, K), local_ids, E)     # reads only the rows written
 
 

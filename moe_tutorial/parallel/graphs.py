@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..kernels.sorted_kernel import sorted_moe_layer
+from ..kernels.sorted_layer import sorted_moe_layer
 from ..reference import rel_error, tolerance
 from .demos import make_problem, own_tokens
 from .expert_parallel import expert_parallel_layer

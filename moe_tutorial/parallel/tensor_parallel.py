@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from ..checks import check_kernel_dtype, check_layer_inputs
-from ..kernels.sorted_kernel import sorted_moe_layer
+from ..kernels.sorted_layer import sorted_moe_layer
 from .groups import check_same_on_all_ranks, dtype_code, gather_rows, require_group
 
 

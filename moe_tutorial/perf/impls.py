@@ -22,12 +22,12 @@ import torch
 from .. import runtime
 from ..activation import silu_and_mul
 from ..indexing import indexing_moe_matmul, intermediate_bytes
-from ..kernels import sorted_kernel  # its launcher through the module: tests replace it
+from ..kernels import sorted_layer  # its launcher through the module: tests replace it
 from ..kernels.align import SMALL_BATCH_PAIRS, align_block_size, max_padded_rows
 from ..kernels.configs import KernelConfig, get_config, heuristic_config
 from ..kernels.fused_kernel import fused_moe_matmul
 from ..kernels.minimal_sorted_kernel import minimal_sorted_moe_matmul
-from ..kernels.sorted_kernel import sorted_moe_layer
+from ..kernels.sorted_layer import sorted_moe_layer
 from ..layer import moe_layer
 from ..loop import loop_moe_matmul
 from ..shapes import ModelShape
@@ -150,12 +150,12 @@ def first_sorted(inp: Inputs, *, align_inside: bool = False, heuristic: bool = F
     if align_inside:
         def run(x, ids, _):
             alignment = align_block_size(ids, config.block_m, E)
-            sorted_kernel.launch_sorted_gemm(x, inp.w13, out, None, alignment, M * topk, topk, config)
+            sorted_layer.launch_sorted_gemm(x, inp.w13, out, None, alignment, M * topk, topk, config)
             return out
         calls = _rotations(inp, run)
     else:
         alignments = [align_block_size(ids, config.block_m, E) for ids in inp.ids]
-        calls = [lambda r=r: sorted_kernel.launch_sorted_gemm(inp.xs[r], inp.w13, out, None, alignments[r], M * topk,
+        calls = [lambda r=r: sorted_layer.launch_sorted_gemm(inp.xs[r], inp.w13, out, None, alignments[r], M * topk,
                                                               topk, config)
                  for r in range(len(inp.xs))]
     return Prepared(calls, output=lambda _: out.view(M, topk, N), buffers=[out])
@@ -234,14 +234,14 @@ def layer_step(step: str):
             a_up = align_block_size(ids, cfg_up.block_m, E, small_batch_pairs=small)
             a_down = a_up if cfg_down.block_m == cfg_up.block_m else \
                 align_block_size(ids, cfg_down.block_m, E, small_batch_pairs=small)
-            sorted_kernel.launch_sorted_gemm(x, inp.w13, up, None, a_up, pairs, topk, cfg_up, gated=gated,
+            sorted_layer.launch_sorted_gemm(x, inp.w13, up, None, a_up, pairs, topk, cfg_up, gated=gated,
                                              c_sorted=sorted_act)
             act = up if gated else silu_and_mul(up)
             router = w.reshape(-1).float().contiguous()
             if step == "unfused":
-                sorted_kernel.launch_sorted_gemm(act, inp.w2, down, None, a_down, pairs, 1, cfg_down)
+                sorted_layer.launch_sorted_gemm(act, inp.w2, down, None, a_down, pairs, 1, cfg_down)
                 return (down.view(M, topk, H) * w[..., None].to(down.dtype)).sum(dim=1)
-            sorted_kernel.launch_sorted_gemm(act, inp.w2, down, router, a_down, pairs, 1, cfg_down, a_sorted=sorted_act)
+            sorted_layer.launch_sorted_gemm(act, inp.w2, down, router, a_down, pairs, 1, cfg_down, a_sorted=sorted_act)
             return down.view(M, topk, H).sum(dim=1)
         return Prepared(_rotations(inp, run))
     return prepare
@@ -381,7 +381,7 @@ def layer_gluon(inp: Inputs) -> Prepared:
     def run(x, ids, w):
         alignment = align_block_size(ids, cfg_up.block_m, E)
         act = x.new_empty(alignment[0].numel(), inter)
-        sorted_kernel.launch_sorted_gemm(x, inp.w13, act, None, alignment, pairs, topk, cfg_up, gated=True,
+        sorted_layer.launch_sorted_gemm(x, inp.w13, act, None, alignment, pairs, topk, cfg_up, gated=True,
                                          c_sorted=True)
         down = x.new_empty(pairs, H)
         launch_gluon_gemm(act, inp.w2, down, w.reshape(-1).float().contiguous(), alignment, pairs, cfg_down)
@@ -395,7 +395,7 @@ def fp8_experts(inp: Inputs, layer: bool):
     """The case's weights in block FP8, quantised once per case (outside any timing): for the first
     GEMM ``(w13_q, w13_scale)`` blocked as one ``[E, 2I, K]`` weight, for the layer
     ``(w13_q, w13_scale, w2_q, w2_scale)`` with gate and up blocked apart."""
-    from ..kernels.fp8_kernel import check_fp8_runtime
+    from ..checks import check_fp8_runtime
     from ..quant import quantize_w13, quantize_weight
 
     try:                                        # both FP8 rows need a runtime that runs e4m3
@@ -421,7 +421,7 @@ def first_fp8(inp: Inputs, config=None, kernel: str | None = None) -> Prepared:
     the ``tl`` kernel where the table would take the Gluon one."""
     from ..kernels.align import align_block_size
     from ..kernels.configs import fp8_config
-    from ..kernels.fp8_kernel import launch_fp8_gemm, out_dtype
+    from ..kernels.fp8_layer import launch_fp8_gemm, out_dtype
     from ..kernels.fp8_quant import quantize_rows
     from ..quant import dequantize_activations, dequantize_weight
     from ..reference import reference_moe_matmul
@@ -477,7 +477,7 @@ def layer_fp8(inp: Inputs, configs=None, kernel: str | None = None) -> Prepared:
     """Part 7's whole FP8 layer (x quantised inside, as an engine runs it); checked against the
     float64 layer that takes the same quantisation steps (reference_fp8_moe_layer). ``kernel``
     "tl" keeps both GEMMs on the ``tl`` kernel."""
-    from ..kernels.fp8_kernel import fp8_moe_layer, layer_configs
+    from ..kernels.fp8_layer import fp8_moe_layer, layer_configs
     from ..reference import reference_fp8_moe_layer
 
     q13, s13, q2, s2 = fp8_experts(inp, layer=True)
@@ -491,24 +491,6 @@ def layer_fp8(inp: Inputs, configs=None, kernel: str | None = None) -> Prepared:
                                        inp.weights[0][rows], local)
     return Prepared(_rotations(inp, lambda x, ids, w: fp8_moe_layer(x, q13, s13, q2, s2, w, ids, configs=configs)),
                     reference=reference)
-
-
-def first_fp8_persistent(inp: Inputs) -> Prepared:
-    """Part 7's first GEMM with its configuration on the persistent grid (issue: the same
-    machinery at prefill)."""
-    from ..kernels.configs import fp8_config
-    E, N, K = inp.w13.shape
-    return first_fp8(inp, config=replace(fp8_config(inp.M, E, N, K, inp.shape.topk, "plain"), persistent=True))
-
-
-def layer_fp8_persistent(inp: Inputs) -> Prepared:
-    """Part 7's layer with both GEMMs on the persistent grid."""
-    from ..kernels.configs import fp8_config
-    s = inp.shape
-    up = replace(fp8_config(inp.M, s.num_experts, s.intermediate, s.hidden, s.topk, "gated"), persistent=True)
-    down = replace(fp8_config(inp.M, s.num_experts, s.hidden, s.intermediate, s.topk, "down"), persistent=True,
-                   block_m=up.block_m)                  # one alignment for both GEMMs
-    return layer_fp8(inp, configs=(up, down))
 
 
 # ---------------------------------------------------- Part 8: the layer's forward + backward

@@ -119,11 +119,6 @@ IMPLEMENTATIONS: tuple[Implementation, ...] = (
         "fp8+tma", "Part 7 step 2: + TMA weight loads (heuristic)", "#f7b6d2",
         "step 1 with the weights through the Tensor Memory Accelerator: the untuned heuristic",
         first=impls.first_fp8_step("fp8+tma"), precision="fp8", linestyle="-.", in_default_sweep=False),
-    Implementation(
-        "fp8+persistent", "Part 7 on the persistent grid", "#8c564b",
-        "Part 7's kernel with its configuration, each program walking the real tiles (Part 4's persistent grid)",
-        first=impls.first_fp8_persistent, layer=impls.layer_fp8_persistent, precision="fp8", linestyle="-",
-        in_default_sweep=False),
     # Part 4 built up one production step at a time (notebook 04); each keeps the steps before it.
     Implementation(
         "minimal", "Part 4 step 0: minimal kernel", "#7f7f7f",

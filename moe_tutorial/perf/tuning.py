@@ -30,7 +30,7 @@ from .. import runtime
 from ..kernels import configs
 from ..kernels.align import align_block_size
 from ..kernels.configs import KernelConfig, fp8_heuristic_config, heuristic_config, problem_key
-from ..kernels.sorted_kernel import launch_sorted_gemm
+from ..kernels.sorted_layer import launch_sorted_gemm
 from ..quant import dequantize_activations
 from ..reference import rel_error
 from ..shapes import ModelShape
@@ -272,7 +272,7 @@ class _Problem:
     def fp8_calls(self, config: KernelConfig) -> list[Callable]:
         """The FP8 kernel's launches; the gate/up GEMM's e4m3 output goes to ``out`` viewed as
         bytes' worth of e4m3 (half of it), so candidates compare on the same buffer."""
-        from ..kernels.fp8_kernel import launch_fp8_gemm
+        from ..kernels.fp8_layer import launch_fp8_gemm
 
         aligned = self.alignments(config.block_m)
         b, b_s = self.b_q
