@@ -308,7 +308,7 @@ def tune_problem(problem: _Problem, dtype: torch.dtype, deadline: float, *,
     gated = problem.variant == "gated"
     if problem.fp8:
         # The layer's two GEMMs stay on the tl kernel here: the layer's Gluon form is chosen on the
-        # whole layer (scripts/experiments/h200_gluon_fp8.py), since its gate/up GEMM and down GEMM go together.
+        # whole layer (measurements/scripts/h200_gluon_fp8.py), since its gate/up GEMM and down GEMM go together.
         plain = problem.variant == "plain"
         heuristic = fp8_heuristic_config(M, topk, E, problem.variant, N=problem.N, kernel=None if plain else "tl")
         space = fp8_config_space(M, E, problem.N, problem.K, topk, gated=gated, tma=tma_available(),
