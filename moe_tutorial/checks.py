@@ -114,7 +114,7 @@ def check_ids_in_range(topk_ids, E: int) -> None:
 def capturing(t: torch.Tensor) -> bool:
     """True while a CUDA graph is being captured: reading device values would break it, so the
     id-range check is skipped (the graph replays inputs that were checked when captured)."""
-    return t.is_cuda and torch.cuda.is_current_streamcapturing()
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 #: Why a dtype is refused by the kernels, said after the dtypes they take (the reason depends on the dtype).

@@ -15,7 +15,7 @@ import torch
 
 from moe_tutorial import runtime
 from moe_tutorial.examples import WORKED_FIRST_GEMM, WORKED_LAYER, worked_example
-from moe_tutorial.checks import check_kernel_dtype, check_layer_inputs, check_matmul_inputs
+from moe_tutorial.checks import capturing, check_kernel_dtype, check_layer_inputs, check_matmul_inputs
 from moe_tutorial.indexing import indexing_moe_matmul, intermediate_bytes
 from moe_tutorial.layer import IMPLS, moe_layer
 from moe_tutorial.loop import loop_moe_layer, loop_moe_matmul
@@ -664,3 +664,14 @@ def test_torch_layers_backpropagate_like_the_reference(impl):
 def test_errors_are_shown_the_same_on_every_machine(err, text):
     """fp32 rounding becomes a bound, larger errors one significant digit: no CPU-dependent digits."""
     assert error_text(err) == text
+
+
+def test_capturing_asks_torch_whether_the_stream_captures(monkeypatch):
+    """checks.capturing is what keeps the id check out of a CUDA graph; on a CPU it never reaches
+    torch.cuda, so this calls the GPU branch with torch's answer replaced, once each way."""
+    from types import SimpleNamespace
+
+    assert capturing(torch.zeros(1)) is False
+    for answer in (True, False):
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda answer=answer: answer)
+        assert capturing(SimpleNamespace(is_cuda=True)) is answer
