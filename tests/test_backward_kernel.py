@@ -229,6 +229,23 @@ def test_training_configs_are_valid_and_share_one_block_m():
             assert cfg.dw13.block_k <= cfg.up.block_m and cfg.up.block_m % cfg.dw13.block_k == 0
 
 
+@pytest.mark.parametrize("itemsize", [2, 4], ids=["bf16", "fp32"])
+def test_training_tiles_fit_in_shared_memory(itemsize):
+    """Every heuristic tile's pipeline fits Hopper's shared memory in the step's dtype (an fp32
+    notebook problem once asked for 254 KB of 227), and the bf16 tiles are the ones measured."""
+    from moe_tutorial.kernels.configs import SMEM_LIMIT, smem_bytes
+
+    for M in (1, 6, 64, 4096, 32768):
+        for E, topk in ((3, 2), (8, 2), (128, 8), (256, 8)):
+            cfg = heuristic_training_configs(M, E, topk, itemsize).checked()
+            for name, gated in (("up", True), ("dact", True), ("dx", False), ("dw13", False)):
+                assert smem_bytes(getattr(cfg, name), gated, itemsize) <= SMEM_LIMIT, (M, E, topk, name)
+    bf16 = heuristic_training_configs(32768, 8, 2)
+    assert (bf16.up.block_m, bf16.up.block_n, bf16.up.block_k, bf16.up.num_stages) == (128, 128, 64, 4)
+    fp32 = heuristic_training_configs(6, 3, 2, 4)
+    assert smem_bytes(fp32.up, True, 4) < smem_bytes(heuristic_training_configs(6, 3, 2).up, True, 4)
+
+
 # --------------------------------------------------------------------------- on a GPU, bf16
 
 GPU_SHAPES = {  # (model, tokens, experts that get tokens): real hidden, intermediate, E and topk

@@ -4,9 +4,11 @@
    alone (a forward's graph kept and differentiated again), for Mixtral-8x7B, Qwen3-30B-A3B and
    DeepSeek-V3 at T = 4096 to 32768 tokens, under the cold-l2 protocol of
    moe_tutorial/perf/timing.py: one call captured in a CUDA graph, 256 MB read before each replay,
-   events around the replay, median of 30; a call slower than 20 ms, or one a graph cannot hold, is
+   events around the replay, median of 30; a call slower than 20 ms, or one a graph cannot hold (the
+   step and the backward, which autograd runs off the capturing stream, and Liger's forward), is
    timed with events around the call, L2 flushed before each, and the row names that timer. The
-   implementations of a case are timed in order, then in reverse order, the lower median kept.
+   implementations of a case are timed in order, then in reverse order, one alive at a time, the
+   lower median kept.
    With them: the memory kept for the backward (allocated after the forward beyond inputs and
    output), the peak of the whole step (torch.cuda.max_memory_allocated), the first call's seconds
    (Triton compiling into an empty cache unless --warm-cache), and the bf16 matmul rate (8192^3)
@@ -181,10 +183,21 @@ def check_gradients(models, found, dtype, machine, log) -> list[dict]:
 
 # ------------------------------------------------------------------------------ 2. times
 
-def timed(fn, max_seconds: float) -> tuple[float | None, str]:
-    """``(median ms, timer)`` under cold-l2, or ``(None, why)`` for a call too slow or one that failed."""
+#: What a row's timer says where no CUDA graph is tried: autograd's backward runs where the
+#: forward ran, not on the capturing stream, so a capture of the step or the backward always fails
+#: (and each failed capture leaked its memory: 110 GB over Qwen3-30B-A3B's nine cases); Liger-Kernel's
+#: forward does not capture either.
+UNCAPTURED = {"step": "events, autograd (no graph)", "backward": "events, autograd (no graph)",
+              "liger": "events, no graph (Liger)"}
+
+
+def timed(fn, max_seconds: float, uncaptured: str | None = None) -> tuple[float | None, str]:
+    """``(median ms, timer)`` under cold-l2, or ``(None, why)`` for a call too slow or one that failed.
+    With ``uncaptured`` (the timer's name) no graph is tried: events around each call, L2 flushed
+    before each."""
     try:
-        return timing.measure_ms(fn, protocol="cold-l2", max_seconds=max_seconds)
+        ms, how = timing.measure_ms(fn, protocol="cold-l2", max_seconds=max_seconds, graphable=uncaptured is None)
+        return ms, (uncaptured if how == timing.HOST_SYNC_TIMER else how)
     except timing.TooSlow as e:
         return None, f"skipped: {e}"
     except Exception as e:  # noqa: BLE001  (out of memory, say: the row says so, the run goes on)
@@ -255,7 +268,12 @@ def describe(row: dict, matmul: float) -> str:
 
 
 def time_models(models, tokens, found, skipped, dtype, machine, matmul, args, started, log) -> list[dict]:
+    """Part 1's rows. One implementation's tensors live at a time: each is prepared (its first call,
+    its check, its memory), timed and freed, then the next; the order is run forwards, then
+    backwards, each implementation prepared again, the lower median kept. (Keeping all three alive
+    for both passes ran DeepSeek-V3 at T = 32768 out of the H200's memory.)"""
     rows = []
+    names = list(found)
     for shape in models:
         weights = None
         first_call = {}
@@ -263,50 +281,52 @@ def time_models(models, tokens, found, skipped, dtype, machine, matmul, args, st
             base = {**machine, "protocol": "cold-l2" if runtime.ON_GPU else "perf_counter", "matmul_tflops": matmul,
                     "model": shape.name, "E": shape.num_experts, "hidden": shape.hidden,
                     "inter": shape.intermediate, "topk": shape.topk, "T": T}
-            over = time.monotonic() - started > 60 * args.max_minutes * TIMING_SHARE
-            case = []
-            if over:
-                rows += [{**base, "impl": n, "status": "skipped: over the --max-minutes budget"} for n in found]
+            if time.monotonic() - started > 60 * args.max_minutes * TIMING_SHARE:
+                rows += [{**base, "impl": n, "status": "skipped: over the --max-minutes budget"} for n in names]
                 continue
             p = device_problem(shape, T, dtype, seed=2, weights=weights)
             weights = (p["w13"], p["w2"])
-            for name, fn in found.items():
-                row = {**base, "impl": name}
+            timing.warm_up_gpu()
+            case = {n: {**base, "impl": n} for n in names}
+            times = {n: {} for n in names}
+            orders = [names, names[::-1]] if runtime.ON_GPU else [names]
+            for n in (n for order in orders for n in order):
+                row, fn = case[n], found[n]
+                if "status" in row:                      # failed on the first pass
+                    continue
                 try:
-                    if name not in first_call:
+                    if n not in first_call:
                         t0 = time.perf_counter()
                         lv = leaves(p)
                         torch.autograd.grad(fn(**lv), [lv[k] for k in PARAMS], p["d_out"], allow_unused=True)
                         timing.synchronize()
-                        first_call[name] = time.perf_counter() - t0
-                        row["first_call_s"] = first_call[name]
+                        first_call[n] = row["first_call_s"] = time.perf_counter() - t0
                         lv = None
-                    forward, step, backward, kept = prepare_case(name, fn, p)
-                    row["rel_error"] = output_error(kept.detach(), p)
-                    row["kept_bytes"], row["peak_bytes"] = memory_of(fn, p)
-                    case.append((row, (forward, step, backward), kept))
-                except Exception as e:  # noqa: BLE001
-                    rows.append({**row, "status": f"error: {type(e).__name__}: {str(e)[:160]}"})
-                    log(f"  {shape.name} T={T} {name}: error {type(e).__name__}: {str(e)[:120]}")
+                    if "rel_error" not in row:
+                        row["kept_bytes"], row["peak_bytes"] = memory_of(fn, p)
+                    calls = prepare_case(n, fn, p)
+                    if "rel_error" not in row:
+                        row["rel_error"] = output_error(calls[3].detach(), p)
+                    for phase, call in zip(("forward", "step", "backward"), calls[:3]):
+                        ms, how = timed(call, args.max_seconds,
+                                        UNCAPTURED.get(phase) or (UNCAPTURED["liger"] if n == "liger" else None))
+                        best = times[n].get(phase)
+                        if best is None or (ms is not None and (best[0] is None or ms < best[0])):
+                            times[n][phase] = (ms, how)
+                except Exception as e:  # noqa: BLE001  (a second pass that fails keeps the first's times)
+                    if not times[n]:
+                        row["status"] = f"error: {type(e).__name__}: {str(e)[:160]}"
+                    log(f"  {shape.name} T={T} {n}: error {type(e).__name__}: {str(e)[:120]}")
+                calls = None
                 free()
-            timing.warm_up_gpu()
-            times = {i: {} for i in range(len(case))}
-            for order in ([*range(len(case))], [*reversed(range(len(case)))]) if runtime.ON_GPU else [range(len(case))]:
-                for i in order:
-                    for phase, fn in zip(("forward", "step", "backward"), case[i][1]):
-                        ms, how = timed(fn, args.max_seconds)
-                        best = times[i].get(phase)
-                        if ms is not None and (best is None or best[0] is None or ms < best[0]):
-                            times[i][phase] = (ms, how)
-                        elif best is None:
-                            times[i][phase] = (None, how)
-            for i, (row, _, _) in enumerate(case):
+            for n in names:
+                row = case[n]
                 for phase in ("forward", "step", "backward"):
-                    ms, how = times[i][phase]
-                    row[f"{phase}_ms"], row[f"{phase}_timer"] = ms, how
-                row["status"] = "ok" if row["rel_error"] < 2e-2 else "wrong"
+                    row[f"{phase}_ms"], row[f"{phase}_timer"] = times[n].get(phase, (None, ""))
+                if "status" not in row:
+                    row["status"] = "ok" if row["rel_error"] < 2e-2 else "wrong"
+                    log(describe(row, matmul))
                 rows.append(row)
-                log(describe(row, matmul))
             case = times = p = None
             free()
         for name, why in skipped.items():

@@ -18,7 +18,8 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from .. import runtime
-from .configs import CPU_CONFIG, KernelConfig, check_config, get_config, problem_key, tuned_config
+from .configs import (CPU_CONFIG, SMEM_LIMIT, KernelConfig, check_config, get_config, problem_key, shrink,
+                      smem_bytes, smem_limit, tuned_config)
 
 #: The variants of the tuned tables' problem keys, one per GEMM of :class:`TrainingConfigs`.
 VARIANTS = {"up": "train_up", "dact": "train_dact", "dx": "train_dx", "dw2": "train_dw2", "dw13": "train_dw13"}
@@ -48,7 +49,16 @@ class TrainingConfigs:
 CPU_TRAINING_CONFIGS = TrainingConfigs(*(CPU_CONFIG,) * 6)
 
 
-def heuristic_training_configs(M: int, E: int, topk: int) -> TrainingConfigs:
+def fitted(config: KernelConfig, gated: bool, itemsize: int, limit: int) -> KernelConfig:
+    """``config`` shrunk (fewer stages, then shorter K and narrower N tiles) until its pipeline fits
+    ``limit`` bytes of shared memory with ``itemsize``-byte elements, as Part 4's heuristic does."""
+    while smem_bytes(config, gated, itemsize) > limit and shrink(config) is not None:
+        config = shrink(config)
+    return config
+
+
+def heuristic_training_configs(M: int, E: int, topk: int, itemsize: int = 2,
+                               limit: int = SMEM_LIMIT) -> TrainingConfigs:
     """Untuned tiles for a GPU of Hopper's shared memory, from Part 4's tuned prefill tiles.
 
     Training batches are prefill-sized (thousands of tokens): 128-row blocks once an expert
@@ -56,7 +66,9 @@ def heuristic_training_configs(M: int, E: int, topk: int) -> TrainingConfigs:
     128 x 128 pair of accumulators; dA' has one accumulator but a heavy epilogue (two H tiles
     read, three tiles written), so 128 x 128 too; dx is a plain GEMM (128 x 256, as Part 4's
     down GEMM). The dW tiles are 128 x 128 with 64 rows of the run per step. Weights and sorted
-    operands come through TMA where the GPU has it.
+    operands come through TMA where the GPU has it. The tiles are for 2-byte elements; with
+    ``itemsize`` 4 (fp32) each is shrunk until its pipeline fits ``limit`` bytes of shared memory
+    (the gated forward and dA', which reads two H tiles, counted as two weight tiles a stage).
     """
     rows_per_expert = max(1, M * topk // E)
     bm = 128 if rows_per_expert >= 64 else 64 if rows_per_expert >= 16 else 32
@@ -69,6 +81,8 @@ def heuristic_training_configs(M: int, E: int, topk: int) -> TrainingConfigs:
                       use_tma=True, short_tails=False)
     dw = KernelConfig(block_m=128, block_n=128, block_k=min(64, bm), num_warps=8, num_stages=3, use_tma=True,
                       short_tails=False)
+    up, dact = fitted(up, True, itemsize, limit), fitted(dact, True, itemsize, limit)
+    dx, dw = fitted(dx, False, itemsize, limit), fitted(dw, False, itemsize, limit)
     return TrainingConfigs(up=up, down=dx, dact=dact, dx=dx, dw2=dw, dw13=dw)
 
 
@@ -77,7 +91,7 @@ def training_configs(M: int, E: int, hidden: int, inter: int, topk: int, dtype: 
     the heuristic; Part 4's tuned down GEMM for the forward's down (on the shared ``block_m``)."""
     if runtime.INTERPRETED:
         return CPU_TRAINING_CONFIGS
-    guess = heuristic_training_configs(M, E, topk)
+    guess = heuristic_training_configs(M, E, topk, torch.empty(0, dtype=dtype).element_size(), smem_limit())
     shapes = {"up": (inter, hidden), "dact": (inter, hidden), "dx": (hidden, 2 * inter),
               "dw2": (hidden, inter), "dw13": (2 * inter, hidden)}
     chosen = {}
