@@ -38,13 +38,14 @@ def persistent_moe_kernel(
 ):
     """The tiles of :func:`sorted_moe_kernel`, ``tl.num_programs(0)`` programs sharing them."""
     sorted_ids_ptr, expert_ids_ptr, num_post_ptr = alignment
+    # What every tile shares, bundled for sorted_tile as in sorted_moe_kernel.
+    shared = (a_ptr, b_ptr, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr,
+              N, K, num_pairs, a_row_div, stride_b_up, b_rows_per_expert, stride_a, stride_b, stride_c)
     # [each program's tiles]
     # The real row blocks only: read on the device, not bounded on the host.
     num_pid_m = tl.cdiv(tl.load(num_post_ptr), BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_tiles = num_pid_m * num_pid_n
-    shared = (a_ptr, b_ptr, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr,
-              N, K, num_pairs, a_row_div, stride_b_up, b_rows_per_expert, stride_a, stride_b, stride_c)
     # t = this program, then every num_programs-th tile after it.
     for t in tl.range(tl.program_id(axis=0), num_tiles, tl.num_programs(axis=0), flatten=True):
         pid_m, pid_n = grouped_tile(t, num_pid_m, num_pid_n, group_m)

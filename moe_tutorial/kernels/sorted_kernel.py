@@ -22,11 +22,9 @@ import triton.language as tl
 
 @triton.jit
 def grouped_tile(pid, num_pid_m, num_pid_n, group_m):
-    """``(pid_m, pid_n)`` of program ``pid`` in grouped order: ``group_m`` (GROUP_M) row blocks down
-    a column, then the next column, so the programs that run together share expert weights in L2.
-
-    ``group_m`` is a plain argument, not a meta-parameter: only this integer arithmetic, once per
-    program, reads it, so the compiler gains nothing from knowing it (a 1 is folded all the same)."""
+    """``(pid_m, pid_n)`` of program ``pid`` in grouped order: ``group_m`` row blocks down a column, then
+    the next column, so programs that run together share weights in L2. ``group_m`` is a plain
+    argument, not a meta-parameter: only this arithmetic reads it, once per program."""
     pids_per_group = group_m * num_pid_n
     first_m = (pid // pids_per_group) * group_m
     group_rows = tl.minimum(num_pid_m - first_m, group_m)
@@ -107,6 +105,12 @@ def sorted_tile(
     stride_am, stride_ak = stride_a
     stride_be, stride_bn, stride_bk = stride_b
     stride_cm, stride_cn = stride_c
+    B_TMA: tl.constexpr = b_desc is not None        # the launcher made a descriptor where TMA can read B
+    # fp32 inputs multiply in full fp32 ("ieee"), not rounded to tf32 on the tensor cores.
+    if a_ptr.dtype.element_ty == tl.float32:
+        DOT_PRECISION: tl.constexpr = "ieee"
+    else:
+        DOT_PRECISION: tl.constexpr = "tf32"
     # [gather the rows]
     offs_m = pid_m * BLOCK_M + tl.arange(0, ROWS)
     pair = tl.load(sorted_ids_ptr + offs_m)
@@ -124,14 +128,8 @@ def sorted_tile(
     offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
     b_ptrs = b_ptr + expert * stride_be + offs_n[None, :].to(tl.int64) * stride_bn + offs_k[:, None] * stride_bk
     b_row = (expert * b_rows_per_expert + pid_n * BLOCK_N).to(tl.int32)   # TMA path only
-    B_TMA: tl.constexpr = b_desc is not None        # the launcher made a descriptor where TMA can read B
 
     # [the K loop]
-    # fp32 inputs multiply in full fp32 ("ieee"), not rounded to tf32 on the tensor cores.
-    if a_ptr.dtype.element_ty == tl.float32:
-        DOT_PRECISION: tl.constexpr = "ieee"
-    else:
-        DOT_PRECISION: tl.constexpr = "tf32"
     acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
