@@ -18,8 +18,18 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from .. import runtime
-from .configs import (CPU_CONFIG, SMEM_LIMIT, KernelConfig, check_config, get_config, problem_key, shrink,
-                      smem_bytes, smem_limit, tuned_config)
+from .configs import (
+    CPU_CONFIG,
+    SMEM_LIMIT,
+    KernelConfig,
+    check_config,
+    get_config,
+    problem_key,
+    shrink,
+    smem_bytes,
+    smem_limit,
+    tuned_config,
+)
 
 #: The variants of the tuned tables' problem keys, one per GEMM of :class:`TrainingConfigs`.
 VARIANTS = {"up": "train_up", "dact": "train_dact", "dx": "train_dx", "dw2": "train_dw2", "dw13": "train_dw13"}
