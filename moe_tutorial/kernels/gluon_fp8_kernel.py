@@ -73,10 +73,12 @@ def gather_sorted_fp8_kernel(x_ptr, xs_ptr, a_ptr, as_ptr, sorted_ids_ptr, num_p
         src = (tl.minimum(tl.maximum(pair, 0), num_pairs - 1) // topk).to(tl.int64)
         g = tl.program_id(1)
         cols = g * GROUP + tl.arange(0, GROUP)
-        ok = cols[None, :] < K
+        # The last program's rows may run past the sorted rows (R need not be a multiple of ROWS).
+        in_rows = rows < num_sorted
+        ok = in_rows[:, None] & (cols[None, :] < K)
         q = tl.load(x_ptr + src[:, None] * stride_xm + cols[None, :], mask=ok)
         tl.store(a_ptr + rows.to(tl.int64)[:, None] * stride_am + cols[None, :], q, mask=ok)
-        tl.store(as_ptr + g * stride_ask + rows, tl.load(xs_ptr + src * stride_xsm + g))
+        tl.store(as_ptr + g * stride_ask + rows, tl.load(xs_ptr + src * stride_xsm + g), mask=in_rows)
 
 
 def sorted_rows(alignment, block_m: int) -> int:
