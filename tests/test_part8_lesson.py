@@ -99,6 +99,7 @@ def test_what_the_h200_run_shows():
     assert_says(NOTEBOOK, "Ours' backward reaches {:.2f} to {:.2f} of that rate, short of {} on every shape.",
                 min(fractions), max(fractions), backward.BACKWARD_MATMUL_TARGET)
     less = [kept(m, "grouped_mm") / kept(m, "ours") for m in models]
-    assert all(abs(kept(m, "liger") / kept(m, "ours") - 1) < 0.15 for m in models)   # "about as little"
-    assert_says(NOTEBOOK, "ours keeps {:.1f}x to {:.1f}x less for the backward than the composition",
-                min(less), max(less))
+    more = [100 * (kept(m, "ours") / kept(m, "liger") - 1) for m in models]
+    assert min(more) > 0
+    assert_says(NOTEBOOK, "ours keeps {:.1f}x to {:.1f}x less for the backward than the composition, though {:.0f}% "
+                "to {:.0f}% more than Liger-Kernel.", min(less), max(less), min(more), max(more))
