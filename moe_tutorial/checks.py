@@ -18,10 +18,6 @@ def fail(kind, name: str, expected: str, got) -> None:
     raise kind(f"{name}: expected {expected}, got {got}")
 
 
-#: The name this helper had when only the package used it.
-_fail = fail
-
-
 def as_int(name: str, value) -> int:
     """``value`` as a Python int if it is integer-like (``numpy.int64``, a 0-d integer tensor; not
     a bool), else a TypeError naming ``name``: every size and block argument is read this way."""

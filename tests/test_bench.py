@@ -160,6 +160,8 @@ def test_gpu_timer_choice_and_fallback(gpu_timers, monkeypatch):
     assert calls[:2] == [("cold-l2", one), ("rotated", rotating)]       # the rotated graph cycles the inputs
     assert timing.measure_ms(one, graphable=False) == (0.7, timing.HOST_SYNC_TIMER)
     assert calls[-1] == ("events", timing.COLD_REPLAYS)
+    assert timing.measure_ms(one, graphable=False, no_graph_timer="events, autograd (no graph)") == (
+        0.7, "events, autograd (no graph)")              # the caller names what stops the graph
     gpu_timers(capture_fails=True)
     assert timing.measure_ms(one) == (0.7, timing.CAPTURE_FAILED_TIMER)
     monkeypatch.setattr(timing, "time_one_call", lambda fn: 0.5)   # slow: a few events by hand

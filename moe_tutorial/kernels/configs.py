@@ -182,6 +182,14 @@ def smem_bytes(config: KernelConfig, gated: bool = False, itemsize: int = 2) -> 
     return per_stage * itemsize * config.num_stages
 
 
+def fit_shared_memory(config: KernelConfig, gated: bool, itemsize: int, limit: int) -> KernelConfig:
+    """``config`` shrunk (:func:`shrink`) until its pipeline fits ``limit`` bytes of shared memory
+    with ``itemsize``-byte elements (:func:`smem_bytes`), or as small as it goes."""
+    while smem_bytes(config, gated, itemsize) > limit and shrink(config) is not None:
+        config = shrink(config)
+    return config
+
+
 def sm_count() -> int:
     """Streaming multiprocessors of this GPU (an H200's 132 on the CPU, for planning)."""
     if runtime.ON_GPU:
@@ -225,9 +233,7 @@ def heuristic_config(M: int, topk: int, E: int, variant: str = "plain", itemsize
                            persistent=True, short_tails=False)
     else:
         cfg = KernelConfig(block_m=128, block_n=256, block_k=64, group_m=8, num_warps=8, num_stages=3, use_tma=True)
-    while smem_bytes(cfg, gated, itemsize) > limit and shrink(cfg) is not None:
-        cfg = shrink(cfg)
-    return cfg
+    return fit_shared_memory(cfg, gated, itemsize, limit)
 
 
 def tuned_config(M: int, key: str) -> KernelConfig | None:

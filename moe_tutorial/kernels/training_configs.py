@@ -23,10 +23,9 @@ from .configs import (
     SMEM_LIMIT,
     KernelConfig,
     check_config,
+    fit_shared_memory,
     get_config,
     problem_key,
-    shrink,
-    smem_bytes,
     smem_limit,
     tuned_config,
 )
@@ -59,14 +58,6 @@ class TrainingConfigs:
 CPU_TRAINING_CONFIGS = TrainingConfigs(*(CPU_CONFIG,) * 6)
 
 
-def fitted(config: KernelConfig, gated: bool, itemsize: int, limit: int) -> KernelConfig:
-    """``config`` shrunk (fewer stages, then shorter K and narrower N tiles) until its pipeline fits
-    ``limit`` bytes of shared memory with ``itemsize``-byte elements, as Part 4's heuristic does."""
-    while smem_bytes(config, gated, itemsize) > limit and shrink(config) is not None:
-        config = shrink(config)
-    return config
-
-
 def heuristic_training_configs(M: int, E: int, topk: int, itemsize: int = 2,
                                limit: int = SMEM_LIMIT) -> TrainingConfigs:
     """Untuned tiles for a GPU of Hopper's shared memory, from Part 4's tuned prefill tiles.
@@ -91,8 +82,8 @@ def heuristic_training_configs(M: int, E: int, topk: int, itemsize: int = 2,
                       use_tma=True, short_tails=False)
     dw = KernelConfig(block_m=128, block_n=128, block_k=min(64, bm), num_warps=8, num_stages=3, use_tma=True,
                       short_tails=False)
-    up, dact = fitted(up, True, itemsize, limit), fitted(dact, True, itemsize, limit)
-    dx, dw = fitted(dx, False, itemsize, limit), fitted(dw, False, itemsize, limit)
+    up, dact = fit_shared_memory(up, True, itemsize, limit), fit_shared_memory(dact, True, itemsize, limit)
+    dx, dw = fit_shared_memory(dx, False, itemsize, limit), fit_shared_memory(dw, False, itemsize, limit)
     return TrainingConfigs(up=up, down=dx, dact=dact, dx=dx, dw2=dw, dw13=dw)
 
 

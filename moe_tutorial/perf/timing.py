@@ -200,7 +200,8 @@ def warm_up_gpu(ms: float = 100.0) -> None:
 
 
 def measure_ms(fn: Callable, *, protocol: str = "cold-l2", max_seconds: float = 2.0,
-               graphable: bool = True, rotated_fn: Callable | None = None) -> tuple[float, str]:
+               graphable: bool = True, rotated_fn: Callable | None = None,
+               no_graph_timer: str = HOST_SYNC_TIMER) -> tuple[float, str]:
     """Time ``fn`` (already warmed up: compiled, checked) under ``protocol``; return ``(median ms, how)``.
 
     ``fn`` is one call; the rotated protocol times ``rotated_fn`` (one call per invocation, cycling
@@ -208,8 +209,9 @@ def measure_ms(fn: Callable, *, protocol: str = "cold-l2", max_seconds: float = 
     "events, slow call", "events, host syncs", "events, graph capture failed", or "perf_counter"
     on the CPU. One call is timed first; if it takes longer than ``max_seconds`` the case raises
     :class:`TooSlow`, and a call slower than :data:`SLOW_CALL_S` is timed a few times with events
-    so the case stays within budget. ``graphable=False`` says ``fn`` waits on the host (Python
-    loops over expert ids), which a CUDA graph cannot capture: it is timed with events.
+    so the case stays within budget. ``graphable=False`` says a CUDA graph cannot capture ``fn``
+    (it waits on the host, Python loops over expert ids, say): it is timed with events, and the
+    timer is named ``no_graph_timer`` (what stops the graph; "events, host syncs" by default).
     Every GPU timer flushes L2 before each timed call except the rotated protocol's graph.
     """
     if protocol not in PROTOCOLS:
@@ -225,7 +227,7 @@ def measure_ms(fn: Callable, *, protocol: str = "cold-l2", max_seconds: float = 
         return _cold_events_ms(fn, reps, how), SLOW_CALL_TIMER
     if not graphable:
         reps = max(3, min(COLD_REPLAYS, int(max_seconds / max(first, 1e-6))))
-        return _cold_events_ms(fn, reps, how), HOST_SYNC_TIMER
+        return _cold_events_ms(fn, reps, how), no_graph_timer
     try:
         if protocol == "rotated":
             return _rotated_ms(rotated_fn or fn), "rotated"
