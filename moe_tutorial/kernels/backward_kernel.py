@@ -78,6 +78,27 @@ def dswiglu_epilogue(dact, gate, up, s):
 
 
 @triton.jit
+def dswiglu_columns(dact, col0, s, row_ok, sorted_row, h_ptr, c_ptr, act_ptr, N,
+                    stride_hm, stride_cm, stride_cn, stride_actm):
+    """The "dswiglu" epilogue on the columns ``col0 + [0, width)`` of dA' (``dact``, fp32): read H's
+    gate and up there, write dH (gate, then up ``N`` columns on) and ``s * A`` at the sorted rows
+    (padding rows as zeros), and return each row's ``sum dA' * A`` over these columns."""
+    offs_cn = col0 + tl.arange(0, dact.shape[1])
+    col_ok = offs_cn < N
+    keep = row_ok[:, None] & col_ok[None, :]
+    h_ptrs = h_ptr + sorted_row * stride_hm + offs_cn[None, :]
+    gate = tl.load(h_ptrs, mask=keep, other=0.0).to(tl.float32)
+    up = tl.load(h_ptrs + N, mask=keep, other=0.0).to(tl.float32)
+    d_gate, d_up, s_act, act = dswiglu_epilogue(dact, gate, up, s)
+    dh_ptrs = c_ptr + sorted_row * stride_cm + offs_cn[None, :] * stride_cn
+    tl.store(dh_ptrs, tl.where(keep, d_gate, 0.0).to(c_ptr.dtype.element_ty), mask=col_ok[None, :])
+    tl.store(dh_ptrs + N * stride_cn, tl.where(keep, d_up, 0.0).to(c_ptr.dtype.element_ty), mask=col_ok[None, :])
+    tl.store(act_ptr + sorted_row * stride_actm + offs_cn[None, :],
+             tl.where(keep, s_act, 0.0).to(act_ptr.dtype.element_ty), mask=col_ok[None, :])
+    return tl.sum(tl.where(keep, dact * act, 0.0), axis=1)
+
+
+@triton.jit
 def rows_gemm_kernel(
     # Pointers: A (rows) and its TMA descriptor (None unless A_ROWS is "sorted_tma"), B (the
     # experts' weights) and its descriptor (None unless B_TMA), C; the epilogue's: H (written by
@@ -175,20 +196,18 @@ def rows_gemm_kernel(
         tl.store(act_ptr + sorted_row * stride_actm + offs_cn[None, :],
                  tl.where(keep, act, 0.0).to(act_ptr.dtype.element_ty), mask=col_ok[None, :])
     elif EPILOGUE == "dswiglu":
-        # [recompute A, write dH, s*A and the router gradient]
-        keep = row_ok[:, None] & col_ok[None, :]
-        h_ptrs = h_ptr + sorted_row * stride_hm + offs_cn[None, :]
-        gate = tl.load(h_ptrs, mask=keep, other=0.0).to(tl.float32)
-        up = tl.load(h_ptrs + N, mask=keep, other=0.0).to(tl.float32)
+        # [recompute A, write dH, s*A and the router gradient], one half of the columns at a time:
+        # the epilogue holds dA', H's two tiles and what it computes from them at once, and on whole
+        # 128 x 128 tiles that overflowed the registers (spills; Nsight Compute, H200).
+        HALF: tl.constexpr = BLOCK_N // 2
+        first, second = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
         s = tl.load(router_w_ptr + pair, mask=row_ok, other=0.0)
-        d_gate, d_up, s_act, act = dswiglu_epilogue(acc, gate, up, s)
-        dh_ptrs = c_ptr + sorted_row * stride_cm + offs_cn[None, :] * stride_cn
-        tl.store(dh_ptrs, tl.where(keep, d_gate, 0.0).to(c_ptr.dtype.element_ty), mask=col_ok[None, :])
-        tl.store(dh_ptrs + N * stride_cn, tl.where(keep, d_up, 0.0).to(c_ptr.dtype.element_ty), mask=col_ok[None, :])
-        tl.store(act_ptr + sorted_row * stride_actm + offs_cn[None, :],
-                 tl.where(keep, s_act, 0.0).to(act_ptr.dtype.element_ty), mask=col_ok[None, :])
+        col0 = pid_n * BLOCK_N
+        partial = (dswiglu_columns(first, col0, s, row_ok, sorted_row, h_ptr, c_ptr, act_ptr, N,
+                                   stride_hm, stride_cm, stride_cn, stride_actm)
+                   + dswiglu_columns(second, col0 + HALF, s, row_ok, sorted_row, h_ptr, c_ptr, act_ptr, N,
+                                     stride_hm, stride_cm, stride_cn, stride_actm))
         # dS = <dA', A>: this tile's share, one partial per column block, added up later in a fixed order.
-        partial = tl.sum(tl.where(keep, acc * act, 0.0), axis=1)
         tl.store(ds_ptr + pair.to(tl.int64) * stride_dsm + pid_n, partial, mask=row_ok)
     else:
         # [scatter the rows]
