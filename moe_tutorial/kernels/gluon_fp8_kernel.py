@@ -33,7 +33,6 @@ import triton.language as tl
 
 from .. import runtime
 from ..quant import BLOCK, FP8_DTYPE
-from .configs import sm_count
 from .fp8_quant import E4M3_MAX_C, MIN_AMAX_C, launch_quantize_rows, quantize_group, silu_mul_quantize
 from .gluon_kernel import HAVE_GLUON
 from .tma import stacked_rows
@@ -469,7 +468,7 @@ def launch_gluon_fp8_gemm(a: torch.Tensor, a_scale_t: torch.Tensor, b: torch.Ten
     gated = c_scale_t is not None
     a_desc, as_desc, b_desc = _descriptors(a, a_scale_t, b, config.block_m, config.block_n)
     max_tiles = triton.cdiv(sorted_ids.numel(), config.block_m) * triton.cdiv(N, config.block_n)
-    gluon_fp8_moe_kernel[(max(1, min(sm_count(), max_tiles)),)](
+    gluon_fp8_moe_kernel[(max(1, min(runtime.sm_count(), max_tiles)),)](
         a_desc, as_desc, b_desc, b_scale, c, c_scale_t if gated else b_scale,
         router_weights if router_weights is not None else b_scale,
         sorted_ids, expert_ids, num_post,
