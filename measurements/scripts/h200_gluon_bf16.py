@@ -24,7 +24,6 @@ unavailable (its rows say "skipped"): tests/test_gluon_bf16_script.py keeps it f
 from __future__ import annotations
 
 import argparse
-import csv
 import gc
 import math
 import os
@@ -41,6 +40,7 @@ from moe_tutorial.kernels.configs import KernelConfig, get_config
 from moe_tutorial.layer import moe_layer
 from moe_tutorial.perf import bench, impls, traffic
 from moe_tutorial.perf.ceilings import measure_ceilings
+from moe_tutorial.perf.results import write_csv
 from moe_tutorial.perf.timing import SLOW_CALL_TIMER, machine_info, measure_ms, warm_up_gpu
 from moe_tutorial.reference import reference_moe_layer, reference_moe_matmul, rel_error, tolerance
 from moe_tutorial.shapes import MODEL_SHAPES, ModelShape
@@ -311,14 +311,8 @@ def summary(rows: list[dict]) -> None:
 
 
 def write(path: Path, rows: list[dict]) -> None:
-    if not rows:
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
+    if rows:
+        write_csv(path, rows, list(dict.fromkeys(k for r in rows for k in r)))
 
 
 def main(argv=None) -> int:

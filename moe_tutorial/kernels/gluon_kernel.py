@@ -142,11 +142,11 @@ if HAVE_GLUON:
                 step += 1
 
     @gluon.jit
-    def mma_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, expert_ids_ptr, num_post_ptr,
-                      N, K, b_rows_per_expert, group_m,
+    def mma_partition(a_desc, b_desc, a_bufs, b_bufs, bu_bufs, ready, empty, num_post_ptr, N, K, group_m,
                       c_ptr, router_w_ptr, sorted_ids_ptr, num_pairs, stride_cm,
-                      C_SORTED: gl.constexpr, ROUTER_WEIGHTS: gl.constexpr):
-        """The kernel's warps: MMAs on each ready buffer, then the epilogue of each tile."""
+                      GATED: gl.constexpr, C_SORTED: gl.constexpr, ROUTER_WEIGHTS: gl.constexpr):
+        """The kernel's warps: MMAs on each ready buffer (with GATED, a gate and an up MMA), then the
+        epilogue of each tile (with GATED, ``silu(gate) * up``)."""
         STAGES: gl.constexpr = a_bufs.type.shape[0]
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
@@ -159,56 +159,32 @@ if HAVE_GLUON:
         step = 0
         for t in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
             pid_m, pid_n = tile_of(t, num_pid_m, num_pid_n, group_m)
+            # Zeroed with no MMA in flight (the last tile's were waited for): ptxas would serialise
+            # every wgmma of the kernel if an accumulator were written while its MMA runs.
             acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
+            up = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)     # GATED only
             for k in range(0, gl.cdiv(K, BLOCK_K)):
                 s = step % STAGES
                 mbarrier.wait(ready.index(s), (step // STAGES) & 1)
                 acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, is_async=True)
-                # Keep one MMA in flight: the one before it has finished, so its buffer is free.
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                # Keep this step's MMAs in flight: the step before has finished, so its buffer is free.
+                if GATED:
+                    up = warpgroup_mma(a_bufs.index(s), bu_bufs.index(s).permute((1, 0)), up, is_async=True)
+                    acc, up = warpgroup_mma_wait(num_outstanding=2, deps=(acc, up))
+                else:
+                    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
                 mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES), pred=k > 0)
                 step += 1
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            if GATED:
+                acc, up = warpgroup_mma_wait(num_outstanding=0, deps=(acc, up))
+            else:
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES))
 
+            if GATED:       # the last buffer is back with the load warp: it fills the ring meanwhile
+                acc = silu_mul(acc, up)
             store_rows(acc, pid_m * BLOCK_M, pid_n, c_ptr, router_w_ptr, sorted_ids_ptr, N, num_pairs, stride_cm,
                        rows_layout, cols_layout, C_SORTED, ROUTER_WEIGHTS)
-
-    @gluon.jit
-    def gated_mma_partition(a_bufs, b_bufs, bu_bufs, ready, empty, c_ptr, sorted_ids_ptr, num_post_ptr,
-                            N, K, num_pairs, stride_cm, group_m):
-        """The gate/up GEMM's warps: a gate and an up MMA on each ready buffer, then ``silu(gate) * up``
-        of each tile at its sorted rows."""
-        STAGES: gl.constexpr = a_bufs.type.shape[0]
-        BLOCK_M: gl.constexpr = a_bufs.type.shape[1]
-        BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
-        BLOCK_N: gl.constexpr = b_bufs.type.shape[1]
-        layout: gl.constexpr = mma_layout(BLOCK_M, BLOCK_N, gl.num_warps())
-        rows_layout: gl.constexpr = gl.SliceLayout(1, layout)
-        cols_layout: gl.constexpr = gl.SliceLayout(0, layout)
-        num_pid_m = gl.cdiv(gl.load(num_post_ptr), BLOCK_M)
-        num_pid_n = gl.cdiv(N, BLOCK_N)
-        step = 0
-        for t in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
-            pid_m, pid_n = tile_of(t, num_pid_m, num_pid_n, group_m)
-            # Zeroed with no MMA in flight (the last tile's were waited for): ptxas would serialise
-            # every wgmma of the kernel if an accumulator were written while its MMA runs.
-            gate = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
-            up = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
-            for k in range(0, gl.cdiv(K, BLOCK_K)):
-                s = step % STAGES
-                mbarrier.wait(ready.index(s), (step // STAGES) & 1)
-                gate = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), gate, is_async=True)
-                up = warpgroup_mma(a_bufs.index(s), bu_bufs.index(s).permute((1, 0)), up, is_async=True)
-                # This step's two MMAs may run on: the previous step's have finished, so its buffer is free.
-                gate, up = warpgroup_mma_wait(num_outstanding=2, deps=(gate, up))
-                mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES), pred=k > 0)
-                step += 1
-            gate, up = warpgroup_mma_wait(num_outstanding=0, deps=(gate, up))
-            mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES))
-
-            store_rows(silu_mul(gate, up), pid_m * BLOCK_M, pid_n, c_ptr, c_ptr, sorted_ids_ptr, N, num_pairs,
-                       stride_cm, rows_layout, cols_layout, True, False)
 
     @gluon.jit
     def gluon_moe_kernel(a_desc, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
@@ -231,19 +207,13 @@ if HAVE_GLUON:
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=1)
         fence_async_shared()
-        if GATED:
-            gl.warp_specialize([
-                (gated_mma_partition, (a_bufs, b_bufs, bu_bufs, ready, empty, c_ptr, sorted_ids_ptr, num_post_ptr,
-                                       N, K, num_pairs, stride_cm, group_m)),
-                (load_partition, (a_desc, b_desc, a_bufs, b_bufs, bu_bufs, ready, empty, expert_ids_ptr,
-                                  num_post_ptr, N, K, b_rows_per_expert, up_rows, group_m, GATED))], [1], [40])
-        else:
-            gl.warp_specialize([
-                (mma_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, expert_ids_ptr, num_post_ptr,
-                                 N, K, b_rows_per_expert, group_m, c_ptr, router_w_ptr, sorted_ids_ptr, num_pairs,
-                                 stride_cm, C_SORTED, ROUTER_WEIGHTS)),
-                (load_partition, (a_desc, b_desc, a_bufs, b_bufs, bu_bufs, ready, empty, expert_ids_ptr,
-                                  num_post_ptr, N, K, b_rows_per_expert, up_rows, group_m, GATED))], [1], [40])
+        gl.warp_specialize([
+            (mma_partition, (a_desc, b_desc, a_bufs, b_bufs, bu_bufs, ready, empty, num_post_ptr, N, K, group_m,
+                             c_ptr, router_w_ptr, sorted_ids_ptr, num_pairs, stride_cm, GATED, C_SORTED,
+                             ROUTER_WEIGHTS)),
+            (load_partition, (a_desc, b_desc, a_bufs, b_bufs, bu_bufs, ready, empty, expert_ids_ptr, num_post_ptr,
+                              N, K, b_rows_per_expert, up_rows, group_m, GATED)),
+        ], [1], [40])
 
 
 def sorted_rows(alignment, block_m: int) -> int:
