@@ -10,6 +10,10 @@ questions notebook 07 asks of the compiled FP8 kernels:
   registers are read or written while an MMA runs, and says so (advisories C7514, C7515);
 * how many registers, and any spills?
 
+The same questions hold for the bf16 Gluon kernel at prefill (:data:`BF16_KERNELS`): does its
+gated form keep a step's gate and up MMAs in flight (``wgmma.wait_group 2``), and do its stages
+fit the shared memory?
+
 :func:`compile_report` runs the compile in a child process (the notebooks run the kernels in
 Triton's interpreter, and a kernel is compiled or interpreted from the moment it is decorated),
 with ``TRITON_INTERPRET=0`` and a stand-in driver that names sm90 as the current target.
