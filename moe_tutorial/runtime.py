@@ -41,6 +41,14 @@ KERNEL_DTYPES: tuple[torch.dtype, ...] = (
     (torch.float32, torch.float16, torch.bfloat16) if ON_GPU else (torch.float32,)
 )
 
+
+def sm_count() -> int:
+    """Streaming multiprocessors of this GPU (an H200's 132 on the CPU, for planning)."""
+    if ON_GPU:
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return 132
+
+
 _announced = False
 
 

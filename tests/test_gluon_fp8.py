@@ -65,7 +65,7 @@ def _report(reports, kernel):
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_every_fp8_kernel_compiles_for_hopper_without_spills_or_serialised_mmas(reports, kernel):
+def test_every_gluon_kernel_compiles_for_hopper_without_spills_or_serialised_mmas(reports, kernel):
     r = _report(reports, kernel)
     assert r["spill_bytes"] == 0, f"{kernel}: {r['spill_bytes']} bytes of spills"
     assert r["serialised"] == "", f"{kernel}: ptxas serialised its wgmmas: {r['serialised']}"

@@ -10,6 +10,10 @@ questions notebook 07 asks of the compiled FP8 kernels:
   registers are read or written while an MMA runs, and says so (advisories C7514, C7515);
 * how many registers, and any spills?
 
+The same questions hold for the bf16 Gluon kernel at prefill (:data:`BF16_KERNELS`): does its
+gated form keep a step's gate and up MMAs in flight (``wgmma.wait_group 2``), and do its stages
+fit the shared memory?
+
 :func:`compile_report` runs the compile in a child process (the notebooks run the kernels in
 Triton's interpreter, and a kernel is compiled or interpreted from the moment it is decorated),
 with ``TRITON_INTERPRET=0`` and a stand-in driver that names sm90 as the current target.
@@ -28,13 +32,20 @@ from pathlib import Path
 #: What :func:`compile_report` can compile: a name per kernel and launch.
 KERNELS = ("tl-plain", "gluon-plain", "gluon-plain-nooverlap", "gluon-gated", "gluon-two-wave")
 
+#: The bf16 Gluon kernel (:mod:`moe_tutorial.kernels.gluon_kernel`) at prefill, as
+#: :func:`~moe_tutorial.kernels.gluon_kernel.gluon_layer` runs it: name -> (block_n, stages), all
+#: 128 rows, 64 of K and 8 warps (two consumer warpgroups). The plain ones are the down GEMM.
+BF16_KERNELS = {"gluon-bf16-gated": (128, 4), "gluon-bf16-plain": (128, 4), "gluon-bf16-plain-256": (256, 3)}
+KERNELS += tuple(BF16_KERNELS)
+
 
 def compile_report(kernel: str, *, timeout: float = 300.0) -> dict:
     """Compile ``kernel`` (one of :data:`KERNELS`) for sm90 in a child process.
 
     Returns a dict: ``ptx`` and ``sass`` (text), ``registers``, ``spill_bytes``, ``serialised``
     (ptxas's advisory line, or "" when it kept the asynchronous MMAs), ``wait_groups`` (the
-    ``wgmma.wait_group N`` values in the PTX, in order) and ``triton`` (the version used).
+    ``wgmma.wait_group N`` values in the PTX, in order), ``shared`` (bytes of shared memory per
+    program) and ``triton`` (the version used).
     """
     if kernel not in KERNELS:
         raise ValueError(f"kernel: expected one of {', '.join(KERNELS)}, got {kernel!r}")
@@ -92,7 +103,7 @@ def _compile(kernel: str):
     """Launch ``kernel`` on CPU tensors of a DeepSeek-V3-like problem (E = 8 here), compiling only."""
     import torch
 
-    from ..kernels import fp8_kernel, fp8_layer, gluon_fp8_kernel
+    from ..kernels import fp8_kernel, fp8_layer, gluon_fp8_kernel, gluon_kernel
     from ..kernels.align import max_padded_rows
     from ..kernels.configs import KernelConfig
     from ..quant import FP8_DTYPE
@@ -110,6 +121,8 @@ def _compile(kernel: str):
     w = torch.zeros(E, 2 * inter, K, dtype=FP8_DTYPE)
     w_s = torch.ones(E, 2 * inter // 128, K // 128)
     pairs = M * topk
+    if kernel in BF16_KERNELS:
+        return _compile_bf16(kernel, gluon_kernel, align_block_size(ids, 128, E), pairs, E, inter, K)
     if kernel == "tl-plain":
         config = KernelConfig(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=4, short_tails=False)
         out = torch.empty(pairs, 2 * inter, dtype=torch.bfloat16)
@@ -132,6 +145,30 @@ def _compile(kernel: str):
             out = torch.empty(pairs, 2 * inter, dtype=torch.bfloat16)
             gluon_fp8_kernel.launch_gluon_fp8_gemm(a, a_st, w, w_s, out, alignment, pairs, config,
                                                    overlap=kernel != "gluon-plain-nooverlap")
+    return cap.compiled[0]
+
+
+def _compile_bf16(kernel: str, gluon_kernel, alignment, pairs: int, E: int, inter: int, K: int):
+    """The bf16 layer's gate/up GEMM (``w13`` ``[E, 2I, K]``, x gathered) or its down GEMM
+    (``w2`` ``[E, K, I]`` on the sorted activations, router weights, rows to their pairs)."""
+    import torch
+
+    from ..kernels.configs import KernelConfig
+
+    block_n, stages = BF16_KERNELS[kernel]
+    config = KernelConfig(block_m=128, block_n=block_n, block_k=64, num_warps=8, num_stages=stages,
+                          short_tails=False)
+    rows = gluon_kernel.sorted_rows(alignment, config.block_m)
+    gluon_kernel.UNAVAILABLE = None                  # compiling, not running
+    with _captured(gluon_kernel, "gluon_moe_kernel") as cap:
+        if kernel == "gluon-bf16-gated":
+            a, w13 = torch.zeros(rows, K, dtype=torch.bfloat16), torch.zeros(E, 2 * inter, K, dtype=torch.bfloat16)
+            act = torch.empty(rows, inter, dtype=torch.bfloat16)
+            gluon_kernel.launch_gluon_gemm(a, w13, act, None, alignment, pairs, config, gated=True)
+        else:
+            act, w2 = torch.zeros(rows, inter, dtype=torch.bfloat16), torch.zeros(E, K, inter, dtype=torch.bfloat16)
+            out = torch.empty(pairs, K, dtype=torch.bfloat16)
+            gluon_kernel.launch_gluon_gemm(act, w2, out, torch.ones(pairs), alignment, pairs, config)
     return cap.compiled[0]
 
 
@@ -158,7 +195,7 @@ def _report(compiled) -> dict:
     serialised = next((line.split("Potential Performance Loss: ")[-1] for line in ptxas.splitlines()
                        if "wgmma.mma_async instructions are serialized" in line), "")
     return {"triton": triton.__version__, "ptx": ptx, "sass": sass, "registers": int(used.group(1)) if used else None,
-            "spill_bytes": sum(spills), "serialised": serialised,
+            "spill_bytes": sum(spills), "serialised": serialised, "shared": compiled.metadata.shared,
             "wait_groups": [int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+)", ptx)]}
 
 

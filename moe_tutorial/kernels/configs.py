@@ -190,13 +190,6 @@ def fit_shared_memory(config: KernelConfig, gated: bool, itemsize: int, limit: i
     return config
 
 
-def sm_count() -> int:
-    """Streaming multiprocessors of this GPU (an H200's 132 on the CPU, for planning)."""
-    if runtime.ON_GPU:
-        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    return 132
-
-
 def heuristic_config(M: int, topk: int, E: int, variant: str = "plain", itemsize: int = 2,
                      limit: int = SMEM_LIMIT, *, N: int | None = None) -> KernelConfig:
     """An untuned choice from what the tuner found on an H200 (measurements/gpu-notes.md).
@@ -216,7 +209,7 @@ def heuristic_config(M: int, topk: int, E: int, variant: str = "plain", itemsize
     if rows_per_expert <= 4:
         cfg = KernelConfig(block_m=16, block_n=128, block_k=256, group_m=8, num_warps=4, num_stages=3, use_tma=True)
         row_blocks = min(M * topk, E)
-        while N is not None and cfg.block_n > 32 and row_blocks * math.ceil(N / cfg.block_n) < sm_count() // 2:
+        while N is not None and cfg.block_n > 32 and row_blocks * math.ceil(N / cfg.block_n) < runtime.sm_count() // 2:
             cfg = replace(cfg, block_n=cfg.block_n // 2)
     elif rows_per_expert <= 16:
         cfg = KernelConfig(block_m=32, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=3, use_tma=False)

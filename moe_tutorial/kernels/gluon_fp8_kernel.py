@@ -33,9 +33,8 @@ import triton.language as tl
 
 from .. import runtime
 from ..quant import BLOCK, FP8_DTYPE
-from .configs import sm_count
 from .fp8_quant import E4M3_MAX_C, MIN_AMAX_C, launch_quantize_rows, quantize_group, silu_mul_quantize
-from .gluon_kernel import HAVE_GLUON
+from .gluon_kernel import HAVE_GLUON, sorted_rows
 from .tma import stacked_rows
 from .topk_sum import topk_sum
 
@@ -50,7 +49,7 @@ if HAVE_GLUON:
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
-    from .gluon_kernel import mma_layout, store_rows, tile_of, tma_load
+    from .gluon_kernel import mma_layout, silu_mul, store_rows, tile_of, tma_load
 
 #: Why the Gluon FP8 kernel cannot run here, or None where it can.
 UNAVAILABLE = (None if HAVE_GLUON and runtime.ON_GPU and torch.cuda.get_device_capability()[0] == 9
@@ -79,12 +78,6 @@ def gather_sorted_fp8_kernel(x_ptr, xs_ptr, a_ptr, as_ptr, sorted_ids_ptr, num_p
         q = tl.load(x_ptr + src[:, None] * stride_xm + cols[None, :], mask=ok)
         tl.store(a_ptr + rows.to(tl.int64)[:, None] * stride_am + cols[None, :], q, mask=ok)
         tl.store(as_ptr + g * stride_ask + rows, tl.load(xs_ptr + src * stride_xsm + g), mask=in_rows)
-
-
-def sorted_rows(alignment, block_m: int) -> int:
-    """How many rows the sorted operands hold: the alignment's bound, rounded up to whole tiles
-    (so every TMA box lies inside, and the transposed scales' rows stay 16-byte aligned)."""
-    return triton.cdiv(alignment[0].numel(), block_m) * block_m
 
 
 def gather_sorted_fp8(x_q: torch.Tensor, x_scale: torch.Tensor, alignment, num_pairs: int, topk: int,
@@ -374,7 +367,7 @@ if HAVE_GLUON:
             offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=cols_layout)
             row_ok = gl.load(sorted_ids_ptr + offs_m) < num_pairs
             col_ok = offs_n < N
-            h = gl.where(col_ok[None, :], acc_g / (1.0 + gl.exp(-acc_g)) * acc_u, 0.0)
+            h = gl.where(col_ok[None, :], silu_mul(acc_g, acc_u), 0.0)
             q, scale = quantize_group(h, E4M3_MAX_C, MIN_AMAX_C)
             rows64 = offs_m.to(gl.int64)
             gl.store(c_ptr + rows64[:, None] * stride_cm + offs_n[None, :], q.to(c_ptr.dtype.element_ty),
@@ -469,7 +462,7 @@ def launch_gluon_fp8_gemm(a: torch.Tensor, a_scale_t: torch.Tensor, b: torch.Ten
     gated = c_scale_t is not None
     a_desc, as_desc, b_desc = _descriptors(a, a_scale_t, b, config.block_m, config.block_n)
     max_tiles = triton.cdiv(sorted_ids.numel(), config.block_m) * triton.cdiv(N, config.block_n)
-    gluon_fp8_moe_kernel[(max(1, min(sm_count(), max_tiles)),)](
+    gluon_fp8_moe_kernel[(max(1, min(runtime.sm_count(), max_tiles)),)](
         a_desc, as_desc, b_desc, b_scale, c, c_scale_t if gated else b_scale,
         router_weights if router_weights is not None else b_scale,
         sorted_ids, expert_ids, num_post,

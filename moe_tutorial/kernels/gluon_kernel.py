@@ -13,6 +13,14 @@ Triton 3.6 or 3.9 (``measurements/scripts/sm90_warp_specialize_probe.py``). Gluo
   empty once that MMA has finished; after the last K step it runs the epilogue (router weights,
   the store of each row to its pair) while the load warp already fills the ring for its next tile.
 
+The layer's gate/up GEMM (``GATED``) reads two B tiles per stage, the expert's gate rows and its
+up rows (``I`` rows further on in ``w13``), against the same A tile, and keeps two accumulators.
+Its MMA warps issue a step's two MMAs and wait until at most those two are in flight, so the
+step before has finished and its buffer goes back to the load warp while the tensor cores work.
+The epilogue writes ``silu(gate) * up`` in bf16 at the sorted rows, the down GEMM's A as it must
+lie for TMA: :func:`gluon_layer` runs the layer on this kernel alone (a gather, two launches and
+the sum over each token's slots).
+
 Both partitions walk the same tiles in the same order: the persistent grid of
 :mod:`moe_tutorial.kernels.persistent_kernel`, one program per SM, the tile list ending at the
 real number of row blocks (read on the device). A must lie in sorted order (TMA cannot gather
@@ -29,6 +37,7 @@ import triton
 
 from .. import runtime
 from .tma import stacked_rows
+from .topk_sum import topk_sum
 
 try:   # Gluon ships with Triton 3.4+; its Hopper module is what this kernel needs.
     from triton.experimental import gluon
@@ -101,13 +110,20 @@ if HAVE_GLUON:
         gl.store(ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_n[None, :] < N))
 
     @gluon.jit
-    def load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, expert_ids_ptr, num_post_ptr,
-                       N, K, b_rows_per_expert, group_m):
-        """One warp: TMA copies of A's and B's tiles into the ring, as fast as buffers free up."""
+    def silu_mul(gate, up):
+        """``silu(gate) * up``, the gated epilogues' activation, in the accumulators' fp32."""
+        return gate / (1.0 + gl.exp(-gate)) * up
+
+    @gluon.jit
+    def load_partition(a_desc, b_desc, a_bufs, b_bufs, bu_bufs, ready, empty, expert_ids_ptr, num_post_ptr,
+                       N, K, b_rows_per_expert, up_rows, group_m, GATED: gl.constexpr):
+        """One warp: TMA copies of A's and B's tiles (with GATED, also the up rows' tile, ``up_rows``
+        rows further on) into the ring, as fast as buffers free up."""
         STAGES: gl.constexpr = a_bufs.type.shape[0]
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+        nbytes: gl.constexpr = a_desc.block_type.nbytes + (2 if GATED else 1) * b_desc.block_type.nbytes
         num_pid_m = gl.cdiv(gl.load(num_post_ptr), BLOCK_M)
         num_pid_n = gl.cdiv(N, BLOCK_N)
         step = 0
@@ -118,17 +134,19 @@ if HAVE_GLUON:
                 s = step % STAGES
                 # Wait until the consumer has released this buffer (a fresh barrier counts as released).
                 mbarrier.wait(empty.index(s), ((step // STAGES) & 1) ^ 1)
-                mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+                mbarrier.expect(ready.index(s), nbytes)
                 tma_load(a_desc, [pid_m * BLOCK_M, k * BLOCK_K], ready.index(s), a_bufs.index(s))
                 tma_load(b_desc, [b_row, k * BLOCK_K], ready.index(s), b_bufs.index(s))
+                if GATED:
+                    tma_load(b_desc, [b_row + up_rows, k * BLOCK_K], ready.index(s), bu_bufs.index(s))
                 step += 1
 
     @gluon.jit
-    def mma_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, expert_ids_ptr, num_post_ptr,
-                      N, K, b_rows_per_expert, group_m,
+    def mma_partition(a_desc, b_desc, a_bufs, b_bufs, bu_bufs, ready, empty, num_post_ptr, N, K, group_m,
                       c_ptr, router_w_ptr, sorted_ids_ptr, num_pairs, stride_cm,
-                      C_SORTED: gl.constexpr, ROUTER_WEIGHTS: gl.constexpr):
-        """The kernel's warps: MMAs on each ready buffer, then the epilogue of each tile."""
+                      GATED: gl.constexpr, C_SORTED: gl.constexpr, ROUTER_WEIGHTS: gl.constexpr):
+        """The kernel's warps: MMAs on each ready buffer (with GATED, a gate and an up MMA), then the
+        epilogue of each tile (with GATED, ``silu(gate) * up``)."""
         STAGES: gl.constexpr = a_bufs.type.shape[0]
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
@@ -141,28 +159,48 @@ if HAVE_GLUON:
         step = 0
         for t in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
             pid_m, pid_n = tile_of(t, num_pid_m, num_pid_n, group_m)
+            # Zeroed with no MMA in flight (the last tile's were waited for): ptxas would serialise
+            # every wgmma of the kernel if an accumulator were written while its MMA runs.
             acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
+            up = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)     # GATED only
             for k in range(0, gl.cdiv(K, BLOCK_K)):
                 s = step % STAGES
                 mbarrier.wait(ready.index(s), (step // STAGES) & 1)
                 acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, is_async=True)
-                # Keep one MMA in flight: the one before it has finished, so its buffer is free.
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                # Keep this step's MMAs in flight: the step before has finished, so its buffer is free.
+                if GATED:
+                    up = warpgroup_mma(a_bufs.index(s), bu_bufs.index(s).permute((1, 0)), up, is_async=True)
+                    acc, up = warpgroup_mma_wait(num_outstanding=2, deps=(acc, up))
+                else:
+                    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
                 mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES), pred=k > 0)
                 step += 1
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            if GATED:
+                acc, up = warpgroup_mma_wait(num_outstanding=0, deps=(acc, up))
+            else:
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES))
 
+            if GATED:       # the last buffer is back with the load warp: it fills the ring meanwhile
+                acc = silu_mul(acc, up)
             store_rows(acc, pid_m * BLOCK_M, pid_n, c_ptr, router_w_ptr, sorted_ids_ptr, N, num_pairs, stride_cm,
                        rows_layout, cols_layout, C_SORTED, ROUTER_WEIGHTS)
 
     @gluon.jit
     def gluon_moe_kernel(a_desc, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
-                         N, K, num_pairs, b_rows_per_expert, stride_cm, group_m,
-                         STAGES: gl.constexpr, C_SORTED: gl.constexpr, ROUTER_WEIGHTS: gl.constexpr):
-        """C[pair] = A[sorted position] . B[expert]^T for every real tile; see the module docstring."""
+                         N, K, num_pairs, b_rows_per_expert, up_rows, stride_cm, group_m,
+                         STAGES: gl.constexpr, GATED: gl.constexpr, C_SORTED: gl.constexpr,
+                         ROUTER_WEIGHTS: gl.constexpr):
+        """C[pair] = A[sorted position] . B[expert]^T for every real tile; see the module docstring.
+
+        With GATED, B holds gate rows then up rows (``up_rows`` further on) and C receives
+        ``silu(gate) * up`` at the sorted rows."""
         a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
         b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+        if GATED:
+            bu_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+        else:
+            bu_bufs = b_bufs
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
@@ -170,12 +208,18 @@ if HAVE_GLUON:
             mbarrier.init(empty.index(i), count=1)
         fence_async_shared()
         gl.warp_specialize([
-            (mma_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, expert_ids_ptr, num_post_ptr,
-                             N, K, b_rows_per_expert, group_m, c_ptr, router_w_ptr, sorted_ids_ptr, num_pairs,
-                             stride_cm, C_SORTED, ROUTER_WEIGHTS)),
-            (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, expert_ids_ptr, num_post_ptr,
-                              N, K, b_rows_per_expert, group_m)),
+            (mma_partition, (a_desc, b_desc, a_bufs, b_bufs, bu_bufs, ready, empty, num_post_ptr, N, K, group_m,
+                             c_ptr, router_w_ptr, sorted_ids_ptr, num_pairs, stride_cm, GATED, C_SORTED,
+                             ROUTER_WEIGHTS)),
+            (load_partition, (a_desc, b_desc, a_bufs, b_bufs, bu_bufs, ready, empty, expert_ids_ptr, num_post_ptr,
+                              N, K, b_rows_per_expert, up_rows, group_m, GATED)),
         ], [1], [40])
+
+
+def sorted_rows(alignment, block_m: int) -> int:
+    """How many rows the sorted operands hold: the alignment's bound, rounded up to whole tiles
+    (so every TMA box lies inside, and the transposed scales' rows stay 16-byte aligned)."""
+    return triton.cdiv(alignment[0].numel(), block_m) * block_m
 
 
 def gather_sorted_rows(x: torch.Tensor, sorted_ids: torch.Tensor, num_pairs: int, topk: int) -> torch.Tensor:
@@ -186,13 +230,22 @@ def gather_sorted_rows(x: torch.Tensor, sorted_ids: torch.Tensor, num_pairs: int
 
 
 def launch_gluon_gemm(a_sorted: torch.Tensor, b: torch.Tensor, c: torch.Tensor, router_weights, alignment,
-                      num_pairs: int, config, *, c_sorted: bool = False) -> None:
+                      num_pairs: int, config, *, c_sorted: bool = False, gated: bool = False) -> None:
     """One launch of :func:`gluon_moe_kernel` on a Hopper GPU.
 
     ``a_sorted`` ``[max_padded, K]`` bf16/fp16 rows in sorted order; ``b`` ``[E, N, K]`` contiguous
     experts; ``c`` ``[num_pairs, N]`` (or ``[max_padded, N]`` with ``c_sorted``); ``router_weights``
     ``[num_pairs]`` fp32 or None; ``alignment`` from ``align_block_size`` with ``config.block_m``.
+
+    With ``gated`` the launch is the layer's gate/up GEMM: ``b`` is ``w13`` ``[E, 2I, K]`` (gate rows,
+    then up rows), ``c`` ``[R, I]`` in a's dtype (``R`` at least ``max_padded``, e.g.
+    :func:`sorted_rows`) receives ``silu(gate) * up`` at the sorted rows, padding rows and the rows
+    past the real tiles left unwritten; no router weights. K a multiple of 8 (TMA's 16-byte rows).
     """
+    if gated and (router_weights is not None or b.shape[1] != 2 * c.shape[1]):
+        raise ValueError(f"gated: expected no router weights (the epilogue is silu(gate) * up) and b of 2 * "
+                         f"{c.shape[1]} rows (gate, then up) for c of {c.shape[1]} columns, got "
+                         f"router_weights={'a tensor' if router_weights is not None else None}, b {tuple(b.shape)}")
     if UNAVAILABLE:
         raise RuntimeError(UNAVAILABLE)
     sorted_ids, expert_ids, num_post = alignment
@@ -204,8 +257,42 @@ def launch_gluon_gemm(a_sorted: torch.Tensor, b: torch.Tensor, c: torch.Tensor, 
     b_desc = GluonDescriptor.from_tensor(stacked_rows(b), [bn, bk],
                                          gl.NVMMASharedLayout.get_default_for([bn, bk], dtype))
     max_tiles = triton.cdiv(sorted_ids.numel(), bm) * triton.cdiv(N, bn)
-    sms = torch.cuda.get_device_properties(c.device).multi_processor_count
-    gluon_moe_kernel[(max(1, min(sms, max_tiles)),)](
+    gluon_moe_kernel[(max(1, min(runtime.sm_count(), max_tiles)),)](
         a_desc, b_desc, c, router_weights if router_weights is not None else c, sorted_ids, expert_ids, num_post,
-        N, K, num_pairs, rows, c.stride(0), config.group_m, STAGES=config.num_stages,
-        C_SORTED=c_sorted, ROUTER_WEIGHTS=router_weights is not None, num_warps=config.num_warps)
+        N, K, num_pairs, rows, N if gated else 0, c.stride(0), config.group_m, STAGES=config.num_stages,
+        GATED=gated, C_SORTED=c_sorted or gated, ROUTER_WEIGHTS=router_weights is not None,
+        num_warps=config.num_warps)
+
+
+def gluon_layer(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, alignment,
+                topk: int, cfg_up, cfg_down) -> torch.Tensor:
+    """The bf16 layer on the Gluon kernel, inputs checked by the caller.
+
+    x's rows gathered into sorted order (one launch), the gate/up GEMM with ``silu(gate) * up`` in
+    its epilogue into the sorted activations ``[R, I]`` (one), the down GEMM on them as they lie,
+    router weights in its epilogue, into ``[M * topk, K]`` (one), the sum over each token's topk rows
+    (one).
+
+    Args:
+        x: ``[M, K]`` bf16/fp16; ``w13`` ``[E, 2I, K]`` and ``w2`` ``[E, K, I]`` contiguous, x's dtype;
+            K and I multiples of 8 (TMA reads 16-byte rows).
+        topk_weights: ``[M, topk]`` float router weights.
+        alignment: ``align_block_size(topk_ids, cfg_up.block_m, E)``, shared by both GEMMs.
+        cfg_up, cfg_down: the two GEMMs' :class:`~moe_tutorial.kernels.configs.KernelConfig`, one ``block_m``.
+
+    Returns ``[M, K]`` in x's dtype. Off Hopper: RuntimeError(:data:`UNAVAILABLE`).
+    """
+    if cfg_up.block_m != cfg_down.block_m:
+        raise ValueError(f"configs: the two GEMMs share one alignment, so one block_m; got {cfg_up.block_m} "
+                         f"and {cfg_down.block_m}")
+    if UNAVAILABLE:
+        raise RuntimeError(UNAVAILABLE)
+    M, K = x.shape
+    inter = w2.shape[2]
+    num_pairs = M * topk
+    a = gather_sorted_rows(x, alignment[0], num_pairs, topk)
+    act = x.new_empty(sorted_rows(alignment, cfg_up.block_m), inter)
+    launch_gluon_gemm(a, w13, act, None, alignment, num_pairs, cfg_up, gated=True)
+    down = x.new_empty(num_pairs, K)
+    launch_gluon_gemm(act, w2, down, topk_weights.reshape(-1).float().contiguous(), alignment, num_pairs, cfg_down)
+    return topk_sum(down.view(M, topk, K))

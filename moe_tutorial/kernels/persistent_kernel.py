@@ -23,7 +23,6 @@ import triton
 import triton.language as tl
 
 from .. import runtime
-from .configs import sm_count
 from .sorted_kernel import grouped_tile, sorted_tile
 
 
@@ -64,7 +63,7 @@ def persistent_grid(max_tiles: int, num_sms: int | None = None) -> tuple[int]:
     """One program per SM (``num_sms``, by default this GPU's, or :data:`INTERPRETER_PROGRAMS` in
     the interpreter), never more programs than the upper bound of tiles."""
     if num_sms is None:
-        num_sms = INTERPRETER_PROGRAMS if runtime.INTERPRETED else sm_count()
+        num_sms = INTERPRETER_PROGRAMS if runtime.INTERPRETED else runtime.sm_count()
     return (max(1, min(num_sms, max_tiles)),)
 
 
