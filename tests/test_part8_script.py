@@ -1,6 +1,9 @@
 """The GPU script of Part 8 on a toy shape in the interpreter: it runs its three steps end to end and
 writes rows the notebook's reader takes (moe_tutorial/experiments/backward.py)."""
 import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from moe_tutorial.experiments import backward
@@ -51,9 +54,12 @@ def test_bench_backward_times_the_step_on_the_cpus_toy_shape(tmp_path):
 
 def test_every_part8_kernel_compiles_for_sm90_in_bf16():
     """The compile script, Triton's whole GPU pipeline run on the CPU: a fault only a GPU compile would hit
-    shows here (it starts a process of its own with the interpreter off)."""
+    shows here. And no variant spills registers: the dA' epilogue on whole 128 x 128 tiles did (255
+    registers, 69.6 M spill requests in Nsight Compute on the H200), so it runs on half the columns."""
     path = SCRIPT.parent / "sm90_compile_backward.py"
-    spec = importlib.util.spec_from_file_location("sm90_compile_backward", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert module.main() == 0
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(SCRIPT.parents[2])}
+    run = subprocess.run([sys.executable, str(path)], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = [line for line in run.stdout.splitlines() if " warps, " in line]
+    assert len(lines) >= 9 and all(": ok: " in line for line in lines), run.stdout
+    assert all(line.endswith(" 0 bytes spilled") for line in lines), run.stdout

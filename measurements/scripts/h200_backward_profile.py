@@ -16,10 +16,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-
-from h200_backward import device_problem, leaves, ours  # noqa: E402
 from moe_tutorial.shapes import MODEL_SHAPES  # noqa: E402
+
+import torch  # noqa: E402
+from h200_backward import device_problem, leaves, ours  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -8,12 +8,16 @@ a layout ``tl.trans`` cannot take, a descriptor of the wrong rank) shows here fi
 
     python measurements/scripts/sm90_compile_backward.py
 
-It prints one line per variant: registers are not known without ptxas, so it reports the wgmma
-instructions (tensor cores on Hopper) and whether shared memory fits.
+It prints one line per variant: the wgmma instructions (tensor cores on Hopper), whether shared
+memory fits, and what the ``ptxas`` that Triton ships makes of the PTX (registers, spill stores).
+The signatures say what a launch on the GPU tells Triton: pointers and sizes divisible by 16, unit
+strides constant, so the registers match what Nsight Compute reports for the same tiles.
 """
 import os
+import re
 import subprocess
 import sys
+import tempfile
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -76,17 +80,59 @@ VARIANTS = {
 }
 
 
+#: Arguments a launch on the GPU passes as 1 (Triton then compiles them in as constants).
+UNIT_STRIDES = {"rows_gemm_kernel": {"nk": ("stride_ak", "stride_cn", "stride_bk"),
+                                     "kn": ("stride_ak", "stride_cn", "stride_bn")}}
+#: Integer arguments a real launch passes as multiples of 16 (Triton assumes their divisibility).
+DIVISIBLE = ("N", "K", "P", "Q", "max_padded", "b_rows_per_expert")
+
+
+def _gpu_like(kernel, types: dict, constexprs: dict, args) -> dict:
+    """Make ``constexprs`` hold the unit strides and return the divisibility hints of a GPU launch."""
+    name = kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__
+    for stride in UNIT_STRIDES.get(name, {}).get(args[2] if len(args) > 2 else "", ()):
+        constexprs[stride] = 1
+    names = kernel.arg_names
+    hinted = [n for n in names if n not in constexprs
+              and (types[n].startswith("*") or n in DIVISIBLE or n.startswith("stride"))]
+    return {(names.index(n),): [["tt.divisibility", 16]] for n in hinted}
+
+
+def ptxas_report(ptx: str) -> str:
+    """Registers and spill bytes from ``ptxas -v`` on ``ptx``, or why not: the first of the ptxas
+    binaries Triton ships that reads this PTX version (Triton 3.9's PTX needs its ``ptxas-blackwell``)."""
+    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    why = "no ptxas"
+    for name in ("ptxas", "ptxas-blackwell"):
+        ptxas = os.path.join(bin_dir, name)
+        if not os.path.exists(ptxas):
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            src = os.path.join(tmp, "k.ptx")
+            with open(src, "w") as f:
+                f.write(ptx)
+            run = subprocess.run([ptxas, "-arch=sm_90a", "-v", src, "-o", os.path.join(tmp, "k.cubin")],
+                                 capture_output=True, text=True)
+        regs = re.search(r"Used (\d+) registers", run.stderr)
+        spills = re.search(r"(\d+) bytes spill stores", run.stderr)
+        if regs is not None:
+            return f"{regs.group(1)} registers, {spills.group(1) if spills else '?'} bytes spilled"
+        why = f"{name}: " + " ".join(run.stderr.split())[:160]
+    return why
+
+
 def compile_one(build, args, warps: int, stages: int) -> str:
     kernel, types, constexprs = build(*args)
+    attrs = _gpu_like(kernel, types, constexprs, args)
     signature, constants = _signature(kernel, types, constexprs)
     try:
-        compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constants),
+        compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constants, attrs=attrs),
                                   target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
     except Exception as e:  # noqa: BLE001  (a compile failure is the result here)
         return "FAILED: " + " ".join(str(e).split())[:300]
     smem = compiled.metadata.shared
     return f"ok: wgmma {compiled.asm['ptx'].count('wgmma.mma_async')}, shared memory {smem / 1024:.0f} KB" + \
-        (" (over the 227 KB of an H200)" if smem > 227 * 1024 else "")
+        (" (over the 227 KB of an H200)" if smem > 227 * 1024 else "") + f"; {ptxas_report(compiled.asm['ptx'])}"
 
 
 def main() -> int:

@@ -196,9 +196,9 @@ def rows_gemm_kernel(
         tl.store(act_ptr + sorted_row * stride_actm + offs_cn[None, :],
                  tl.where(keep, act, 0.0).to(act_ptr.dtype.element_ty), mask=col_ok[None, :])
     elif EPILOGUE == "dswiglu":
-        # [recompute A, write dH, s*A and the router gradient], one half of the columns at a time:
-        # the epilogue holds dA', H's two tiles and what it computes from them at once, and on whole
-        # 128 x 128 tiles that overflowed the registers (spills; Nsight Compute, H200).
+        # [recompute A, write dH, s*A and the router gradient]
+        # One half of the columns at a time: the epilogue holds dA', H's two tiles and what it computes
+        # from them at once, and whole 128 x 128 tiles overflowed the registers (spills; Nsight Compute, H200).
         HALF: tl.constexpr = BLOCK_N // 2
         first, second = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
         s = tl.load(router_w_ptr + pair, mask=row_ok, other=0.0)
