@@ -94,10 +94,11 @@ def test_what_the_h200_run_shows():
                 MODEL_SHAPES["Qwen3-30B-A3B"].intermediate, speed["Qwen3-30B-A3B"], speed["DeepSeek-V3"],
                 speed["Mixtral-8x7B"], share("Mixtral-8x7B", "grouped_mm"), share("Mixtral-8x7B", "ours"))
     assert abs(verdict["DeepSeek-V3"]["step_speedup"] - 1) < 0.05         # "even with it"
-    fractions = [verdict[m]["backward_fraction"] for m in models]
-    assert max(fractions) < backward.BACKWARD_MATMUL_TARGET
-    assert_says(NOTEBOOK, "Ours' backward reaches {:.2f} to {:.2f} of that rate, short of {} on every shape.",
-                min(fractions), max(fractions), backward.BACKWARD_MATMUL_TARGET)
+    fractions = {m: verdict[m]["backward_fraction"] for m in models}
+    met = [m for m in models if verdict[m]["backward_ok"]]
+    assert met == ["Mixtral-8x7B"]
+    assert_says(NOTEBOOK, "Ours' backward reaches {:.2f} to {:.2f} of that rate: {} or more on Mixtral-8x7B only.",
+                min(fractions.values()), max(fractions.values()), backward.BACKWARD_MATMUL_TARGET)
     less = [kept(m, "grouped_mm") / kept(m, "ours") for m in models]
     more = [100 * (kept(m, "ours") / kept(m, "liger") - 1) for m in models]
     assert min(more) > 0
