@@ -523,6 +523,19 @@ def test_04_persistent_step():
                 " / ".join(fmt2(gluon[m, "persistent"]) for m in HEADLINE_MODELS))
 
 
+def test_04_gluon_layer_against_the_tl_layer():
+    """Appendix E's reading of the whole-layer Gluon run (data/h200_gluon_bf16_bench.csv)."""
+    rows = results.load_rows(results.DATA_DIR / "h200_gluon_bf16_bench.csv")
+    speedups = report.family_speedups(rows, "gluon", "tl-sorted")
+    large = [v for (m, _), v in speedups.items() if m == "Mixtral-8x7B"]
+    many = [v for (m, _), v in speedups.items() if m != "Mixtral-8x7B"]
+    assert min(large) > 1 and sum(v > 1 for v in many) == 1 and len(many) == 12
+    assert_says(P4, "ahead on Mixtral-8x7B at every M ({} to {}), behind on the three shapes of many experts at "
+                "all but one point ({} to {}).", x(min(large)), x(max(large)), x(min(many)), x(max(many)))
+    noise = max(float(r["noise"]) for r in rows if r["status"] == "ok")
+    assert_says(P4, "The same M timed in the other order differs by up to {:.0f}%,", 100 * noise)
+
+
 def test_04_short_tails_on_real_shapes():
     """Section 8's sentence on how many row blocks are at most half full, from appendix C's count."""
     from moe_tutorial.shapes import random_topk_ids

@@ -2,6 +2,8 @@
 
     PYTHONPATH=$PWD python3 measurements/scripts/h200_gluon_bf16.py check             # about a minute
     PYTHONPATH=$PWD python3 measurements/scripts/h200_gluon_bf16.py sweep --out $OUT [--models ...] [--M ...]
+    ncu --set full -k regex:"gluon_moe_kernel|sorted_moe_kernel" python3 measurements/scripts/h200_gluon_bf16.py \
+        profile --models Qwen3-30B-A3B --M 16384 --impls tl-sorted "gluon up128-s4 down256-s3"
 
 ``check`` runs, on DeepSeek-V3, Qwen3-30B-A3B, Mixtral-8x7B and DeepSeek-V2-Lite at M = 2048 (and a
 toy shape whose K and I are not whole tiles), the gated gate/up GEMM of
@@ -315,9 +317,25 @@ def write(path: Path, rows: list[dict]) -> None:
         write_csv(path, rows, list(dict.fromkeys(k for r in rows for k in r)))
 
 
+def profile(args) -> int:
+    """Call the layer of each of ``--impls`` a few times on the first model and M, untimed: for
+    Nsight Compute to catch its GEMMs (``-k regex:"gluon_moe_kernel|sorted_moe_kernel"``)."""
+    shape = MODEL_SHAPES[args.models[0]]
+    case = Case(shape, args.M[0], *model_weights(shape))
+    for impl in args.impls:
+        call = case.layer_call(impl)
+        for _ in range(3):
+            call()
+        sync()
+        print(f"profiled {impl}", flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("stage", choices=("check", "sweep"))
+    p.add_argument("stage", choices=("check", "sweep", "profile"))
+    p.add_argument("--impls", nargs="+", default=["tl-sorted", "gluon up128-s4 down256-s3"],
+                   help="profile: whose layer to run")
     p.add_argument("--models", nargs="+", default=MODELS, choices=sorted(MODEL_SHAPES))
     p.add_argument("--M", nargs="+", type=int, default=[1024, 2048, 4096, 16384])
     p.add_argument("--deadline", type=float, default=400.0, help="seconds after which the sweep starts no new case")
@@ -331,7 +349,7 @@ def main(argv=None) -> int:
     elif gk.UNAVAILABLE:
         print(f"needs a Hopper GPU: {gk.UNAVAILABLE}")
         return 2
-    return {"check": check, "sweep": sweep}[args.stage](args)
+    return {"check": check, "sweep": sweep, "profile": profile}[args.stage](args)
 
 
 if __name__ == "__main__":

@@ -236,6 +236,28 @@ def speedup_table(rows: list[dict], model: str, gemm: str = "first", baseline: s
     return format_table([f"{labels.get(baseline, baseline)} vs"] + [f"M={M}" for M in sizes], body)
 
 
+def family_speedups(rows: list[dict], family: str, baseline: str) -> dict[tuple[str, int], float]:
+    """``{(model, M): baseline's ms / the fastest ms of the impls named ``family...``}`` over rows that
+    timed correctly (above 1: the best of the family is faster), e.g. the Gluon layer's config pairs
+    against Part 4's ``tl`` layer in ``data/h200_gluon_bf16_bench.csv``."""
+    base = {(r["model"], r["M"]): r["ms"] for r in rows if r["impl"] == baseline and is_ok(r)}
+    best: dict[tuple[str, int], float] = {}
+    for r in rows:
+        key = (r["model"], r["M"])
+        if r["impl"].startswith(family) and is_ok(r) and key in base:
+            best[key] = min(best.get(key, float("inf")), r["ms"])
+    return {key: base[key] / ms for key, ms in best.items()}
+
+
+def family_speedup_table(rows: list[dict], family: str, baseline: str) -> str:
+    """:func:`family_speedups` as a table: one line per model, one column per M."""
+    speedups = family_speedups(rows, family, baseline)
+    sizes = sorted({M for _, M in speedups})
+    body = [[model] + [f"{speedups[model, M]:.2f}x" if (model, M) in speedups else "-" for M in sizes]
+            for model in model_order(rows) if any(m == model for m, _ in speedups)]
+    return format_table([f"best {family} vs {baseline}"] + [f"M={M}" for M in sizes], body)
+
+
 def skipped_reasons(rows: list[dict]) -> str:
     """One line per distinct reason a case was skipped, with how many cases it covers."""
     reasons: dict[str, int] = {}
