@@ -195,9 +195,16 @@ def test_the_gluon_section(rows):
                 fmt2(slow["gluon-256x8-2wave-s3"]), fmt2(slow["gluon-128x8-s5"]), fmt2(slow["gluon-128x8-s4-g1"]),
                 median)
     profile = gluon_fp8.load_profile()
-    gl, tl_p = profile["gluon-128x8-s4"], profile["tl"]
-    assert_says(P7, "busy {:.0%} of the time, the clock falls to {:.2f} GHz (the power the FP8 tensor cores draw; "
+    before, tl_p = profile["gluon-128x8-s4", 16384], profile["tl", 16384]
+    gl, at_4096 = (profile["gluon-128x8-s4, scales read ahead", M] for M in (16384, 4096))
+    assert_says(P7, "with the tensor pipe busy {:.0%} of the time ({:.0%} before that lever, at about the same speed: "
+                    "{:.2f} against {:.2f} ms), the clock falls to {:.2f} GHz (the power the FP8 tensor cores draw; "
                     "the `tl` kernel ran at {:.2f})",
-                gl["tensor_pipe_active"], gl["sm_clock_ghz"], tl_p["sm_clock_ghz"])
+                gl["tensor_pipe_active"], before["tensor_pipe_active"], gl["duration_ms"], before["duration_ms"],
+                gl["sm_clock_ghz"], tl_p["sm_clock_ghz"])
+    assert abs(gl["duration_ms"] / before["duration_ms"] - 1) < 0.02          # "about the same speed"
+    assert_says(P7, "At M = 4096 it is the weights' read: L2 busy at {:.0%} of its peak, DRAM reading {:.2f} TB/s.",
+                at_4096["l2_throughput"], at_4096["dram_read_tbps"])
+    assert at_4096["l2_throughput"] > 0.8 > gl["l2_throughput"]
     assert 0.6 < gl["tensor_pipe_active"] < 0.72                       # "about two thirds"
     assert_says(P7, "with the tensor pipe busy about two thirds of the time")

@@ -61,11 +61,13 @@ def noise(rows: list[dict]) -> tuple[float, float]:
     return spreads[len(spreads) // 2], spreads[-1]
 
 
-def load_profile(path: Path | None = None) -> dict[str, dict]:
-    """``{kernel: metrics}`` of the Nsight Compute profile (fractions in [0, 1], times in ms)."""
+def load_profile(path: Path | None = None) -> dict[tuple[str, int], dict]:
+    """``{(kernel, M): metrics}`` of the Nsight Compute profiles (fractions in [0, 1], times in ms):
+    the ``tl`` and Gluon kernels before the weight scales were read ahead, and the Gluon kernel after."""
+    text = ("gpu", "torch", "triton", "date", "tool", "model", "gemm", "kernel")
     with open(path or DATA / "h200_fp8_profile.csv") as f:
         out = {}
         for r in csv.DictReader(f):
-            out[r["kernel"]] = {k: (v if k in ("gpu", "torch", "triton", "date", "tool", "model", "gemm", "kernel")
-                                    else float(v)) for k, v in r.items()}
+            row = {k: (v if k in text else float(v)) for k, v in r.items()}
+            out[row["kernel"], int(row["M"])] = row
         return out
