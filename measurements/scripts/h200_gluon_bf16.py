@@ -57,6 +57,12 @@ DRY = ModelShape("dry-K72-I40", 4, 2, 72, 40)
 DRY_M = 8
 
 
+def shape_of(name: str) -> ModelShape:
+    """The shape named ``name``: a model's, or the dry run's (kept out of MODEL_SHAPES, which other
+    code in the same process reads)."""
+    return DRY if name == DRY.name else MODEL_SHAPES[name]
+
+
 def cfg(bm: int, bn: int, warps: int, stages: int) -> KernelConfig:
     return KernelConfig(block_m=bm, block_n=bn, block_k=64, num_warps=warps, num_stages=stages, short_tails=False)
 
@@ -196,7 +202,7 @@ def model_weights(shape: ModelShape):
 
 def check(args) -> int:
     rows, bad = [], 0
-    plans = [(TOY, 300)] + [(MODEL_SHAPES[m], 2048) for m in args.models] if not args.dry_run else [(DRY, DRY_M)]
+    plans = [(TOY, 300)] + [(shape_of(m), 2048) for m in args.models] if not args.dry_run else [(DRY, DRY_M)]
     ups = {describe(up): up for up, _ in GLUON_PAIRS.values()}
     for shape, M in plans:
         w13, w2 = model_weights(shape)
@@ -233,7 +239,7 @@ def sweep(args) -> int:
     for model in args.models:
         if stopped:
             break
-        shape = MODEL_SHAPES[model]
+        shape = shape_of(model)
         w13, w2 = model_weights(shape)
         for M in args.M:
             if time.monotonic() > t_end:
@@ -320,7 +326,7 @@ def write(path: Path, rows: list[dict]) -> None:
 def profile(args) -> int:
     """Call the layer of each of ``--impls`` a few times on the first model and M, untimed: for
     Nsight Compute to catch its GEMMs (``-k regex:"gluon_moe_kernel|sorted_moe_kernel"``)."""
-    shape = MODEL_SHAPES[args.models[0]]
+    shape = shape_of(args.models[0])
     case = Case(shape, args.M[0], *model_weights(shape))
     for impl in args.impls:
         call = case.layer_call(impl)
@@ -344,7 +350,6 @@ def main(argv=None) -> int:
                    help="on a CPU: the toy shape only, every Gluon call failing as unavailable (checks the script)")
     args = p.parse_args(argv)
     if args.dry_run:
-        MODEL_SHAPES.setdefault(DRY.name, DRY)
         args.models, args.M = [DRY.name], [DRY_M]
     elif gk.UNAVAILABLE:
         print(f"needs a Hopper GPU: {gk.UNAVAILABLE}")
