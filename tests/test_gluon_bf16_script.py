@@ -39,7 +39,7 @@ def test_the_dry_run_checks_the_tl_layer_and_skips_every_gluon_call(script, tmp_
 def test_the_dry_run_sweep_times_the_tl_layer_and_writes_every_column(script, tmp_path):
     assert script.main(["sweep", "--dry-run", "--out", str(tmp_path)]) == 0
     rows = read_csv(tmp_path / "gluon_bf16_sweep.csv")
-    assert {r["impl"] for r in rows} == {"tl-sorted", "grouped-mm", *script.GLUON_PAIRS}
+    assert {r["impl"] for r in rows} == {"tl-sorted", "grouped-mm", script.HYBRID, *script.GLUON_PAIRS}
     for column in ("gpu", "torch", "triton", "date", "protocol", "model", "M", "impl", "config", "ms", "tflops",
                    "fraction_of_floor", "status"):
         assert column in rows[0], column

@@ -31,6 +31,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import moe_tutorial  # noqa: F401  (first: picks the runtime)
@@ -39,6 +40,8 @@ from moe_tutorial.activation import silu_and_mul
 from moe_tutorial.kernels import gluon_kernel as gk
 from moe_tutorial.kernels.align import align_block_size
 from moe_tutorial.kernels.configs import KernelConfig, get_config
+from moe_tutorial.kernels.sorted_layer import launch_fitted
+from moe_tutorial.kernels.topk_sum import topk_sum
 from moe_tutorial.layer import moe_layer
 from moe_tutorial.perf import bench, impls, traffic
 from moe_tutorial.perf.ceilings import measure_ceilings
@@ -76,6 +79,27 @@ GLUON_PAIRS = {
     "gluon up128-s3 down256-s4": (cfg(128, 128, 8, 3), cfg(128, 256, 8, 4)),
     "gluon up64-s4 down64-s4": (cfg(64, 128, 4, 4), cfg(64, 128, 4, 4)),
 }
+
+
+#: The Gluon gate/up GEMM with Part 4's ``tl`` down GEMM (its tuned tile on the shared block_m): the
+#: profile found the Gluon gate/up GEMM faster than the ``tl`` one and its down GEMM slower.
+HYBRID = "hybrid: gluon up, tl down"
+
+
+def hybrid_layer(x, w13, w2, topk_weights, alignment, topk: int, cfg_up: KernelConfig, cfg_down: KernelConfig):
+    """``[M, K]``: x gathered into sorted order, the gated Gluon GEMM into the sorted activations,
+    then Part 4's down GEMM on them as they lie (router weights in its epilogue) and the topk sum."""
+    if gk.UNAVAILABLE:
+        raise RuntimeError(gk.UNAVAILABLE)
+    M, K = x.shape
+    pairs = M * topk
+    a = gk.gather_sorted_rows(x, alignment[0], pairs, topk)
+    act = x.new_empty(gk.sorted_rows(alignment, cfg_up.block_m), w2.shape[2])
+    gk.launch_gluon_gemm(a, w13, act, None, alignment, pairs, cfg_up, gated=True)
+    down = x.new_empty(pairs, K)
+    launch_fitted(act, w2, down, topk_weights.reshape(-1).float().contiguous(), alignment, pairs, 1, cfg_down,
+                  a_sorted=True)
+    return topk_sum(down.view(M, topk, K))
 
 
 def describe(c: KernelConfig) -> str:
@@ -120,11 +144,23 @@ class Case:
             if reason := impls.grouped_mm_support(DTYPE):
                 raise impls.Skip(reason)
             return lambda: impls.grouped_mm_layer(x, w13, w2, tw, ids)
-        up, down = GLUON_PAIRS[impl]
         E, topk = self.shape.num_experts, self.shape.topk
+        if impl == HYBRID:
+            up, down = self.hybrid_configs()
+            return lambda: hybrid_layer(x, w13, w2, tw, align_block_size(ids, up.block_m, E), topk, up, down)
+        up, down = GLUON_PAIRS[impl]
         return lambda: gk.gluon_layer(x, w13, w2, tw, align_block_size(ids, up.block_m, E), topk, up, down)
 
+    def hybrid_configs(self) -> tuple[KernelConfig, KernelConfig]:
+        """The hybrid's tiles: Gluon's 128-row gate/up tile, Part 4's tuned down tile on 128 rows."""
+        s = self.shape
+        down = get_config(self.M, s.num_experts, s.hidden, s.intermediate, s.topk, DTYPE, "down")
+        return cfg(128, 128, 8, 4), replace(down, block_m=128)
+
     def config_of(self, impl: str) -> str:
+        if impl == HYBRID:
+            up, down = self.hybrid_configs()
+            return f"up {describe(up)} (Gluon) / down {describe(down)} (tl, tuned tile on 128 rows)"
         if impl in GLUON_PAIRS:
             up, down = GLUON_PAIRS[impl]
             return f"up {describe(up)} / down {describe(down)}"
@@ -210,7 +246,7 @@ def check(args) -> int:
         results = []
         for name, up in ups.items():
             results.append(("gated", f"gluon {name}", *attempt(lambda c=up: case.gated_error(c))))
-        for impl in ("tl-sorted", *GLUON_PAIRS):
+        for impl in ("tl-sorted", *GLUON_PAIRS, HYBRID):
             results.append(("layer", impl, *attempt(lambda i=impl: layer_error(case, case.layer_call(i)))))
         for gemm, impl, err, status in results:
             status = judged(err, status)
@@ -262,7 +298,7 @@ def sweep_case(case: Case, ceil, info: dict) -> list[dict]:
     nbytes, flops = bench.traffic_of("layer", case.inp)
     floor = ceil.floor_ms(nbytes, flops)
     calls, rows = {}, {}
-    for impl in ("tl-sorted", *GLUON_PAIRS, "grouped-mm"):
+    for impl in ("tl-sorted", *GLUON_PAIRS, HYBRID, "grouped-mm"):
         rows[impl] = dict(info, model=s.name, M=M, E=s.num_experts, topk=s.topk, hidden=s.hidden,
                           inter=s.intermediate, impl=impl, config=case.config_of(impl), ms="", ms_forward="",
                           ms_reverse="", noise="", timer="", tflops="", floor_ms=floor, fraction_of_floor="",
@@ -316,6 +352,8 @@ def summary(rows: list[dict]) -> None:
         best = min(gluon, key=gluon.get)
         vs = "  ".join(f"vs {k} x{ms[k] / gluon[best]:.2f}" for k in ("tl-sorted", "grouped-mm") if k in ms)
         print(f"  {model:16s} M={M:5d}: {best} {gluon[best]:.3f} ms  {vs}")
+        if HYBRID in ms and "tl-sorted" in ms:
+            print(f"  {'':16s}         {HYBRID} {ms[HYBRID]:.3f} ms  vs tl-sorted x{ms['tl-sorted'] / ms[HYBRID]:.2f}")
 
 
 def write(path: Path, rows: list[dict]) -> None:
