@@ -87,17 +87,12 @@ HYBRID = "hybrid: gluon up, tl down"
 
 
 def hybrid_layer(x, w13, w2, topk_weights, alignment, topk: int, cfg_up: KernelConfig, cfg_down: KernelConfig):
-    """``[M, K]``: x gathered into sorted order, the gated Gluon GEMM into the sorted activations,
-    then Part 4's down GEMM on them as they lie (router weights in its epilogue) and the topk sum."""
-    if gk.UNAVAILABLE:
-        raise RuntimeError(gk.UNAVAILABLE)
+    """``[M, K]``: :func:`~moe_tutorial.kernels.gluon_kernel.gluon_gate_up`, then Part 4's down GEMM
+    on its sorted activations as they lie (router weights in its epilogue) and the topk sum."""
+    act = gk.gluon_gate_up(x, w13, alignment, topk, cfg_up)
     M, K = x.shape
-    pairs = M * topk
-    a = gk.gather_sorted_rows(x, alignment[0], pairs, topk)
-    act = x.new_empty(gk.sorted_rows(alignment, cfg_up.block_m), w2.shape[2])
-    gk.launch_gluon_gemm(a, w13, act, None, alignment, pairs, cfg_up, gated=True)
-    down = x.new_empty(pairs, K)
-    launch_fitted(act, w2, down, topk_weights.reshape(-1).float().contiguous(), alignment, pairs, 1, cfg_down,
+    down = x.new_empty(M * topk, K)
+    launch_fitted(act, w2, down, topk_weights.reshape(-1).float().contiguous(), alignment, M * topk, 1, cfg_down,
                   a_sorted=True)
     return topk_sum(down.view(M, topk, K))
 

@@ -14,10 +14,8 @@ The signatures say what a launch on the GPU tells Triton: pointers and sizes div
 strides constant, so the registers match what Nsight Compute reports for the same tiles.
 """
 import os
-import re
 import subprocess
 import sys
-import tempfile
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -25,6 +23,7 @@ from triton.compiler import ASTSource
 
 if os.environ.get("TRITON_INTERPRET", "0") == "0":
     # Only with the interpreter off does @triton.jit make a kernel triton.compile accepts.
+    from moe_tutorial.experiments.sm90 import ptxas_stats
     from moe_tutorial.kernels.backward_kernel import expert_grad_kernel, rows_gemm_kernel
 
 
@@ -99,26 +98,9 @@ def _gpu_like(kernel, types: dict, constexprs: dict, args) -> dict:
 
 
 def ptxas_report(ptx: str) -> str:
-    """Registers and spill bytes from ``ptxas -v`` on ``ptx``, or why not: the first of the ptxas
-    binaries Triton ships that reads this PTX version (Triton 3.9's PTX needs its ``ptxas-blackwell``)."""
-    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    why = "no ptxas"
-    for name in ("ptxas", "ptxas-blackwell"):
-        ptxas = os.path.join(bin_dir, name)
-        if not os.path.exists(ptxas):
-            continue
-        with tempfile.TemporaryDirectory() as tmp:
-            src = os.path.join(tmp, "k.ptx")
-            with open(src, "w") as f:
-                f.write(ptx)
-            run = subprocess.run([ptxas, "-arch=sm_90a", "-v", src, "-o", os.path.join(tmp, "k.cubin")],
-                                 capture_output=True, text=True)
-        regs = re.search(r"Used (\d+) registers", run.stderr)
-        spills = re.search(r"(\d+) bytes spill stores", run.stderr)
-        if regs is not None:
-            return f"{regs.group(1)} registers, {spills.group(1) if spills else '?'} bytes spilled"
-        why = f"{name}: " + " ".join(run.stderr.split())[:160]
-    return why
+    """Registers and spill bytes, from the ptxas Triton runs for sm90 (``ptxas -v``)."""
+    stats = ptxas_stats(ptx)
+    return f"{stats['registers']} registers, {stats['spill_bytes']} bytes spilled"
 
 
 def compile_one(build, args, warps: int, stages: int) -> str:

@@ -172,30 +172,38 @@ def _compile_bf16(kernel: str, gluon_kernel, alignment, pairs: int, E: int, inte
     return cap.compiled[0]
 
 
-def _report(compiled) -> dict:
+def ptxas_stats(ptx: str, *, sass: bool = False) -> dict:
+    """What the ptxas Triton runs for sm90 says of ``ptx`` with ``-v``: ``registers``, ``spill_bytes``
+    and ``serialised`` (its advisory that the wgmmas were serialised, or ""); with ``sass`` also the
+    machine code (``cuobjdump``)."""
     import triton
     from triton.backends.nvidia.compiler import get_ptxas
-    ptx = compiled.asm["ptx"]
     bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    ptxas_path = get_ptxas(90).path
     with tempfile.TemporaryDirectory() as tmp:
         src, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
         src.write_text(ptx)
         # Triton's own ptxas run is silent; -v prints the register count and the advisories.
         # The ptxas Triton itself ran (its release names which one), again with -v.
-        run = subprocess.run([ptxas_path, "-arch=sm_90a", "-v", str(src), "-o", str(cubin)],
+        run = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", str(src), "-o", str(cubin)],
                              capture_output=True, text=True)
         if run.returncode:
             raise RuntimeError(f"ptxas failed: {run.stderr[-1500:]}")
         ptxas = run.stderr
-        sass = subprocess.run([str(bin_dir / "cuobjdump"), "--dump-sass", str(cubin)],
-                              capture_output=True, text=True, check=True).stdout
+        code = subprocess.run([str(bin_dir / "cuobjdump"), "--dump-sass", str(cubin)],
+                              capture_output=True, text=True, check=True).stdout if sass else None
     used = re.search(r"Used (\d+) registers", ptxas)
-    spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", ptxas)]
     serialised = next((line.split("Potential Performance Loss: ")[-1] for line in ptxas.splitlines()
                        if "wgmma.mma_async instructions are serialized" in line), "")
-    return {"triton": triton.__version__, "ptx": ptx, "sass": sass, "registers": int(used.group(1)) if used else None,
-            "spill_bytes": sum(spills), "serialised": serialised, "shared": compiled.metadata.shared,
+    stats = {"registers": int(used.group(1)) if used else None,
+             "spill_bytes": sum(int(n) for n in re.findall(r"(\d+) bytes spill stores", ptxas)),
+             "serialised": serialised}
+    return {**stats, "sass": code} if sass else stats
+
+
+def _report(compiled) -> dict:
+    import triton
+    ptx = compiled.asm["ptx"]
+    return {"triton": triton.__version__, "ptx": ptx, **ptxas_stats(ptx, sass=True), "shared": compiled.metadata.shared,
             "wait_groups": [int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+)", ptx)]}
 
 

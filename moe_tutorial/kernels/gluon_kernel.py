@@ -264,14 +264,28 @@ def launch_gluon_gemm(a_sorted: torch.Tensor, b: torch.Tensor, c: torch.Tensor, 
         num_warps=config.num_warps)
 
 
+def gluon_gate_up(x: torch.Tensor, w13: torch.Tensor, alignment, topk: int, cfg_up) -> torch.Tensor:
+    """The bf16 layer's first half on the Gluon kernel: x's rows gathered into sorted order (one
+    launch), then the gate/up GEMM with ``silu(gate) * up`` in its epilogue (one): the sorted
+    activations ``[sorted_rows(alignment, cfg_up.block_m), I]`` in x's dtype, as a down GEMM on
+    sorted rows reads them. Arguments as :func:`gluon_layer`'s."""
+    if UNAVAILABLE:
+        raise RuntimeError(UNAVAILABLE)
+    num_pairs = x.shape[0] * topk
+    a = gather_sorted_rows(x, alignment[0], num_pairs, topk)
+    act = x.new_empty(sorted_rows(alignment, cfg_up.block_m), w13.shape[1] // 2)
+    launch_gluon_gemm(a, w13, act, None, alignment, num_pairs, cfg_up, gated=True)
+    return act
+
+
 def gluon_layer(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, alignment,
                 topk: int, cfg_up, cfg_down) -> torch.Tensor:
     """The bf16 layer on the Gluon kernel, inputs checked by the caller.
 
-    x's rows gathered into sorted order (one launch), the gate/up GEMM with ``silu(gate) * up`` in
-    its epilogue into the sorted activations ``[R, I]`` (one), the down GEMM on them as they lie,
-    router weights in its epilogue, into ``[M * topk, K]`` (one), the sum over each token's topk rows
-    (one).
+    :func:`gluon_gate_up` (x's rows gathered into sorted order, then the gate/up GEMM with
+    ``silu(gate) * up`` in its epilogue into the sorted activations ``[R, I]``), the down GEMM on
+    them as they lie, router weights in its epilogue, into ``[M * topk, K]`` (one launch), the sum
+    over each token's topk rows (one).
 
     Args:
         x: ``[M, K]`` bf16/fp16; ``w13`` ``[E, 2I, K]`` and ``w2`` ``[E, K, I]`` contiguous, x's dtype;
@@ -285,14 +299,8 @@ def gluon_layer(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weigh
     if cfg_up.block_m != cfg_down.block_m:
         raise ValueError(f"configs: the two GEMMs share one alignment, so one block_m; got {cfg_up.block_m} "
                          f"and {cfg_down.block_m}")
-    if UNAVAILABLE:
-        raise RuntimeError(UNAVAILABLE)
+    act = gluon_gate_up(x, w13, alignment, topk, cfg_up)
     M, K = x.shape
-    inter = w2.shape[2]
-    num_pairs = M * topk
-    a = gather_sorted_rows(x, alignment[0], num_pairs, topk)
-    act = x.new_empty(sorted_rows(alignment, cfg_up.block_m), inter)
-    launch_gluon_gemm(a, w13, act, None, alignment, num_pairs, cfg_up, gated=True)
-    down = x.new_empty(num_pairs, K)
-    launch_gluon_gemm(act, w2, down, topk_weights.reshape(-1).float().contiguous(), alignment, num_pairs, cfg_down)
+    down = x.new_empty(M * topk, K)
+    launch_gluon_gemm(act, w2, down, topk_weights.reshape(-1).float().contiguous(), alignment, M * topk, cfg_down)
     return topk_sum(down.view(M, topk, K))
