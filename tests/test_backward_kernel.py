@@ -164,8 +164,8 @@ def test_the_forward_keeps_x_h_and_the_alignment_only():
     shapes = sorted(tuple(t.shape) for t in new)
     block_m = training_configs(M, E, hidden, inter, topk, p["x"].dtype).up.block_m
     alignment = stable_align_block_size(p["topk_ids"], block_m, E)
-    expected = sorted([(M * topk,), (alignment[0].numel(), 2 * inter)] + [tuple(t.shape) for t in alignment])
-    assert shapes == expected, "kept: the router weights flat, H in sorted rows, the alignment; nothing of A or Y"
+    expected = sorted([(M * topk,), (M * topk, 2 * inter)] + [tuple(t.shape) for t in alignment])
+    assert shapes == expected, "kept: the router weights flat, H one row per pair, the alignment; nothing of A or Y"
 
 
 # --------------------------------------------------------------------------- the stable alignment

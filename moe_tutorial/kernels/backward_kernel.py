@@ -27,7 +27,8 @@ layer, forward and backward):
   output tile of one expert's dW and walks that expert's rows; no two programs write the same
   element, so there are no atomics and the sum's order is fixed.
 
-Only x, H and the alignment are kept from the forward; A is recomputed, and Y never exists.
+Only x, H and the alignment are kept from the forward; A is recomputed, and Y never exists. H is
+kept in pair order, one row per (token, slot) pair and no padding rows: exactly the bytes of its values.
 """
 from __future__ import annotations
 
@@ -78,15 +79,15 @@ def dswiglu_epilogue(dact, gate, up, s):
 
 
 @triton.jit
-def dswiglu_columns(dact, col0, s, row_ok, sorted_row, h_ptr, c_ptr, act_ptr, N,
+def dswiglu_columns(dact, col0, s, row_ok, pair_row, sorted_row, h_ptr, c_ptr, act_ptr, N,
                     stride_hm, stride_cm, stride_cn, stride_actm):
     """The "dswiglu" epilogue on the columns ``col0 + [0, width)`` of dA' (``dact``, fp32): read H's
-    gate and up there, write dH (gate, then up ``N`` columns on) and ``s * A`` at the sorted rows
-    (padding rows as zeros), and return each row's ``sum dA' * A`` over these columns."""
+    gate and up there (at each pair's row), write dH (gate, then up ``N`` columns on) and ``s * A``
+    at the sorted rows (padding rows as zeros), and return each row's ``sum dA' * A`` over these columns."""
     offs_cn = col0 + tl.arange(0, dact.shape[1])
     col_ok = offs_cn < N
     keep = row_ok[:, None] & col_ok[None, :]
-    h_ptrs = h_ptr + sorted_row * stride_hm + offs_cn[None, :]
+    h_ptrs = h_ptr + pair_row * stride_hm + offs_cn[None, :]
     gate = tl.load(h_ptrs, mask=keep, other=0.0).to(tl.float32)
     up = tl.load(h_ptrs + N, mask=keep, other=0.0).to(tl.float32)
     d_gate, d_up, s_act, act = dswiglu_epilogue(dact, gate, up, s)
@@ -125,7 +126,8 @@ def rows_gemm_kernel(
     * A_ROWS: "gathered" (row ``pair // a_row_div``: x or dO, one row per token), "sorted" or
       "sorted_tma" (row = sorted position: dH, which the "dswiglu" epilogue wrote so).
     * EPILOGUE "save_swiglu" (B "nk", W13): two accumulators, gate and up; H's gate and up tiles
-      go to ``h_ptr`` and ``silu(gate) * up`` to ``act_ptr``, both in sorted rows.
+      go to ``h_ptr`` at each pair's row (no padding rows kept) and ``silu(gate) * up`` to
+      ``act_ptr`` in sorted rows.
       "dswiglu" (B "kn", W2): the accumulator is dA'; H's tiles are read back from ``h_ptr``, A
       recomputed, and dH goes to ``c_ptr`` (gate then up), ``s * A`` to ``act_ptr`` (sorted rows),
       and ``sum_n dA' * A`` over this tile's columns to ``ds_ptr[pair, pid_n]``.
@@ -189,9 +191,10 @@ def rows_gemm_kernel(
     if EPILOGUE == "save_swiglu":
         # [save H, write A]
         keep = row_ok[:, None]
-        h_ptrs = h_ptr + sorted_row * stride_hm + offs_cn[None, :]
-        tl.store(h_ptrs, tl.where(keep, acc, 0.0).to(h_ptr.dtype.element_ty), mask=col_ok[None, :])
-        tl.store(h_ptrs + N, tl.where(keep, acc_up, 0.0).to(h_ptr.dtype.element_ty), mask=col_ok[None, :])
+        # H at each pair's row: what the backward keeps is then the values alone, no padding rows.
+        h_ptrs = h_ptr + pair.to(tl.int64)[:, None] * stride_hm + offs_cn[None, :]
+        tl.store(h_ptrs, acc.to(h_ptr.dtype.element_ty), mask=keep & col_ok[None, :])
+        tl.store(h_ptrs + N, acc_up.to(h_ptr.dtype.element_ty), mask=keep & col_ok[None, :])
         act = acc * tl.sigmoid(acc) * acc_up
         tl.store(act_ptr + sorted_row * stride_actm + offs_cn[None, :],
                  tl.where(keep, act, 0.0).to(act_ptr.dtype.element_ty), mask=col_ok[None, :])
@@ -203,10 +206,11 @@ def rows_gemm_kernel(
         first, second = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
         s = tl.load(router_w_ptr + pair, mask=row_ok, other=0.0)
         col0 = pid_n * BLOCK_N
-        partial = (dswiglu_columns(first, col0, s, row_ok, sorted_row, h_ptr, c_ptr, act_ptr, N,
+        pair_row = pair.to(tl.int64)[:, None]
+        partial = (dswiglu_columns(first, col0, s, row_ok, pair_row, sorted_row, h_ptr, c_ptr, act_ptr, N,
                                    stride_hm, stride_cm, stride_cn, stride_actm)
-                   + dswiglu_columns(second, col0 + HALF, s, row_ok, sorted_row, h_ptr, c_ptr, act_ptr, N,
-                                     stride_hm, stride_cm, stride_cn, stride_actm))
+                   + dswiglu_columns(second, col0 + HALF, s, row_ok, pair_row, sorted_row, h_ptr, c_ptr, act_ptr,
+                                     N, stride_hm, stride_cm, stride_cn, stride_actm))
         # dS = <dA', A>: this tile's share, one partial per column block, added up later in a fixed order.
         tl.store(ds_ptr + pair.to(tl.int64) * stride_dsm + pid_n, partial, mask=row_ok)
     else:
@@ -323,7 +327,7 @@ def launch_rows_gemm(a, b, alignment, num_pairs: int, a_row_div: int, config: Ke
 
     ``a`` ``[rows, K]``; ``b`` ``[E, N', K]`` ("nk") or ``[E, K, N]`` ("kn"); the epilogue's
     buffers (unit column stride) as :func:`rows_gemm_kernel` says: "save_swiglu" writes
-    ``h [max_padded, 2I]`` and ``act [max_padded, I]`` (N = I); "dswiglu" writes
+    ``h [num_pairs, 2I]`` (pair order) and ``act [max_padded, I]`` (N = I); "dswiglu" writes
     ``out = dH [max_padded, 2I]``, ``act = s * A [max_padded, I]`` and ``ds_partial [num_pairs,
     cdiv(I, BLOCK_N)]`` fp32, reading ``h`` and ``router_weights [num_pairs]`` fp32; "scatter"
     writes ``out [num_pairs, N]``. Trusts its caller (the layer's autograd function checks the

@@ -25,13 +25,13 @@ from .training_configs import TrainingConfigs, training_configs
 
 
 def _forward(x, w13, w2, router, topk_ids, configs: TrainingConfigs):
-    """``(out [M, K], H [max_padded, 2I], alignment)``; ``router`` [M * topk] fp32."""
+    """``(out [M, K], H [M * topk, 2I] in pair order, alignment)``; ``router`` [M * topk] fp32."""
     M, K = x.shape
     topk, E, inter = topk_ids.shape[1], w13.shape[0], w2.shape[2]
     pairs = M * topk
     alignment = stable_align_block_size(topk_ids, configs.up.block_m, E)
     max_padded = alignment[0].numel()
-    h = x.new_empty(max_padded, 2 * inter)
+    h = x.new_empty(pairs, 2 * inter)           # kept for the backward: one row per pair, no padding
     act = x.new_empty(max_padded, inter)
     launch_rows_gemm(x, w13, alignment, pairs, topk, configs.up, epilogue="save_swiglu", b_layout="nk", h=h, act=act)
     down = x.new_empty(pairs, K)
@@ -63,8 +63,10 @@ class SortedMoEFunction(torch.autograd.Function):
         need_x, need_w13, need_w2, need_s = ctx.needs_input_grad[:4]
         d_out = d_out.to(x.dtype).contiguous()
         # [dA', dH, s*A and dS]
-        dh = x.new_empty(h.shape)
-        s_act = x.new_empty(h.shape[0], inter)
+        # Sorted rows, padding included: the K-grouped GEMMs below read whole runs.
+        max_padded = alignment[0].numel()
+        dh = x.new_empty(max_padded, 2 * inter)
+        s_act = x.new_empty(max_padded, inter)
         ds_partial = torch.empty(pairs, triton.cdiv(inter, cfg.dact.block_n), dtype=torch.float32, device=x.device)
         launch_rows_gemm(d_out, w2, alignment, pairs, topk, cfg.dact, epilogue="dswiglu", b_layout="kn",
                          out=dh, h=h, act=s_act, router_weights=router, ds_partial=ds_partial)
@@ -107,14 +109,14 @@ def trainable_moe_layer(x, w13, w2, topk_weights, topk_ids, *, configs: Training
 
 
 def saved_bytes(M: int, E: int, hidden: int, inter: int, topk: int, block_m: int, itemsize: int = 2) -> dict:
-    """What one layer keeps for its backward, in bytes, by tensor: ``x``, ``H`` (sorted rows,
-    padding included, at the host-side bound) and the alignment; beside them (not kept) what
+    """What one layer keeps for its backward, in bytes, by tensor: ``x``, ``H`` (one row per pair)
+    and the alignment (at the host-side bound of its padded rows); beside them (not kept) what
     saving Y and A instead of recomputing would add. The weights are the model's and not counted."""
     pairs = M * topk
     padded = max_padded_rows(pairs, block_m, E)
     return {
         "x": M * hidden * itemsize,
-        "H": padded * 2 * inter * itemsize,
+        "H": pairs * 2 * inter * itemsize,
         "alignment": 4 * (padded + triton.cdiv(padded, block_m) + 1),
         "A (recomputed)": pairs * inter * itemsize,
         "Y (never formed)": pairs * hidden * itemsize,
