@@ -55,3 +55,27 @@ def test_limit_experiments_dry_run_writes_the_data_schema(tmp_path):
     assert {r["experiment"] for r in rows} == {"first-gemm", "layer"}
     assert all(r["status"] == "ok" for r in rows)
     assert limits.lever_gains(rows, "layer", "base", "sortedact")
+
+
+def test_gluon_fp8_dry_run_reaches_every_variant(tmp_path, monkeypatch):
+    """measurements/scripts/h200_gluon_fp8.py on the CPU: its check builds every Gluon variant's call
+    (each fails as unavailable in the interpreter) and checks the ``tl`` layer against float64, so a
+    variant whose spec the script cannot unpack fails here, not on the lent GPU."""
+    from moe_tutorial.kernels import gluon_fp8_kernel
+
+    if gluon_fp8_kernel.UNAVAILABLE is None:
+        pytest.skip("the dry run is the CPU's: here Gluon runs")
+    path = next(p for p in SCRIPTS if p.name == "h200_gluon_fp8.py")
+    spec = importlib.util.spec_from_file_location("h200_gluon_fp8", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "OUT", str(tmp_path))
+    assert module.main(["check", "--dry-run"]) == 1          # the Gluon rows cannot pass without a GPU
+    import csv
+
+    with open(tmp_path / "gluon_fp8_check.csv") as f:
+        rows = list(csv.DictReader(f))
+    for variant in module.gluon_variants():
+        assert any(r["impl"].startswith(f"{variant} (RuntimeError") for r in rows if r["gemm"] == "first"), variant
+    tl = [r for r in rows if (r["gemm"], r["impl"]) == ("layer", "tl")]
+    assert len(tl) == 1 and tl[0]["ok"] == "True" and float(tl[0]["rel_error"]) < 1e-5

@@ -50,7 +50,7 @@ import torch
 
 OUT = os.environ.get("OUT", ".")
 
-#: Gluon first-GEMM variants: name -> (config, overlap).
+#: Gluon first-GEMM variants: name -> (config, overlap[, split]).
 def gluon_variants() -> dict:
     def cfg(bm, warps, stages, group=8):
         return KernelConfig(block_m=bm, block_n=128, block_k=128, group_m=group, num_warps=warps,
@@ -172,9 +172,9 @@ def check(args) -> int:
     for shape, M in plans:
         w = model_weights(shape)
         case = Case(shape, M, *w)
-        for name, (config, overlap) in gluon_variants().items():
+        for name, spec in gluon_variants().items():
             try:
-                err = first_error(case, *case.first_call(config, overlap))
+                err = first_error(case, *case.first_call(*spec))
             except Exception as e:  # noqa: BLE001
                 err, name = math.inf, f"{name} ({type(e).__name__}: {str(e).splitlines()[0][:80]})"
             ok = err < 1e-2
@@ -234,8 +234,8 @@ def sweep(args) -> int:
             calls = {}
             tl_cfg = replace(fp8_config(M, E, N, K, topk, "plain"), gluon=False)
             calls[("first", "tl")] = case.first_call(tl_cfg)
-            for name, (config, overlap) in gluon_variants().items():
-                calls[("first", name)] = case.first_call(config, overlap)
+            for name, spec in gluon_variants().items():
+                calls[("first", name)] = case.first_call(*spec)
             calls[("gather", "gather-128")] = (case.gather_call(128), None)
             bf16 = {"first": impls.first_sorted(case.inp), "layer": impls.layer_of("sorted")(case.inp)}
             calls[("first", "bf16-sorted")] = (bf16["first"].calls[0], None)
