@@ -235,7 +235,8 @@ def sweep(args) -> int:
             tl_cfg = replace(fp8_config(M, E, N, K, topk, "plain"), gluon=False)
             calls[("first", "tl")] = case.first_call(tl_cfg)
             for name, spec in gluon_variants().items():
-                calls[("first", name)] = case.first_call(*spec)
+                if args.variants is None or name in args.variants:
+                    calls[("first", name)] = case.first_call(*spec)
             calls[("gather", "gather-128")] = (case.gather_call(128), None)
             bf16 = {"first": impls.first_sorted(case.inp), "layer": impls.layer_of("sorted")(case.inp)}
             calls[("first", "bf16-sorted")] = (bf16["first"].calls[0], None)
@@ -292,7 +293,7 @@ def profile(args) -> int:
     case = Case(shape, args.M[0], *model_weights(shape))
     E, topk, N, K = shape.num_experts, shape.topk, 2 * shape.intermediate, shape.hidden
     variants = {"tl": (replace(fp8_config(case.M, E, N, K, topk, "plain"), gluon=False), True), **gluon_variants()}
-    for name in args.variants:
+    for name in args.variants or ["tl", "gluon-128x8-s4"]:
         call, _ = case.first_call(*variants[name])
         for _ in range(3):
             call()
@@ -314,7 +315,9 @@ def write(path: str, rows: list[dict]) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("stage", choices=("check", "sweep", "profile"))
-    p.add_argument("--variants", nargs="+", default=["tl", "gluon-128x8-s4"], help="profile: which to run")
+    p.add_argument("--variants", nargs="+", default=None,
+                   help="profile: which to run (default tl and gluon-128x8-s4); sweep: which Gluon first-GEMM "
+                        "variants to time (default all; tl always)")
     p.add_argument("--models", nargs="+", default=["DeepSeek-V3", "Qwen3-30B-A3B", "Kimi-K2"])
     p.add_argument("--M", nargs="+", type=int, default=[1024, 4096, 16384])
     p.add_argument("--deadline", type=float, default=420.0, help="seconds before the sweep stops starting cases")
