@@ -3,8 +3,6 @@ for Hopper (any machine: Triton compiles for sm90 without a GPU), and the kernel
 float64 (GPU tests: Gluon does not run in the interpreter)."""
 import moe_tutorial as mt  # noqa: I001  (first: picks the runtime)
 
-import re
-
 import pytest
 import torch
 
@@ -115,32 +113,6 @@ def test_gluon_first_gemm_matches_float64(name, M, E, N, K, topk):
     x_q, x_s = quantize_rows(x)
     w_q, w_s = quantize_weight(w)
     out = fp8_moe_matmul(x_q, x_s, w_q, w_s, ids, config=FIRST_CONFIGS[name])
-    ref = reference_moe_matmul(dequantize_activations(x_q, x_s), dequantize_weight(w_q, w_s), ids)
-    assert bool(torch.isfinite(out).all())
-    assert rel_error(out, ref) < 1e-2
-
-
-def test_the_split_warpgroups_sync_alone(reports):
-    """With ``split`` the two MMA warpgroups are two partitions: each one's barriers hold its own
-    128 threads, where the unsplit kernel holds all 256 MMA threads at every stage it frees."""
-    def syncs(kernel, threads):
-        return len(re.findall(rf"bar\.sync\s+\d+,\s*{threads};", _report(reports, kernel)["ptx"]))
-
-    assert syncs("gluon-plain", 256) > 0 and syncs("gluon-plain-split", 256) == 0
-    assert syncs("gluon-plain-split", 128) > 0 and 1 in _report(reports, "gluon-plain-split")["wait_groups"]
-
-
-@needs_hopper
-@pytest.mark.gpu
-@pytest.mark.parametrize("M,E,N,K,topk", [(200, 8, 384, 320, 2), (3000, 64, 1408, 2048, 6)])
-def test_the_split_warpgroups_match_float64(M, E, N, K, topk):
-    x, w, _, ids = _problem(M, E, N, K, topk, skip_expert=E - 1)
-    x_q, x_s = quantize_rows(x)
-    w_q, w_s = quantize_weight(w)
-    al = align_block_size(ids, 128, E)
-    a, a_st = gk.gather_sorted_fp8(x_q, x_s, al, M * topk, topk, 128)
-    out = torch.full((M * topk, N), float("nan"), dtype=torch.bfloat16, device=DEV)
-    gk.launch_gluon_fp8_gemm(a, a_st, w_q, w_s, out, al, M * topk, _cfg(128, 8, 4), split=True)
     ref = reference_moe_matmul(dequantize_activations(x_q, x_s), dequantize_weight(w_q, w_s), ids)
     assert bool(torch.isfinite(out).all())
     assert rel_error(out, ref) < 1e-2

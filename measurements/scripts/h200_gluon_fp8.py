@@ -65,7 +65,6 @@ def gluon_variants() -> dict:
         "gluon-128x8-s4-g32": (cfg(128, 8, 4, 32), True),
         "gluon-256x8-2wave-s3": (cfg(256, 8, 3), True),
         "gluon-128x8-s4-nooverlap": (cfg(128, 8, 4), False),
-        "gluon-128x8-s4-split": (cfg(128, 8, 4), True, True),
     }
 
 
@@ -101,7 +100,7 @@ class Case:
         self.used = torch.unique(self.ids[self.rows])
         self.local = torch.searchsorted(self.used, self.ids[self.rows].long()).to(torch.int32)
 
-    def first_call(self, config, overlap=True, split=False):
+    def first_call(self, config, overlap=True):
         """A zero-argument call of the first GEMM (alignment outside it, as the bench times) and its output."""
         M, topk, E = self.M, self.shape.topk, self.shape.num_experts
         N = self.q1.shape[1]
@@ -110,8 +109,7 @@ class Case:
         if config.gluon:
             def call():
                 a, a_st = gk.gather_sorted_fp8(self.xq, self.xs, al, M * topk, topk, config.block_m)
-                gk.launch_gluon_fp8_gemm(a, a_st, self.q1, self.s1, out, al, M * topk, config, overlap=overlap,
-                                         split=split)
+                gk.launch_gluon_fp8_gemm(a, a_st, self.q1, self.s1, out, al, M * topk, config, overlap=overlap)
         else:
             def call():
                 launch_fp8_gemm(self.xq, self.xs, self.q1, self.s1, out, al, M * topk, topk, config)

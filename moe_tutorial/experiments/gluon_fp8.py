@@ -24,7 +24,6 @@ LEVERS = {
     "gluon-128x8-s4-g1": "GROUP_M 1: tiles in plain row order",
     "gluon-128x8-s4-g16": "GROUP_M 16",
     "gluon-128x8-s4-g32": "GROUP_M 32",
-    "gluon-128x8-s4-split": "the two MMA warpgroups as two partitions, each freeing stages alone",
 }
 
 

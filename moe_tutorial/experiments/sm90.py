@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 #: What :func:`compile_report` can compile: a name per kernel and launch.
-KERNELS = ("tl-plain", "gluon-plain", "gluon-plain-nooverlap", "gluon-gated", "gluon-two-wave", "gluon-plain-split")
+KERNELS = ("tl-plain", "gluon-plain", "gluon-plain-nooverlap", "gluon-gated", "gluon-two-wave")
 
 #: The bf16 Gluon kernel (:mod:`moe_tutorial.kernels.gluon_kernel`) at prefill, as
 #: :func:`~moe_tutorial.kernels.gluon_kernel.gluon_layer` runs it: name -> (block_n, stages), all
@@ -144,8 +144,7 @@ def _compile(kernel: str):
         else:
             out = torch.empty(pairs, 2 * inter, dtype=torch.bfloat16)
             gluon_fp8_kernel.launch_gluon_fp8_gemm(a, a_st, w, w_s, out, alignment, pairs, config,
-                                                   overlap=kernel != "gluon-plain-nooverlap",
-                                                   split=kernel == "gluon-plain-split")
+                                                   overlap=kernel != "gluon-plain-nooverlap")
     return cap.compiled[0]
 
 

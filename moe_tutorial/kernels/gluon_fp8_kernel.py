@@ -140,10 +140,10 @@ if HAVE_GLUON:
                 step += 1
 
     @gluon.jit
-    def row_scales(as_bufs, s, ROW0: gl.constexpr, ROWS: gl.constexpr, rows_layout: gl.constexpr):
-        """Stage ``s``'s activation scales of the tile's rows ``ROW0 .. ROW0 + ROWS``, one per
-        accumulator row, in registers."""
-        v = as_bufs.index(s).slice(ROW0, ROWS, dim=1).load(gl.AutoLayout()).reshape((ROWS,))
+    def row_scales(as_bufs, s, rows_layout: gl.constexpr):
+        """Stage ``s``'s ``BLOCK_M`` activation scales, one per accumulator row, in registers."""
+        BLOCK_M: gl.constexpr = as_bufs.type.shape[2]
+        v = as_bufs.index(s).load(gl.AutoLayout()).reshape((BLOCK_M,))
         return gl.set_auto_layout(v, rows_layout)
 
     @gluon.jit
@@ -154,7 +154,7 @@ if HAVE_GLUON:
         return gl.inline_asm_elementwise("", "=r,0", [acc], dtype=gl.float32, is_pure=False, pack=1)
 
     @gluon.jit
-    def issue_step(a_bufs, as_bufs, b_bufs, ready, spare, step, b_scale, ROW0: gl.constexpr, rows_layout: gl.constexpr,
+    def issue_step(a_bufs, as_bufs, b_bufs, ready, spare, step, b_scale, rows_layout: gl.constexpr,
                    OVERLAP: gl.constexpr):
         """Wait for stage ``step``'s tiles, start their MMA into ``spare``'s registers (not added to:
         ``use_acc=False``), and form the step's scales from its row scales (in the stage) and its weight
@@ -162,13 +162,11 @@ if HAVE_GLUON:
         STAGES: gl.constexpr = a_bufs.type.shape[0]
         s = step % STAGES
         mbarrier.wait(ready.index(s), (step // STAGES) & 1)
-        ROWS: gl.constexpr = spare.type.shape[0]       # this partition's rows of the tile, from ROW0
-        a = a_bufs.index(s).slice(ROW0, ROWS, dim=0)
-        raw = warpgroup_mma(a, b_bufs.index(s).permute((1, 0)), spare, use_acc=False, is_async=True)
+        raw = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), spare, use_acc=False, is_async=True)
         # A tensor again; its MMA may still run. Without OVERLAP it has finished (the `tl` kernel's
         # schedule: the promotion that follows waits for nothing, but the tensor cores wait for it).
         raw = warpgroup_mma_wait(num_outstanding=1 if OVERLAP else 0, deps=(raw,))
-        return raw, row_scales(as_bufs, s, ROW0, ROWS, rows_layout) * b_scale, step + 1
+        return raw, row_scales(as_bufs, s, rows_layout) * b_scale, step + 1
 
     @gluon.jit
     def weight_scale(bs_ptr, k, num_k, stride_bsk):
@@ -180,15 +178,13 @@ if HAVE_GLUON:
     def fp8_mma_partition(a_bufs, as_bufs, b_bufs, ready, empty, b_scale_ptr, c_ptr, router_w_ptr,
                           sorted_ids_ptr, expert_ids_ptr, num_post_ptr, N, K, num_pairs,
                           stride_bse, stride_bsn, stride_bsk, stride_cm, group_m,
-                          C_SORTED: gl.constexpr, ROUTER_WEIGHTS: gl.constexpr, OVERLAP: gl.constexpr,
-                          ROW0: gl.constexpr, ROWS: gl.constexpr):
-        """The MMA warps of the tile's rows ``ROW0 .. ROW0 + ROWS`` (all of them, or one warpgroup's half
-        with SPLIT): step k+1 on the tensor cores while step k is promoted; then each tile's epilogue."""
+                          C_SORTED: gl.constexpr, ROUTER_WEIGHTS: gl.constexpr, OVERLAP: gl.constexpr):
+        """The MMA warps: step k+1 on the tensor cores while step k is promoted; then each tile's epilogue."""
         STAGES: gl.constexpr = a_bufs.type.shape[0]
         BLOCK_M: gl.constexpr = a_bufs.type.shape[1]
         BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
         BLOCK_N: gl.constexpr = b_bufs.type.shape[1]
-        layout: gl.constexpr = mma_layout(ROWS, BLOCK_N, gl.num_warps(), 32)
+        layout: gl.constexpr = mma_layout(BLOCK_M, BLOCK_N, gl.num_warps(), 32)
         rows_layout: gl.constexpr = gl.SliceLayout(1, layout)
         cols_layout: gl.constexpr = gl.SliceLayout(0, layout)
         num_pid_m = gl.cdiv(gl.load(num_post_ptr), BLOCK_M)
@@ -196,36 +192,36 @@ if HAVE_GLUON:
         num_k = gl.cdiv(K, BLOCK_K)
         # The two raw accumulators live across tiles, written only by MMAs: zeroing them while an
         # MMA runs would also make ptxas serialise (it counts that as writing an accumulator in flight).
-        x = gl.zeros((ROWS, BLOCK_N), dtype=gl.float32, layout=layout)
-        y = gl.zeros((ROWS, BLOCK_N), dtype=gl.float32, layout=layout)
+        x = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
+        y = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
         step = 0
         for t in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
             pid_m, pid_n = tile_of(t, num_pid_m, num_pid_n, group_m)
             expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
             # One weight scale per 128 x 128 block: BLOCK_N = 128 columns share one per K step.
             bs_ptr = b_scale_ptr + expert * stride_bse + ((pid_n * BLOCK_N) // 128) * stride_bsn
-            acc = gl.zeros((ROWS, BLOCK_N), dtype=gl.float32, layout=layout)
+            acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
 
             # [issue step k+1, then promote step k]
             # x and y take turns; two steps a turn, so neither is ever copied while its MMA runs.
             b1, b2 = weight_scale(bs_ptr, 1, num_k, stride_bsk), weight_scale(bs_ptr, 2, num_k, stride_bsk)
-            x, scale_x, step = issue_step(a_bufs, as_bufs, b_bufs, ready, x, step, gl.load(bs_ptr), ROW0,
-                                          rows_layout, OVERLAP)
+            x, scale_x, step = issue_step(a_bufs, as_bufs, b_bufs, ready, x, step, gl.load(bs_ptr), rows_layout,
+                                          OVERLAP)
             for k in range(1, num_k - 1, 2):
                 # b1, b2: the weight scales of steps k and k + 1; fetch those of k + 2 and k + 3 now.
                 n1, n2 = weight_scale(bs_ptr, k + 2, num_k, stride_bsk), weight_scale(bs_ptr, k + 3, num_k, stride_bsk)
-                y, scale_y, step = issue_step(a_bufs, as_bufs, b_bufs, ready, y, step, b1, ROW0, rows_layout, OVERLAP)
+                y, scale_y, step = issue_step(a_bufs, as_bufs, b_bufs, ready, y, step, b1, rows_layout, OVERLAP)
                 x, y = warpgroup_mma_wait(num_outstanding=1, deps=(x, y))      # step k-1 done, step k running
                 mbarrier.arrive(empty.index((step + STAGES - 2) % STAGES))
                 acc = settled(acc + x * scale_x[:, None])
-                x, scale_x, step = issue_step(a_bufs, as_bufs, b_bufs, ready, x, step, b2, ROW0, rows_layout, OVERLAP)
+                x, scale_x, step = issue_step(a_bufs, as_bufs, b_bufs, ready, x, step, b2, rows_layout, OVERLAP)
                 y, x = warpgroup_mma_wait(num_outstanding=1, deps=(y, x))      # step k done, step k+1 running
                 mbarrier.arrive(empty.index((step + STAGES - 2) % STAGES))
                 acc = settled(acc + y * scale_y[:, None])
                 b1, b2 = n1, n2
             # [the last steps]
             if num_k % 2 == 0:                       # one step left over: no overlap for the last one
-                y, scale_y, step = issue_step(a_bufs, as_bufs, b_bufs, ready, y, step, b1, ROW0, rows_layout, OVERLAP)
+                y, scale_y, step = issue_step(a_bufs, as_bufs, b_bufs, ready, y, step, b1, rows_layout, OVERLAP)
                 x, y = warpgroup_mma_wait(num_outstanding=0, deps=(x, y))
                 mbarrier.arrive(empty.index((step + STAGES - 2) % STAGES))
                 acc = acc + x * scale_x[:, None] + y * scale_y[:, None]
@@ -235,7 +231,7 @@ if HAVE_GLUON:
             mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES))
 
             # [epilogue]
-            store_rows(acc, pid_m * BLOCK_M + ROW0, pid_n, c_ptr, router_w_ptr, sorted_ids_ptr, N, num_pairs, stride_cm,
+            store_rows(acc, pid_m * BLOCK_M, pid_n, c_ptr, router_w_ptr, sorted_ids_ptr, N, num_pairs, stride_cm,
                        rows_layout, cols_layout, C_SORTED, ROUTER_WEIGHTS)
 
     @gluon.jit
@@ -299,7 +295,7 @@ if HAVE_GLUON:
         u = warpgroup_mma(a_bufs.index(s), bu_bufs.index(s).permute((1, 0)), u_spare, use_acc=False,
                           is_async=True)
         g, u = warpgroup_mma_wait(num_outstanding=2, deps=(g, u))
-        a_s = row_scales(as_bufs, s, 0, as_bufs.type.shape[2], rows_layout)
+        a_s = row_scales(as_bufs, s, rows_layout)
         return g, u, a_s * bs_gate, a_s * bs_up, step + 1
 
     @gluon.jit
@@ -384,7 +380,7 @@ if HAVE_GLUON:
                              N, K, num_pairs, b_rows_per_expert, up_rows, up_scale_rows,
                              stride_bse, stride_bsn, stride_bsk, stride_cm, stride_csn, group_m,
                              STAGES: gl.constexpr, GATED: gl.constexpr, C_SORTED: gl.constexpr,
-                             ROUTER_WEIGHTS: gl.constexpr, OVERLAP: gl.constexpr, SPLIT: gl.constexpr):
+                             ROUTER_WEIGHTS: gl.constexpr, OVERLAP: gl.constexpr):
         """C[pair] = (A[sorted position] . B[expert]^T) with block scales, for every real tile.
 
         With GATED, B holds gate rows then up rows (``up_rows`` further on, their scales
@@ -401,8 +397,7 @@ if HAVE_GLUON:
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
-            # With SPLIT each of the two MMA warpgroups frees a stage on its own: two arrivals.
-            mbarrier.init(empty.index(i), count=2 if SPLIT else 1)
+            mbarrier.init(empty.index(i), count=1)
         fence_async_shared()
         if GATED:
             gl.warp_specialize([
@@ -422,28 +417,12 @@ if HAVE_GLUON:
                 (fp8_load_partition, (a_desc, as_desc, b_desc, a_bufs, as_bufs, b_bufs, bu_bufs, ready, empty,
                                        expert_ids_ptr, num_post_ptr, N, K, b_rows_per_expert, up_rows, group_m,
                                        GATED))], [1], [40])
-        elif SPLIT:
-            # Two MMA partitions of one warpgroup each, the tile's upper and lower 64 rows: each waits
-            # for a stage and frees it alone, so neither waits at a barrier of all eight MMA warps.
-            HALF: gl.constexpr = a_desc.block_type.shape[0] // 2
-            gl.warp_specialize([
-                (fp8_mma_partition, (a_bufs, as_bufs, b_bufs, ready, empty, b_scale_ptr, c_ptr, router_w_ptr,
-                                     sorted_ids_ptr, expert_ids_ptr, num_post_ptr, N, K, num_pairs,
-                                     stride_bse, stride_bsn, stride_bsk, stride_cm, group_m, C_SORTED,
-                                     ROUTER_WEIGHTS, OVERLAP, 0, HALF)),
-                (fp8_mma_partition, (a_bufs, as_bufs, b_bufs, ready, empty, b_scale_ptr, c_ptr, router_w_ptr,
-                                     sorted_ids_ptr, expert_ids_ptr, num_post_ptr, N, K, num_pairs,
-                                     stride_bse, stride_bsn, stride_bsk, stride_cm, group_m, C_SORTED,
-                                     ROUTER_WEIGHTS, OVERLAP, HALF, HALF)),
-                (fp8_load_partition, (a_desc, as_desc, b_desc, a_bufs, as_bufs, b_bufs, bu_bufs, ready, empty,
-                                       expert_ids_ptr, num_post_ptr, N, K, b_rows_per_expert, up_rows, group_m,
-                                       GATED))], [4, 1], [232, 40])
         else:
             gl.warp_specialize([
                 (fp8_mma_partition, (a_bufs, as_bufs, b_bufs, ready, empty, b_scale_ptr, c_ptr, router_w_ptr,
                                      sorted_ids_ptr, expert_ids_ptr, num_post_ptr, N, K, num_pairs,
                                      stride_bse, stride_bsn, stride_bsk, stride_cm, group_m, C_SORTED,
-                                     ROUTER_WEIGHTS, OVERLAP, 0, a_desc.block_type.shape[0])),
+                                     ROUTER_WEIGHTS, OVERLAP)),
                 (fp8_load_partition, (a_desc, as_desc, b_desc, a_bufs, as_bufs, b_bufs, bu_bufs, ready, empty,
                                        expert_ids_ptr, num_post_ptr, N, K, b_rows_per_expert, up_rows, group_m,
                                        GATED))], [1], [40])
@@ -461,7 +440,7 @@ def _descriptors(a: torch.Tensor, a_scale_t: torch.Tensor, b: torch.Tensor, bloc
 def launch_gluon_fp8_gemm(a: torch.Tensor, a_scale_t: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
                           c: torch.Tensor, alignment, num_pairs: int, config, *, router_weights=None,
                           c_scale_t: torch.Tensor | None = None, c_sorted: bool = False,
-                          overlap: bool = True, split: bool = False) -> None:
+                          overlap: bool = True) -> None:
     """One launch of :func:`gluon_fp8_moe_kernel` on a Hopper GPU, inputs checked by the caller.
 
     ``a`` ``[R, K]`` e4m3 rows in sorted order with ``a_scale_t`` ``[ceil(K/128), R]`` fp32
@@ -470,15 +449,11 @@ def launch_gluon_fp8_gemm(a: torch.Tensor, a_scale_t: torch.Tensor, b: torch.Ten
     ``c_sorted``); ``router_weights`` ``[num_pairs]`` fp32 or None. With ``c_scale_t`` the launch is
     the gate/up GEMM: ``b`` ``[E, 2I, K]`` (gate rows, then up rows, blocked apart in ``b_scale``),
     ``c`` ``[R, I]`` e4m3 receives ``silu(gate) * up`` at the sorted rows and ``c_scale_t``
-    ``[ceil(I/128), R]`` its scales. ``config.block_n`` and ``block_k`` are 128. ``split`` (the plain
-    kernel on 128-row tiles only; not yet measured on a GPU) runs the two MMA warpgroups as two
-    partitions, each on 64 rows of the tile.
+    ``[ceil(I/128), R]`` its scales. ``config.block_n`` and ``block_k`` are 128.
     """
     if config.block_n != BLOCK or config.block_k != BLOCK:
         raise ValueError(f"config: the Gluon FP8 kernel takes block_n = block_k = {BLOCK} (one weight scale per "
                          f"tile and step), got {config.block_n}, {config.block_k}")
-    if split and (c_scale_t is not None or config.block_m != 128 or config.num_warps != 8):
-        raise ValueError("split: the plain kernel on 128-row tiles of two warpgroups (num_warps 8) only")
     if UNAVAILABLE:
         raise RuntimeError(UNAVAILABLE)
     sorted_ids, expert_ids, num_post = alignment
@@ -494,8 +469,7 @@ def launch_gluon_fp8_gemm(a: torch.Tensor, a_scale_t: torch.Tensor, b: torch.Ten
         N, K, num_pairs, rows, N if gated else 0, b_scale.shape[1] // 2 if gated else 0,
         b_scale.stride(0), b_scale.stride(1), b_scale.stride(2), c.stride(0), c_scale_t.stride(0) if gated else 0,
         config.group_m, STAGES=config.num_stages, GATED=gated, C_SORTED=c_sorted or gated,
-        ROUTER_WEIGHTS=router_weights is not None, OVERLAP=overlap, SPLIT=split,
-        num_warps=config.num_warps // 2 if split else config.num_warps)
+        ROUTER_WEIGHTS=router_weights is not None, OVERLAP=overlap, num_warps=config.num_warps)
 
 
 # ------------------------------------------------------------------ the first GEMM and the layer
