@@ -39,15 +39,21 @@ def test_script_imports_and_every_package_name_it_uses_exists(path, capsys):
         assert done.value.code == 0 and "usage:" in capsys.readouterr().out, path.name
 
 
+def load_script(name: str):
+    """The GPU session script ``measurements/scripts/<name>``, imported as a module (its work stays behind main)."""
+    path = next(p for p in SCRIPTS if p.name == name)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_limit_experiments_dry_run_writes_the_data_schema(tmp_path):
     """The script behind moe_tutorial/data/h200_limit_experiments.csv, on a toy shape in the interpreter:
     its rows have the shipped file's columns and the experiments the notebook reads."""
     from moe_tutorial.experiments import limits
 
-    path = next(p for p in SCRIPTS if p.name == "h200_limit_experiments.py")
-    spec = importlib.util.spec_from_file_location("h200_limit_experiments", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("h200_limit_experiments.py")
     assert module.main(["--dry-run", "--batches", "1", "--out", str(tmp_path)]) == 0
     rows = limits.load_limits(tmp_path / "limit_experiments.csv")
     shipped = limits.load_limits()
@@ -62,20 +68,15 @@ def test_gluon_fp8_dry_run_reaches_every_variant(tmp_path, monkeypatch):
     (each fails as unavailable in the interpreter) and checks the ``tl`` layer against float64, so a
     variant whose spec the script cannot unpack fails here, not on the lent GPU."""
     from moe_tutorial.kernels import gluon_fp8_kernel
+    from moe_tutorial.perf.results import read_csv
 
     if gluon_fp8_kernel.UNAVAILABLE is None:
         pytest.skip("the dry run is the CPU's: here Gluon runs")
-    path = next(p for p in SCRIPTS if p.name == "h200_gluon_fp8.py")
-    spec = importlib.util.spec_from_file_location("h200_gluon_fp8", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("h200_gluon_fp8.py")
     monkeypatch.setattr(module, "OUT", str(tmp_path))
     assert module.main(["check", "--dry-run"]) == 1          # the Gluon rows cannot pass without a GPU
-    import csv
-
-    with open(tmp_path / "gluon_fp8_check.csv") as f:
-        rows = list(csv.DictReader(f))
+    rows = read_csv(tmp_path / "gluon_fp8_check.csv", floats={"rel_error"})
     for variant in module.gluon_variants():
         assert any(r["impl"].startswith(f"{variant} (RuntimeError") for r in rows if r["gemm"] == "first"), variant
     tl = [r for r in rows if (r["gemm"], r["impl"]) == ("layer", "tl")]
-    assert len(tl) == 1 and tl[0]["ok"] == "True" and float(tl[0]["rel_error"]) < 1e-5
+    assert len(tl) == 1 and tl[0]["ok"] == "True" and tl[0]["rel_error"] < 1e-5

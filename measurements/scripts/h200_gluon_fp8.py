@@ -50,7 +50,7 @@ import torch
 
 OUT = os.environ.get("OUT", ".")
 
-#: Gluon first-GEMM variants: name -> (config, overlap[, split]).
+#: Gluon first-GEMM variants: name -> the arguments of Case.first_call after the config (config, overlap).
 def gluon_variants() -> dict:
     def cfg(bm, warps, stages, group=8):
         return KernelConfig(block_m=bm, block_n=128, block_k=128, group_m=group, num_warps=warps,
