@@ -8,6 +8,8 @@ what the forward keeps; bad input refused with a message that names it. In the i
 """
 import moe_tutorial  # noqa: F401,I001  (first: picks the runtime before triton is imported)
 
+import dataclasses
+import functools
 import math
 
 import pytest
@@ -35,6 +37,15 @@ def run_layer(p: dict, fn=trainable_moe_layer):
     out = fn(**leaves)
     out.backward(p["d_out"])
     return out, {k: leaves[k].grad for k in LAYER_GRAD_INPUTS}
+
+
+def assert_same_bits(p: dict, first=trainable_moe_layer, second=trainable_moe_layer) -> None:
+    """The output and every gradient of ``first`` and ``second`` on problem ``p``, bitwise equal."""
+    out1, g1 = run_layer(p, first)
+    out2, g2 = run_layer(p, second)
+    assert torch.equal(out1, out2)
+    for k in LAYER_GRAD_INPUTS:
+        assert torch.equal(g1[k], g2[k]), k
 
 
 def errors(p: dict, grads: dict) -> dict:
@@ -102,11 +113,29 @@ def test_a_wrong_swiglu_passes_an_absolute_tolerance_and_fails_the_relative_one(
 
 def test_two_runs_give_the_same_bits():
     p = random_layer_problem(20, 32, 32, 4, 2, device=DEV, seed=7)
-    out1, g1 = run_layer(p)
-    out2, g2 = run_layer(p)
-    assert torch.equal(out1, out2)
-    for k in LAYER_GRAD_INPUTS:
-        assert torch.equal(g1[k], g2[k]), k
+    assert_same_bits(p)
+
+
+def without_sorted_copies(p: dict):
+    """The layer of problem ``p`` with dO and x gathered inside the kernels (no sorted copies)."""
+    M, E = p["x"].shape[0], p["w13"].shape[0]
+    cfg = training_configs(M, E, p["x"].shape[1], p["w2"].shape[2], p["topk_ids"].shape[1], p["x"].dtype)
+    return functools.partial(trainable_moe_layer, configs=dataclasses.replace(cfg, sorted_copies=False))
+
+
+@pytest.mark.parametrize("case", CPU_CASES)
+def test_sorted_copies_move_rows_not_sums(case):
+    """With dO and x copied into sorted order the GEMMs read the same values in the same order:
+    the same bits as gathering them in the kernels, and the copies are on by default."""
+    p = random_layer_problem(*CPU_CASES[case], device=DEV, seed=len(case) + 1)
+    assert training_configs(7, 5, 40, 24, 2, torch.float32).sorted_copies
+    assert_same_bits(p, second=without_sorted_copies(p))
+
+
+def test_sorted_copies_must_be_a_bool():
+    cfg = heuristic_training_configs(64, 4, 2)
+    with pytest.raises(TypeError, match="configs.sorted_copies must be a bool"):
+        dataclasses.replace(cfg, sorted_copies="yes").checked()
 
 
 def test_strided_inputs_and_only_some_inputs_requiring_grad():
@@ -257,17 +286,25 @@ GPU_SHAPES = {  # (model, tokens, experts that get tokens): real hidden, interme
 BF16_GRAD_TOLERANCE = 2e-2
 
 
+def real_shape_problem(case: str, token_scale: int = 1) -> tuple[dict, int]:
+    """``(problem, experts used)`` of a GPU_SHAPES case in bf16, with ``token_scale`` times its tokens.
+    The experts that get tokens are made at random (on the CPU, as everywhere), the others zeros:
+    DeepSeek-V3's 256 experts would be 11 G random values on the CPU, and an idle expert's weights
+    change nothing."""
+    name, M, used = GPU_SHAPES[case]
+    s = MODEL_SHAPES[name]
+    p = random_layer_problem(M * token_scale, s.hidden, s.intermediate, used, s.topk, device=DEV,
+                             dtype=torch.bfloat16)
+    for name_, t in (("w13", p["w13"]), ("w2", p["w2"])):
+        p[name_] = torch.cat([t, t.new_zeros(s.num_experts - used, *t.shape[1:])])
+    return p, used
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not runtime.ON_GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("case", GPU_SHAPES)
 def test_bf16_gradients_on_real_shapes(case):
-    name, M, used = GPU_SHAPES[case]
-    s = MODEL_SHAPES[name]
-    # The experts that get tokens made at random (on the CPU, as everywhere), the others zeros: DeepSeek-V3's
-    # 256 experts would be 11 G random values on the CPU, and an idle expert's weights change nothing.
-    p = random_layer_problem(M, s.hidden, s.intermediate, used, s.topk, device=DEV, dtype=torch.bfloat16)
-    for name_, t in (("w13", p["w13"]), ("w2", p["w2"])):
-        p[name_] = torch.cat([t, t.new_zeros(s.num_experts - used, *t.shape[1:])])
+    p, used = real_shape_problem(case)
     _, grads = run_layer(p)
     ref = reference_layer_grads(p["x"], p["w13"][:used], p["w2"][:used], p["topk_weights"], p["topk_ids"],
                                 p["d_out"])
@@ -283,11 +320,15 @@ def test_bf16_gradients_on_real_shapes(case):
 def test_bf16_two_runs_give_the_same_bits_where_part_4s_alignment_would_not():
     s = MODEL_SHAPES["Qwen3-30B-A3B"]
     p = random_layer_problem(4096, s.hidden, s.intermediate, s.num_experts, s.topk, device=DEV, dtype=torch.bfloat16)
-    out1, g1 = run_layer(p)
-    out2, g2 = run_layer(p)
-    assert torch.equal(out1, out2)
-    for k in LAYER_GRAD_INPUTS:
-        assert torch.equal(g1[k], g2[k]), k
+    assert_same_bits(p)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not runtime.ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case", GPU_SHAPES)
+def test_bf16_sorted_copies_through_tma_give_the_gathered_bits(case):
+    p, _ = real_shape_problem(case, token_scale=4)
+    assert_same_bits(p, second=without_sorted_copies(p))
 
 
 @pytest.mark.gpu

@@ -21,7 +21,8 @@ def test_the_dry_run_checks_times_and_sweeps(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "1. times" in out and "2. gradients" in out and "3. tiles" in out
     rows = backward.load_backward(tmp_path / "h200_backward.csv")
-    assert rows and all(r["status"] == "ok" and r["impl"] == "ours" for r in rows)
+    assert rows and all(r["status"] == "ok" for r in rows)
+    assert {r["impl"] for r in rows} == {"ours", "ours-gathered"}
     assert all(r[f"{p}_ms"] > 0 for r in rows for p in ("forward", "step", "backward"))
     grads = read_csv(tmp_path / "h200_backward_grads.csv", floats={"rel_error"})
     assert {g["tensor"] for g in grads} == {"out", "x", "w13", "w2", "topk_weights"}
@@ -63,3 +64,17 @@ def test_every_part8_kernel_compiles_for_sm90_in_bf16():
     lines = [line for line in run.stdout.splitlines() if " warps, " in line]
     assert len(lines) >= 9 and all(": ok: " in line for line in lines), run.stdout
     assert all(line.endswith(" 0 bytes spilled") for line in lines), run.stdout
+
+
+def test_the_sorted_copies_gain_pairs_ours_with_its_gathered_self():
+    def row(impl, T, bwd, peak, status="ok"):
+        return {"model": "m", "T": T, "impl": impl, "backward_ms": bwd, "peak_bytes": peak, "status": status}
+
+    rows = [row("ours", 4096, 2.0, 5e9), row(backward.GATHERED, 4096, 3.0, 4e9), row("liger", 4096, 9.0, 1e9),
+            row("ours", 8192, 4.0, 9e9), row(backward.GATHERED, 8192, None, 0, "skipped: too slow")]
+    gains = backward.sorted_copies_gain(rows)
+    assert [(g["T"], g["speedup"], g["extra_peak_bytes"]) for g in gains] == [(4096, 1.5, 1e9)]
+    table = backward.sorted_copies_table(rows)
+    assert "1.50x" in table and "+1.00" in table and "8192" not in table
+    assert backward.sorted_copies_table(rows[2:3]) == backward.NOT_MEASURED
+    assert backward.GATHERED not in backward.IMPLS        # the summary tables leave it out

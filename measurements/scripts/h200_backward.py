@@ -51,9 +51,11 @@ from pathlib import Path
 import moe_tutorial  # noqa: F401,I001  (first: picks the runtime before triton is imported)
 from moe_tutorial import runtime
 from moe_tutorial.experiments.backward import FIELDS, step_flops
+from moe_tutorial.kernels.align import gather_sorted_rows
 from moe_tutorial.kernels.backward_kernel import launch_expert_grad, launch_rows_gemm
 from moe_tutorial.kernels.configs import KernelConfig, gpu_name, problem_key
 from moe_tutorial.kernels.stable_align import expert_rows, stable_align_block_size
+from moe_tutorial.kernels.trainable_layer import trainable_moe_layer
 from moe_tutorial.kernels.training_configs import VARIANTS, training_configs
 from moe_tutorial.layer import moe_layer
 from moe_tutorial.perf import impls, timing
@@ -81,6 +83,14 @@ def ours(x, w13, w2, topk_weights, topk_ids):
     return moe_layer(x, w13, w2, topk_weights, topk_ids, impl="sorted")
 
 
+def ours_gathered(x, w13, w2, topk_weights, topk_ids):
+    """Ours without the backward's sorted copies of dO and x (the kernels gather their rows): the
+    lever's measured gain is ``ours`` against this, in the same run."""
+    (M, K), E, inter, topk = x.shape, w13.shape[0], w2.shape[2], topk_ids.shape[1]
+    cfg = replace(training_configs(M, E, K, inter, topk, x.dtype), sorted_copies=False)
+    return trainable_moe_layer(x, w13, w2, topk_weights, topk_ids, configs=cfg)
+
+
 def grouped_mm_schema() -> str:
     """The schema of this torch's ``_grouped_mm`` (the composition's call is written for
     ``_grouped_mm(Tensor self, Tensor mat2, Tensor? offs, ...)``), or why there is none."""
@@ -92,7 +102,7 @@ def grouped_mm_schema() -> str:
 
 def available_impls(dry_run: bool) -> dict:
     """The implementations that run here, and why the others do not."""
-    found, skipped = {"ours": ours}, {}
+    found, skipped = {"ours": ours, "ours-gathered": ours_gathered}, {}
     reason = impls.grouped_mm_support(torch.bfloat16)
     if reason:
         skipped["grouped_mm"] = reason
@@ -345,7 +355,7 @@ def tile_candidates(gemm: str, base: KernelConfig) -> list[KernelConfig]:
     bm = base.block_m
     if gemm in ("dw2", "dw13"):
         shapes = [(128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 32, 4, 4),
-                  (64, 128, 64, 4, 4), (128, 64, 64, 4, 4)]
+                  (64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (128, 128, 128, 8, 3), (128, 256, 32, 8, 4)]
         return [replace(base, block_m=p, block_n=q, block_k=min(r, bm), num_warps=w, num_stages=s)
                 for p, q, r, w, s in shapes]
     shapes = [(128, 64, 8, 3), (128, 64, 8, 4), (256, 64, 8, 3), (64, 128, 4, 4), (128, 128, 8, 3), (64, 64, 4, 4)]
@@ -372,38 +382,52 @@ def sweep_tiles(shape: ModelShape, T: int, dtype, machine, started, args, log) -
         return torch.empty(pairs, -(-inter // cfg.block_n), device=x.device, dtype=torch.float32)
 
     ds0 = dact_buffers(heur.dact)
-    launch_rows_gemm(d_out, w2, alignment, pairs, topk, heur.dact, epilogue="dswiglu", b_layout="kn", out=dh, h=h,
-                     act=s_act, router_weights=router, ds_partial=ds0)
+    # dA' and the K-grouped GEMMs read dO and x as the backward does: in sorted copies where it makes them.
+    copies = heur.sorted_copies
+    d_rows = gather_sorted_rows(d_out, alignment[0], pairs, topk) if copies else d_out
+    x_rows = gather_sorted_rows(x, alignment[0], pairs, topk) if copies else x
+    if copies:
+        for what, t in (("dO", d_out), ("x", x)):
+            ms, how = timed(lambda t=t: gather_sorted_rows(t, alignment[0], pairs, topk), args.max_seconds)
+            log(f"  the sorted copy of {what}: " + (f"{ms:.3f} ms" if ms else how))
+    launch_rows_gemm(d_rows, w2, alignment, pairs, topk, heur.dact, epilogue="dswiglu", b_layout="kn",
+                     a_sorted=copies, out=dh, h=h, act=s_act, router_weights=router, ds_partial=ds0)
     dx_rows, dw2, dw13 = x.new_empty(pairs, H), torch.empty_like(w2), torch.empty_like(w13)
     # Zeros: the rows past the alignment's used rows are never written, and the check compares whole buffers.
     h_try, act_try = torch.zeros_like(h), torch.zeros_like(act)
     dh_try, sa_try = torch.zeros_like(dh), torch.zeros_like(s_act)
 
-    def launcher(gemm, cfg):
+    def launcher(gemm, cfg, gathered=False):
+        """The launch of one GEMM with ``cfg``, and its output; ``gathered``: dO and x read by
+        pointer gathers, as without sorted copies."""
+        sorted_in = copies and not gathered
+        d_in, x_in = (d_rows, x_rows) if sorted_in else (d_out, x)
         if gemm == "up":
             return lambda: launch_rows_gemm(x, w13, alignment, pairs, topk, cfg, epilogue="save_swiglu", b_layout="nk",
                                             h=h_try, act=act_try), h_try
         if gemm == "dact":
             ds = dact_buffers(cfg)
-            return lambda: launch_rows_gemm(d_out, w2, alignment, pairs, topk, cfg, epilogue="dswiglu", b_layout="kn",
-                                            out=dh_try, h=h, act=sa_try, router_weights=router, ds_partial=ds), dh_try
+            return lambda: launch_rows_gemm(d_in, w2, alignment, pairs, topk, cfg, epilogue="dswiglu", b_layout="kn",
+                                            a_sorted=sorted_in, out=dh_try, h=h, act=sa_try, router_weights=router,
+                                            ds_partial=ds), dh_try
         if gemm == "dx":
             out = torch.empty_like(dx_rows)
             return lambda: launch_rows_gemm(dh, w13, alignment, pairs, 1, cfg, epilogue="scatter", b_layout="kn",
                                             a_sorted=True, out=out), out
         if gemm == "dw2":
             out = torch.empty_like(dw2)
-            return lambda: launch_expert_grad(d_out, s_act, out, alignment, rows_of, pairs, topk, cfg,
-                                              left_sorted=False, right_sorted=True), out
+            return lambda: launch_expert_grad(d_in, s_act, out, alignment, rows_of, pairs, topk, cfg,
+                                              left_sorted=sorted_in, right_sorted=True), out
         out = torch.empty_like(dw13)
-        return lambda: launch_expert_grad(dh, x, out, alignment, rows_of, pairs, topk, cfg, left_sorted=True,
-                                          right_sorted=False), out
+        return lambda: launch_expert_grad(dh, x_in, out, alignment, rows_of, pairs, topk, cfg, left_sorted=True,
+                                          right_sorted=sorted_in), out
 
     flops = {"up": 2 * pairs * 2 * inter * H, "dact": 2 * pairs * inter * H, "dx": 2 * pairs * 2 * inter * H,
              "dw2": 2 * pairs * inter * H, "dw13": 2 * pairs * 2 * inter * H}
     base_row = {**machine, "protocol": "cold-l2" if runtime.ON_GPU else "perf_counter", "model": shape.name, "T": T}
-    rows, best = [], {}
+    rows, best, row_out = [], {}, {}
     for gemm in ("up", "dact", "dx", "dw2", "dw13"):
+        outputs = {}
         ref_fn, ref_out = launcher(gemm, getattr(heur, gemm))
         ref_fn()
         reference = ref_out.clone()
@@ -421,6 +445,7 @@ def sweep_tiles(shape: ModelShape, T: int, dtype, machine, started, args, log) -
             try:
                 fn, out = launcher(gemm, cfg)
                 fn()
+                outputs[id(cfg)] = out.clone()
                 row["rel_error"] = rel_error(out, reference)
                 ms, how = timed(fn, args.max_seconds)
                 row.update(ms=ms, timer=how, tflops=flops[gemm] / (ms * 1e-3) / 1e12 if ms else None,
@@ -432,11 +457,18 @@ def sweep_tiles(shape: ModelShape, T: int, dtype, machine, started, args, log) -
                 results.append((row["ms"], cfg, row))
         if results:
             ms, cfg, row = min(results, key=lambda r: r[0])
+            row_out[gemm] = outputs[id(cfg)]
             row["best"] = True
             best[gemm] = cfg
             log(f"  {gemm:5s} best {cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}: "
                 f"{ms:.3f} ms ({row['tflops']:.0f} TFLOP/s); heuristic's: "
                 + next((f"{r['ms']:.3f} ms" for r in rows if r["gemm"] == gemm and r.get("ms")), "-"))
+            if copies and gemm in ("dact", "dw2", "dw13"):
+                fn, out = launcher(gemm, cfg, gathered=True)
+                fn()
+                ms_g, how = timed(fn, args.max_seconds)
+                log("        the same tile with dO and x gathered by the kernel: "
+                    + (f"{ms_g:.3f} ms" if ms_g else how) + f", output equal: {torch.equal(out, row_out[gemm])}")
     key_shapes = {"up": (inter, H), "dact": (inter, H), "dx": (H, 2 * inter), "dw2": (H, inter), "dw13": (2 * inter, H)}
     table = {gpu_name(): {problem_key(E, *key_shapes[g], topk, dtype, VARIANTS[g]): {str(T): asdict(c)}
                           for g, c in best.items()}}

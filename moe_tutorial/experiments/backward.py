@@ -20,6 +20,9 @@ BACKWARD = DATA_DIR / "h200_backward.csv"
 #: The implementations the script times, as the CSV names them, and how tables label them.
 IMPLS = {"ours": "Part 8 (Triton, this series)", "grouped_mm": "torch._grouped_mm composition, autograd",
          "liger": "Liger-Kernel fused_moe"}
+#: Ours before its last lever, timed in the same run: dO and x gathered by the kernels, no sorted
+#: copies (:func:`sorted_copies_gain` reads it; the tables above leave it out).
+GATHERED = "ours-gathered"
 #: The anchors ours is judged against: the faster of them at each (model, T).
 ANCHORS = ("grouped_mm", "liger")
 #: The issue's targets: forward + backward at least this much faster than the faster anchor, and the
@@ -108,3 +111,29 @@ def summary_table(rows: list[dict], markdown: bool = False) -> str:
         return "\n".join(["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
                          + ["| " + " | ".join(c) + " |" for c in lines])
     return format_table(header, lines)
+
+
+def sorted_copies_gain(rows: list[dict]) -> list[dict]:
+    """Per (model, T) where both ran: the backward's ms with dO and x gathered by the kernels
+    (:data:`GATHERED`) and with their sorted copies (ours), the speed-up, and the extra peak
+    memory of the step in bytes (the transient copy)."""
+    out = []
+    for (model, T) in sorted({(r["model"], r["T"]) for r in rows}):
+        case = {r["impl"]: r for r in rows if r["model"] == model and r["T"] == T and r["status"] == "ok"}
+        if "ours" not in case or GATHERED not in case or not case["ours"]["backward_ms"]:
+            continue
+        ours, before = case["ours"], case[GATHERED]
+        out.append({"model": model, "T": T, "gathered_ms": before["backward_ms"], "sorted_ms": ours["backward_ms"],
+                    "speedup": before["backward_ms"] / ours["backward_ms"],
+                    "extra_peak_bytes": ours["peak_bytes"] - before["peak_bytes"]})
+    return out
+
+
+def sorted_copies_table(rows: list[dict]) -> str:
+    """:func:`sorted_copies_gain` as a table (:data:`NOT_MEASURED` without rows)."""
+    gains = sorted_copies_gain(rows)
+    if not gains:
+        return NOT_MEASURED
+    return format_table(["model", "T", "bwd ms, gathered", "bwd ms, sorted copies", "speed-up", "extra peak GB"],
+                        [[g["model"], str(g["T"]), f"{g['gathered_ms']:.2f}", f"{g['sorted_ms']:.2f}",
+                          f"{g['speedup']:.2f}x", f"{g['extra_peak_bytes'] / 1e9:+.2f}"] for g in gains])

@@ -226,6 +226,16 @@ def max_padded_rows(numel: int, block_m: int, num_experts: int) -> int:
     return min(numel + num_experts * (block_m - 1), numel * block_m)
 
 
+def gather_sorted_rows(x: torch.Tensor, sorted_ids: torch.Tensor, num_pairs: int, topk: int) -> torch.Tensor:
+    """``[len(sorted_ids), K]`` in x's dtype, from ``x [tokens, K]`` and ``sorted_ids`` int32
+    (an alignment's first tensor): row ``i`` is x's row of the pair at sorted position ``i``, so
+    a GEMM over sorted pairs reads whole tiles of it (through TMA, which cannot gather rows on
+    Hopper). Padding positions, and the unwritten ones past ``num_tokens_post_padded``, take row
+    0 or the last pair's: finite values whose outputs are never stored, and which the weight
+    gradients multiply by the zero rows of the other operand."""
+    return x.index_select(0, sorted_ids.clamp(0, num_pairs - 1) // topk)
+
+
 def check_align_inputs(topk_ids, block_m, num_experts) -> tuple[int, int, int]:
     """The checks of :func:`align_block_size`'s arguments (Part 8's stable alignment shares them):
     returns ``(block_m, num_experts, max_padded_rows)`` as ints, or raises naming the argument."""

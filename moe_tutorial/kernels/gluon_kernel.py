@@ -36,6 +36,7 @@ import torch
 import triton
 
 from .. import runtime
+from .align import gather_sorted_rows
 from .tma import stacked_rows
 from .topk_sum import topk_sum
 
@@ -220,13 +221,6 @@ def sorted_rows(alignment, block_m: int) -> int:
     """How many rows the sorted operands hold: the alignment's bound, rounded up to whole tiles
     (so every TMA box lies inside, and the transposed scales' rows stay 16-byte aligned)."""
     return triton.cdiv(alignment[0].numel(), block_m) * block_m
-
-
-def gather_sorted_rows(x: torch.Tensor, sorted_ids: torch.Tensor, num_pairs: int, topk: int) -> torch.Tensor:
-    """``[len(sorted_ids), K]``: row ``i`` is x's row of the pair at sorted position ``i``
-    (padding positions, and the unwritten ones past ``num_tokens_post_padded``, take row 0 or
-    the last pair's: their outputs are never stored)."""
-    return x.index_select(0, sorted_ids.clamp(0, num_pairs - 1) // topk)
 
 
 def launch_gluon_gemm(a_sorted: torch.Tensor, b: torch.Tensor, c: torch.Tensor, router_weights, alignment,

@@ -8,7 +8,9 @@ weights are the caller's tensors, referenced, not copied). A is dropped after th
 
 Backward (:mod:`moe_tutorial.kernels.backward_kernel`): dA' with the dSwiGLU epilogue (dH, s * A
 and the router gradient's partial sums), dW2 and dW13 as K-grouped GEMMs, dx as an M-grouped GEMM
-and the topk sum. Every sum has a fixed order: two runs give the same bits.
+and the topk sum. dO and x are first copied into sorted order, one at a time (unless
+``configs.sorted_copies`` is False), so that the GEMMs reading them take whole tiles. Every sum
+has a fixed order: two runs give the same bits.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import torch
 import triton
 
 from ..checks import check_kernel_dtype, check_layer_inputs
-from .align import Alignment, max_padded_rows
+from .align import Alignment, gather_sorted_rows, max_padded_rows
 from .backward_kernel import launch_expert_grad, launch_rows_gemm
 from .sorted_layer import launch_fitted
 from .stable_align import expert_rows, stable_align_block_size
@@ -62,26 +64,33 @@ class SortedMoEFunction(torch.autograd.Function):
         alignment = Alignment(tensors, block_m=ctx.block_m, num_experts=E, topk_ids=topk_ids)
         need_x, need_w13, need_w2, need_s = ctx.needs_input_grad[:4]
         d_out = d_out.to(x.dtype).contiguous()
+        copies = cfg.sorted_copies
         # [dA', dH, s*A and dS]
         # Sorted rows, padding included: the K-grouped GEMMs below read whole runs.
         max_padded = alignment[0].numel()
         dh = x.new_empty(max_padded, 2 * inter)
         s_act = x.new_empty(max_padded, inter)
         ds_partial = torch.empty(pairs, triton.cdiv(inter, cfg.dact.block_n), dtype=torch.float32, device=x.device)
-        launch_rows_gemm(d_out, w2, alignment, pairs, topk, cfg.dact, epilogue="dswiglu", b_layout="kn",
-                         out=dh, h=h, act=s_act, router_weights=router, ds_partial=ds_partial)
+        # With sorted copies, dO's rows are laid out once in sorted order, each row repeated for
+        # its topk pairs: dA' and dW2 then read tiles, not one gathered row per pair.
+        d_rows = gather_sorted_rows(d_out, alignment[0], pairs, topk) if copies else d_out
+        launch_rows_gemm(d_rows, w2, alignment, pairs, topk, cfg.dact, epilogue="dswiglu", b_layout="kn",
+                         a_sorted=copies, out=dh, h=h, act=s_act, router_weights=router, ds_partial=ds_partial)
         d_weights = ds_partial.sum(dim=1).view(M, topk).to(ctx.weights_dtype) if need_s else None
         # [the weight gradients]
         rows = expert_rows(alignment)
         dw2 = dw13 = dx = None
         if need_w2:
             dw2 = torch.empty(w2.shape, dtype=w2.dtype, device=w2.device)
-            launch_expert_grad(d_out, s_act, dw2, alignment, rows, pairs, topk, cfg.dw2,
-                               left_sorted=False, right_sorted=True)
+            launch_expert_grad(d_rows, s_act, dw2, alignment, rows, pairs, topk, cfg.dw2,
+                               left_sorted=copies, right_sorted=True)
+        del d_rows, s_act                     # freed before x's sorted copy is made
         if need_w13:
             dw13 = torch.empty(w13.shape, dtype=w13.dtype, device=w13.device)
-            launch_expert_grad(dh, x, dw13, alignment, rows, pairs, topk, cfg.dw13, left_sorted=True,
-                               right_sorted=False)
+            x_rows = gather_sorted_rows(x, alignment[0], pairs, topk) if copies else x
+            launch_expert_grad(dh, x_rows, dw13, alignment, rows, pairs, topk, cfg.dw13, left_sorted=True,
+                               right_sorted=copies)
+            del x_rows
         # [dx]
         if need_x:
             dx_rows = x.new_empty(pairs, K)

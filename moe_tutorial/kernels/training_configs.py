@@ -9,7 +9,8 @@ shipped ones, the nearest M on a log scale) under the variants of :data:`VARIANT
 The four M-grouped GEMMs share one alignment, so they share its ``block_m`` (the gate/up GEMM's);
 in the two K-grouped ones ``block_m`` x ``block_n`` is the dW tile and ``block_k`` the rows of the
 expert's run taken per step, at most the alignment's ``block_m`` (see
-:func:`moe_tutorial.kernels.backward_kernel.launch_expert_grad`).
+:func:`moe_tutorial.kernels.backward_kernel.launch_expert_grad`). One more choice is the
+backward's, not a tile's: ``sorted_copies`` (see :class:`TrainingConfigs`).
 """
 from __future__ import annotations
 
@@ -44,14 +45,27 @@ class TrainingConfigs:
     dx: KernelConfig      # dH W13, then the topk sum
     dw2: KernelConfig     # K-grouped: dO^T (s A) per expert
     dw13: KernelConfig    # K-grouped: dH^T x per expert
+    #: Copy dO and x into sorted order (one row per sorted position) before the backward's GEMMs
+    #: that read them: dA' and dW2 then take dO, and dW13 takes x, as whole tiles (through TMA on
+    #: a GPU that has it) instead of one gathered row per pair, for one extra pass over each and
+    #: a transient buffer of the sorted rows (freed before the next is made). False gathers in
+    #: the kernels, as the forward does.
+    sorted_copies: bool = True
 
     def checked(self) -> TrainingConfigs:
-        """Every field a valid KernelConfig, the M-grouped ones on the gate/up GEMM's ``block_m``."""
-        cfgs = {f.name: check_config(getattr(self, f.name), f"configs.{f.name}") for f in fields(self)}
+        """Every GEMM's field a valid KernelConfig, the M-grouped ones on the gate/up GEMM's ``block_m``."""
+        cfgs = {f.name: check_config(getattr(self, f.name), f"configs.{f.name}") for f in fields(self)
+                if f.name in GEMMS}
         bm = cfgs["up"].block_m
         for name in ("down", "dact", "dx"):
             cfgs[name] = replace(cfgs[name], block_m=bm)
-        return TrainingConfigs(**cfgs)
+        if not isinstance(self.sorted_copies, bool):
+            raise TypeError(f"configs.sorted_copies must be a bool, got {self.sorted_copies!r}")
+        return TrainingConfigs(**cfgs, sorted_copies=self.sorted_copies)
+
+
+#: The GEMMs of a training step, the fields of :class:`TrainingConfigs` that are tiles.
+GEMMS = ("up", "down", "dact", "dx", "dw2", "dw13")
 
 
 #: In the interpreter every GEMM takes Part 4's small CPU tile.
