@@ -76,7 +76,8 @@ VARIANTS = {
     "dW2 = dO^T (s A) (s A through TMA)": (grad_variant, ("gathered", "sorted_tma"), 8, 3),
     "dW13 = dH^T x (dH through TMA)": (grad_variant, ("sorted_tma", "gathered"), 8, 3),
     "dW13, pointer loads, 32-row steps": (grad_variant, ("sorted", "gathered", 128, 128, 32), 8, 3),
-    "dA' + dSwiGLU, dO's sorted copy through TMA": (rows_variant, ("dswiglu", "sorted_tma", "kn", True, 128, 128, 128), 8, 3),
+    "dA' + dSwiGLU, dO's sorted copy through TMA": (rows_variant, ("dswiglu", "sorted_tma", "kn", True, 128, 128, 128),
+                                                    8, 3),
     "dW2, dO's sorted copy and s A through TMA": (grad_variant, ("sorted_tma", "sorted_tma"), 8, 3),
     "dW13, dH and x's sorted copy through TMA": (grad_variant, ("sorted_tma", "sorted_tma"), 8, 3),
 }
