@@ -397,14 +397,15 @@ def sweep_tiles(shape: ModelShape, T: int, dtype, machine, started, args, log) -
     h_try, act_try = torch.zeros_like(h), torch.zeros_like(act)
     dh_try, sa_try = torch.zeros_like(dh), torch.zeros_like(s_act)
 
-    def launcher(gemm, cfg, gathered=False):
-        """The launch of one GEMM with ``cfg``, and its output; ``gathered``: dO and x read by
-        pointer gathers, as without sorted copies."""
-        sorted_in = copies and not gathered
+    def launcher(gemm, cfg, other_rows=False):
+        """The launch of one GEMM with ``cfg``, and its output. dO and x are read as the package
+        reads them (the forward gathers x; the backward takes the sorted copies where the configs
+        make them), or with ``other_rows`` the other way: what the copies gain, GEMM by GEMM."""
+        sorted_in = other_rows if gemm == "up" else copies != other_rows
         d_in, x_in = (d_rows, x_rows) if sorted_in else (d_out, x)
         if gemm == "up":
-            return lambda: launch_rows_gemm(x, w13, alignment, pairs, topk, cfg, epilogue="save_swiglu", b_layout="nk",
-                                            h=h_try, act=act_try), h_try
+            return lambda: launch_rows_gemm(x_in, w13, alignment, pairs, topk, cfg, epilogue="save_swiglu",
+                                            b_layout="nk", a_sorted=sorted_in, h=h_try, act=act_try), h_try
         if gemm == "dact":
             ds = dact_buffers(cfg)
             return lambda: launch_rows_gemm(d_in, w2, alignment, pairs, topk, cfg, epilogue="dswiglu", b_layout="kn",
@@ -463,12 +464,13 @@ def sweep_tiles(shape: ModelShape, T: int, dtype, machine, started, args, log) -
             log(f"  {gemm:5s} best {cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}: "
                 f"{ms:.3f} ms ({row['tflops']:.0f} TFLOP/s); heuristic's: "
                 + next((f"{r['ms']:.3f} ms" for r in rows if r["gemm"] == gemm and r.get("ms")), "-"))
-            if copies and gemm in ("dact", "dw2", "dw13"):
-                fn, out = launcher(gemm, cfg, gathered=True)
+            if gemm != "dx":
+                fn, out = launcher(gemm, cfg, other_rows=True)
                 fn()
-                ms_g, how = timed(fn, args.max_seconds)
-                log("        the same tile with dO and x gathered by the kernel: "
-                    + (f"{ms_g:.3f} ms" if ms_g else how) + f", output equal: {torch.equal(out, row_out[gemm])}")
+                ms_o, how = timed(fn, args.max_seconds)
+                other = "gathered by the kernel" if (gemm != "up" and copies) else "from a sorted copy (TMA)"
+                log(f"        the same tile with dO and x {other}: " + (f"{ms_o:.3f} ms" if ms_o else how)
+                    + f", output equal: {torch.equal(out, row_out[gemm])}")
     key_shapes = {"up": (inter, H), "dact": (inter, H), "dx": (H, 2 * inter), "dw2": (H, inter), "dw13": (2 * inter, H)}
     table = {gpu_name(): {problem_key(E, *key_shapes[g], topk, dtype, VARIANTS[g]): {str(T): asdict(c)}
                           for g, c in best.items()}}
