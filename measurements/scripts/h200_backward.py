@@ -426,9 +426,8 @@ def sweep_tiles(shape: ModelShape, T: int, dtype, machine, started, args, log) -
     flops = {"up": 2 * pairs * 2 * inter * H, "dact": 2 * pairs * inter * H, "dx": 2 * pairs * 2 * inter * H,
              "dw2": 2 * pairs * inter * H, "dw13": 2 * pairs * 2 * inter * H}
     base_row = {**machine, "protocol": "cold-l2" if runtime.ON_GPU else "perf_counter", "model": shape.name, "T": T}
-    rows, best, row_out = [], {}, {}
-    for gemm in ("up", "dact", "dx", "dw2", "dw13"):
-        outputs = {}
+    rows, best = [], {}
+    for gemm in args.tile_gemms.split(","):
         ref_fn, ref_out = launcher(gemm, getattr(heur, gemm))
         ref_fn()
         reference = ref_out.clone()
@@ -446,7 +445,6 @@ def sweep_tiles(shape: ModelShape, T: int, dtype, machine, started, args, log) -
             try:
                 fn, out = launcher(gemm, cfg)
                 fn()
-                outputs[id(cfg)] = out.clone()
                 row["rel_error"] = rel_error(out, reference)
                 ms, how = timed(fn, args.max_seconds)
                 row.update(ms=ms, timer=how, tflops=flops[gemm] / (ms * 1e-3) / 1e12 if ms else None,
@@ -458,19 +456,23 @@ def sweep_tiles(shape: ModelShape, T: int, dtype, machine, started, args, log) -
                 results.append((row["ms"], cfg, row))
         if results:
             ms, cfg, row = min(results, key=lambda r: r[0])
-            row_out[gemm] = outputs[id(cfg)]
             row["best"] = True
             best[gemm] = cfg
             log(f"  {gemm:5s} best {cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}: "
                 f"{ms:.3f} ms ({row['tflops']:.0f} TFLOP/s); heuristic's: "
                 + next((f"{r['ms']:.3f} ms" for r in rows if r["gemm"] == gemm and r.get("ms")), "-"))
             if gemm != "dx":
+                fn = out = None
                 fn, out = launcher(gemm, cfg, other_rows=True)
                 fn()
                 ms_o, how = timed(fn, args.max_seconds)
+                other_out, fn, out = out.clone(), None, None      # one copy alive at a time: DS-V3's dW13 is 14 GB
+                fn, out = launcher(gemm, cfg)
+                fn()
                 other = "gathered by the kernel" if (gemm != "up" and copies) else "from a sorted copy (TMA)"
                 log(f"        the same tile with dO and x {other}: " + (f"{ms_o:.3f} ms" if ms_o else how)
-                    + f", output equal: {torch.equal(out, row_out[gemm])}")
+                    + f", output equal: {torch.equal(out, other_out)}")
+                other_out = fn = out = None
     key_shapes = {"up": (inter, H), "dact": (inter, H), "dx": (H, 2 * inter), "dw2": (H, inter), "dw13": (2 * inter, H)}
     table = {gpu_name(): {problem_key(E, *key_shapes[g], topk, dtype, VARIANTS[g]): {str(T): asdict(c)}
                           for g, c in best.items()}}
@@ -498,6 +500,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="comma-separated token counts T")
     ap.add_argument("--tile-case", default="Qwen3-30B-A3B:32768", help="MODEL:T for the tile sweep")
     ap.add_argument("--no-tiles", action="store_true", help="skip the tile sweep")
+    ap.add_argument("--no-times", action="store_true", help="skip the timing step (a sweep only)")
+    ap.add_argument("--tile-gemms", default="up,dact,dx,dw2,dw13", help="the GEMMs the tile sweep times")
     ap.add_argument("--no-grads", action="store_true", help="skip the gradient check")
     ap.add_argument("--liger-autotune", action="store_true", help="let Liger-Kernel autotune (minutes per shape)")
     ap.add_argument("--max-minutes", type=float, default=7.5, help="start no new case after this (default 7.5)")
@@ -535,13 +539,14 @@ def main(argv=None) -> int:
     print(f"torch._grouped_mm here: {grouped_mm_schema()}")
     print(f"implementations: {', '.join(found)}" + "".join(f"; {k} skipped: {v}" for k, v in skipped.items())
           + f"; Liger autotune {os.environ['LIGER_FUSED_MOE_AUTOTUNE']}")
-    print("\n1. times (cold-l2; TFLOP/s in brackets: forward 6 T topk H I FLOPs, backward twice that), "
-          "memory, first call (Triton compiling into an empty cache):")
-    rows = time_models(models, tokens, found, skipped, dtype, machine, matmul, args, started, print)
-    for row in rows:
-        if row["impl"] == "liger":
-            row["note"] = f"LIGER_FUSED_MOE_AUTOTUNE={os.environ['LIGER_FUSED_MOE_AUTOTUNE']}"
-    write_csv(args.out / "h200_backward.csv", rows, FIELDS)
+    if not args.no_times:
+        print("\n1. times (cold-l2; TFLOP/s in brackets: forward 6 T topk H I FLOPs, backward twice that), "
+              "memory, first call (Triton compiling into an empty cache):")
+        rows = time_models(models, tokens, found, skipped, dtype, machine, matmul, args, started, print)
+        for row in rows:
+            if row["impl"] == "liger":
+                row["note"] = f"LIGER_FUSED_MOE_AUTOTUNE={os.environ['LIGER_FUSED_MOE_AUTOTUNE']}"
+        write_csv(args.out / "h200_backward.csv", rows, FIELDS)
     if not args.no_grads:
         print("\n2. gradients against autograd through the float64 reference (relative error):")
         write_csv(args.out / "h200_backward_grads.csv", check_gradients(models, found, dtype, machine, print),
