@@ -146,6 +146,21 @@ def test_get_config_picks_the_written_table(pretend_gpu):
         heuristic_config(2, s.topk, s.num_experts, "gated")
 
 
+def test_training_configs_are_cached_and_see_a_table_written_later(pretend_gpu):
+    from moe_tutorial.kernels.training_configs import VARIANTS, training_configs
+    s = MODEL_SHAPES["Qwen3-30B-A3B"]
+    problem = (4096, s.num_experts, s.hidden, s.intermediate, s.topk, torch.bfloat16)
+    first = training_configs(*problem)
+    assert training_configs(*problem) is first           # one lookup per problem, not one per step
+    tile = KernelConfig(block_m=128, block_n=64, block_k=32, group_m=4, num_warps=4, num_stages=2, use_tma=True,
+                        short_tails=False)
+    assert first.up != tile
+    key = problem_key(s.num_experts, s.intermediate, s.hidden, s.topk, torch.bfloat16, VARIANTS["up"])
+    tuning.save_results([_result("train_up", 4096, tile, key)])
+    again = training_configs(*problem)
+    assert again.up == tile and again.dact == first.dact
+
+
 @pytest.mark.skipif(runtime.ON_GPU, reason="the refusal is for the CPU")
 def test_tune_refuses_on_the_cpu(tmp_path):
     with pytest.raises(tuning.TuneRefused, match="nothing to tune"):

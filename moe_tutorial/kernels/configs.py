@@ -144,10 +144,27 @@ def _load(path: str, mtime: float) -> dict:
     return table
 
 
+@lru_cache(maxsize=None)
+def _shipped_paths() -> tuple[Path, ...]:
+    # The package's own tables do not come and go while it runs: listed once, not at every launch.
+    return tuple(sorted(SHIPPED_DIR.glob("tuned_configs*.json")))
+
+
+def table_versions() -> tuple[tuple[str, float], ...]:
+    """``(path, mtime)`` of every table that exists, the user's first: a lookup cached under these
+    sees a table that ``tune`` rewrites, and costs a few ``stat`` calls, not a directory listing."""
+    versions = []
+    for path in (user_table_path(), *_shipped_paths()):
+        try:
+            versions.append((str(path), path.stat().st_mtime))
+        except FileNotFoundError:
+            pass
+    return tuple(versions)
+
+
 def load_tables() -> list[dict]:
     """The user's table first, then the shipped ones; each ``{gpu: {problem: {M: config}}}``."""
-    paths = [user_table_path()] + sorted(SHIPPED_DIR.glob("tuned_configs*.json"))
-    return [_load(str(p), p.stat().st_mtime) for p in paths if p.exists()]
+    return [_load(path, mtime) for path, mtime in table_versions()]
 
 
 #: Shared memory per multiprocessor on Hopper (227 KB usable by one program).

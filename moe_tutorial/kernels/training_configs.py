@@ -15,6 +15,7 @@ backward's, not a tile's: ``sorted_copies`` (see :class:`TrainingConfigs`).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from functools import lru_cache
 
 import torch
 
@@ -30,6 +31,7 @@ from .configs import (
     smem_limit,
     tuned_config,
 )
+from . import configs as _tables
 
 #: The variants of the tuned tables' problem keys, one per GEMM of :class:`TrainingConfigs`.
 VARIANTS = {"up": "train_up", "dact": "train_dact", "dx": "train_dx", "dw2": "train_dw2", "dw13": "train_dw13"}
@@ -108,6 +110,13 @@ def training_configs(M: int, E: int, hidden: int, inter: int, topk: int, dtype: 
     the heuristic; Part 4's tuned down GEMM for the forward's down (on the shared ``block_m``)."""
     if runtime.INTERPRETED:
         return CPU_TRAINING_CONFIGS
+    # Looked up once per problem and table version: a training step calls this at every forward,
+    # where the six table lookups cost a third of a millisecond of host time.
+    return _chosen(M, E, hidden, inter, topk, dtype, _tables.gpu_name(), _tables.table_versions())
+
+
+@lru_cache(maxsize=256)
+def _chosen(M, E, hidden, inter, topk, dtype, gpu, versions) -> TrainingConfigs:
     guess = heuristic_training_configs(M, E, topk, torch.empty(0, dtype=dtype).element_size(), smem_limit())
     shapes = {"up": (inter, hidden), "dact": (inter, hidden), "dx": (hidden, 2 * inter),
               "dw2": (hidden, inter), "dw13": (2 * inter, hidden)}
