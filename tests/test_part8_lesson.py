@@ -71,36 +71,58 @@ def test_what_the_h200_run_shows():
     """Section 10's reading of the table: each number is the committed run's (data/h200_backward.csv)."""
     rows = backward.load_backward()
     T = backward.TARGET_T
-    verdict = {v["model"]: v for v in backward.verdicts(rows) if v["T"] == T}
-    ok = {(r["model"], r["impl"]): r for r in rows if r["status"] == "ok" and r["T"] == T}
+    verdict = {(v["model"], v["T"]): v for v in backward.verdicts(rows)}
+    ok = {(r["model"], r["T"], r["impl"]): r for r in rows if r["status"] == "ok"}
+    qwen, ds, mixtral = "Qwen3-30B-A3B", "DeepSeek-V3", "Mixtral-8x7B"
 
-    def share(model, impl):
-        r = ok[(model, impl)]
-        return backward.tflops(r, "backward") / r["matmul_tflops"]
+    def speed(model, t):
+        return f"{verdict[(model, t)]['step_speedup']:.2f}"
 
-    def kept(model, impl):
-        return ok[(model, impl)]["kept_bytes"]
+    assert all(v["faster_anchor"] == "grouped_mm" for v in verdict.values())
+    assert [k for k, v in verdict.items() if v["step_ok"]] == [(qwen, 16384), (qwen, T)]
+    assert (mixtral, T) not in verdict and all(r["status"].startswith("skipped") for r in rows
+                                              if (r["model"], r["T"]) == (mixtral, T))
+    assert_says(NOTEBOOK, "The aim was a training step {}x as fast as the faster anchor at every T, with the backward "
+                "at {} of the matmul rate at T = {}.", backward.STEP_SPEEDUP_TARGET,
+                backward.BACKWARD_MATMUL_TARGET, T)
+    assert_says(NOTEBOOK, "At T = {} ours is {}x as fast as the faster anchor on Qwen3-30B-A3B (128 experts of "
+                "`I = {}`) and {}x on DeepSeek-V3; at T = 16384 it is {}x on Qwen3-30B-A3B, {}x on DeepSeek-V3 "
+                "and {}x on Mixtral-8x7B's eight large experts (this run stopped before Mixtral-8x7B's T = {}).",
+                T, speed(qwen, T), MODEL_SHAPES[qwen].intermediate, speed(ds, T), speed(qwen, 16384),
+                speed(ds, 16384), speed(mixtral, 16384), T)
+    short = [verdict[(m, 4096)]["step_speedup"] for m in (qwen, ds, mixtral)]
+    assert max(short) < backward.STEP_SPEEDUP_TARGET
+    assert_says(NOTEBOOK, "At T = 4096 no model reaches the aim ({:.2f}x to {:.2f}x).", min(short), max(short))
 
-    models = ("Qwen3-30B-A3B", "DeepSeek-V3", "Mixtral-8x7B")
-    speed = {m: f"{verdict[m]['step_speedup']:.2f}" for m in models}
-    assert all(verdict[m]["faster_anchor"] == "grouped_mm" for m in models)
-    assert verdict["Qwen3-30B-A3B"]["step_ok"] and not any(verdict[m]["step_ok"] for m in models[1:])
-    assert_says(NOTEBOOK, "At T = {} the aim was a training step {}x as fast as the faster anchor, with the backward "
-                "at {} of the matmul rate.", T, backward.STEP_SPEEDUP_TARGET, backward.BACKWARD_MATMUL_TARGET)
-    assert_says(NOTEBOOK, "On Qwen3-30B-A3B (128 experts of `I = {}`) ours is {}x as fast as the faster anchor; on "
-                "DeepSeek-V3 it is even with it ({}x), and on Mixtral-8x7B's eight large experts behind it ({}x), "
-                "where the `torch._grouped_mm` composition's backward reaches {:.2f} of the matmul rate "
-                "and ours {:.2f}.",
-                MODEL_SHAPES["Qwen3-30B-A3B"].intermediate, speed["Qwen3-30B-A3B"], speed["DeepSeek-V3"],
-                speed["Mixtral-8x7B"], share("Mixtral-8x7B", "grouped_mm"), share("Mixtral-8x7B", "ours"))
-    assert abs(verdict["DeepSeek-V3"]["step_speedup"] - 1) < 0.05         # "even with it"
-    fractions = {m: verdict[m]["backward_fraction"] for m in models}
-    met = [m for m in models if verdict[m]["backward_ok"]]
-    assert met == ["Mixtral-8x7B"]
-    assert_says(NOTEBOOK, "Ours' backward reaches {:.2f} to {:.2f} of that rate: {} or more on Mixtral-8x7B only.",
-                min(fractions.values()), max(fractions.values()), backward.BACKWARD_MATMUL_TARGET)
-    less = [kept(m, "grouped_mm") / kept(m, "ours") for m in models]
-    under = [100 * (1 - kept(m, "ours") / kept(m, "liger")) for m in models]
+    def gap(impl):
+        r = ok[(qwen, 4096, impl)]
+        return r["step_ms"] - r["forward_ms"] - r["backward_ms"]
+    assert gap("ours") > 10 * gap("grouped_mm") > 0
+    assert_says(NOTEBOOK, "on Qwen3-30B-A3B ours' step is {:.2f} ms longer than its forward (one graph replay) plus "
+                "its backward timed alone, the composition's {:.2f} ms", gap("ours"), gap("grouped_mm"))
+    fractions = [verdict[(m, T)]["backward_fraction"] for m in (qwen, ds)]
+    assert all(verdict[(m, T)]["backward_ok"] for m in (qwen, ds))
+    assert_says(NOTEBOOK, "Ours' backward reaches {:.2f} and {:.2f} of the matmul rate at T = {} (Qwen3-30B-A3B in "
+                "{:.2f} ms), {} or more on both models measured there.", *sorted(fractions), T,
+                ok[(qwen, T, "ours")]["backward_ms"], backward.BACKWARD_MATMUL_TARGET)
+    assert ok[(qwen, T, "ours")]["backward_ms"] <= 11.4                  # the issue's Qwen3 figure
+    cases = [(m, t) for (m, t, i) in ok if i == "ours"]
+    less = [ok[(m, t, "grouped_mm")]["kept_bytes"] / ok[(m, t, "ours")]["kept_bytes"] for m, t in cases]
+    under = [100 * (1 - ok[(m, t, "ours")]["kept_bytes"] / ok[(m, t, "liger")]["kept_bytes"]) for m, t in cases]
     assert min(under) > 0                                      # the memory target: no more than Liger keeps
     assert_says(NOTEBOOK, "ours keeps {:.1f}x to {:.1f}x less for the backward than the composition, and {:.2f}% "
                 "to {:.2f}% less than Liger-Kernel", min(less), max(less), min(under), max(under))
+
+
+def test_what_the_sorted_copies_gain():
+    gains = backward.sorted_copies_gain(backward.load_backward())
+    speedups = {g["model"]: [] for g in gains}
+    for g in gains:
+        speedups[g["model"]].append(g["speedup"])
+    assert min(min(v) for v in speedups.values()) > 1                          # "faster in every case"
+    best = max(speedups, key=lambda m: max(speedups[m]))
+    assert best == "Mixtral-8x7B"
+    assert_says(NOTEBOOK, "Faster in every case, {:.2f}x to {:.2f}x, the most on Mixtral-8x7B; the extra peak "
+                "memory, the copy alive at that moment, is at most {:.2f} GB.",
+                min(g["speedup"] for g in gains), max(g["speedup"] for g in gains),
+                max(g["extra_peak_bytes"] for g in gains) / 1e9)
