@@ -20,6 +20,7 @@ from functools import lru_cache
 import torch
 
 from .. import runtime
+from . import configs as _tables
 from .configs import (
     CPU_CONFIG,
     SMEM_LIMIT,
@@ -31,7 +32,6 @@ from .configs import (
     smem_limit,
     tuned_config,
 )
-from . import configs as _tables
 
 #: The variants of the tuned tables' problem keys, one per GEMM of :class:`TrainingConfigs`.
 VARIANTS = {"up": "train_up", "dact": "train_dact", "dx": "train_dx", "dw2": "train_dw2", "dw13": "train_dw13"}
