@@ -363,6 +363,24 @@ def test_rel_error():
         rel_error(torch.zeros(3), ref)
 
 
+def test_rel_error_of_a_large_tensor_is_summed_in_slices(monkeypatch):
+    """Past REL_ERROR_CHUNK elements the sums go slice by slice (a whole float64 copy of a
+    DeepSeek-V3 weight gradient does not fit beside it): the same error, NaN in any slice found."""
+    import moe_tutorial.reference as reference
+    g = torch.Generator().manual_seed(0)
+    ref = torch.randn(7, 13, generator=g, dtype=torch.float64)
+    out = (ref + 1e-3 * torch.randn(7, 13, generator=g, dtype=torch.float64)).float()
+    whole = rel_error(out, ref)
+    monkeypatch.setattr(reference, "REL_ERROR_CHUNK", 10)           # ten slices, the last one short
+    assert rel_error(out, ref) == pytest.approx(whole, rel=1e-12) and whole > 1e-4
+    assert rel_error(out.t().contiguous().t(), ref) == pytest.approx(whole, rel=1e-12)   # strided too
+    out[6, 12] = float("nan")
+    assert rel_error(out, ref) == float("inf")
+    assert rel_error(torch.ones(7, 13), torch.zeros(7, 13, dtype=torch.float64)) == pytest.approx(91 ** 0.5)
+    with pytest.raises(ValueError, match=r"^out: expected shape \(7, 13\), got \(13, 7\)"):
+        rel_error(out.t(), ref)
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
 def test_tolerance_separates_rounding_from_a_wrong_expert(dtype):
     """An implementation that only rounds in ``dtype`` passes; one pair of 32 sent to the wrong
