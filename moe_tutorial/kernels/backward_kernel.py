@@ -224,8 +224,9 @@ def load_run_rows(ptr, desc, rows, r0, pair, row_ok, row_div, stride_m, col0, of
                   ROWS: tl.constexpr, EVEN: tl.constexpr):
     """``[BLOCK_R, BLOCK]`` rows of one operand of a K-grouped GEMM: rows ``r0 + i`` of an
     expert's run, each the sorted position's own row ("sorted", through pointers, or "sorted_tma"
-    through ``desc``: the padding rows hold zeros) or the row of its token, ``pair // row_div``
-    ("gathered": x or dO). Padding and foreign rows read as zero."""
+    through ``desc``: padding rows hold zeros, or in a sorted copy of x or dO finite values that
+    the other operand's zero rows cancel) or the row of its token, ``pair // row_div``
+    ("gathered": x or dO, padding and foreign rows masked to zero)."""
     if ROWS == "sorted_tma":
         tile = desc.load([r0, col0])
     else:
