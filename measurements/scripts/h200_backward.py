@@ -511,10 +511,17 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def refused_without_gpu(dry_run: bool) -> bool:
+    """True (and says why) when there is no GPU and no ``--dry-run``: Part 8's GPU scripts share it."""
+    if runtime.ON_GPU or dry_run:
+        return False
+    print("no CUDA GPU here: the script needs one (--dry-run runs a toy in the interpreter)", file=sys.stderr)
+    return True
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    if not runtime.ON_GPU and not args.dry_run:
-        print("no CUDA GPU here: the script needs one (--dry-run runs a toy in the interpreter)", file=sys.stderr)
+    if refused_without_gpu(args.dry_run):
         return 2
     # Read when liger_kernel is first imported (by impls.liger_support below).
     os.environ.setdefault("LIGER_FUSED_MOE_AUTOTUNE", "1" if args.liger_autotune else "0")
