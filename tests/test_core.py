@@ -364,7 +364,7 @@ def test_rel_error():
 
 
 def test_rel_error_of_a_large_tensor_is_summed_in_slices(monkeypatch):
-    """Past REL_ERROR_CHUNK elements the sums go slice by slice (a whole float64 copy of a
+    """The sums go in slices of REL_ERROR_CHUNK elements (a whole float64 copy of a
     DeepSeek-V3 weight gradient does not fit beside it): the same error, NaN in any slice found."""
     import moe_tutorial.reference as reference
     g = torch.Generator().manual_seed(0)

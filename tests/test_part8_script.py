@@ -34,22 +34,6 @@ def test_the_dry_run_checks_times_and_sweeps(tmp_path, capsys):
     assert (tmp_path / "tuned_configs_training.json").exists()
 
 
-def test_the_step_host_split_dry_run(tmp_path, capsys):
-    """measurements/scripts/h200_step_host.py, the next GPU session's look at the short steps, on
-    the toy shape in the interpreter: a row per implementation with every phase timed and ours
-    profiled, also with the configs' cache cleared and without the id check."""
-    spec = importlib.util.spec_from_file_location("h200_step_host", SCRIPT.with_name("h200_step_host.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert module.main(["--dry-run", "--out", str(tmp_path)]) == 0
-    assert "torch.profiler over 1 steps" in capsys.readouterr().out
-    timed = ("host_forward_ms", "host_backward_ms", "wall_ms", "step_ms", "step_uncached_ms", "step_unchecked_ms")
-    rows = read_csv(tmp_path / "h200_step_host.csv", floats=set(timed))
-    (ours,) = [r for r in rows if r["impl"] == "ours"]
-    assert all(ours[k] > 0 for k in timed)
-    assert ours["wall_ms"] >= ours["host_forward_ms"] and ours["syncs_per_step"]
-
-
 def test_the_shipped_data_file_has_the_readers_columns():
     header = backward.BACKWARD.read_text().splitlines()[0].split(",")
     assert header == backward.FIELDS

@@ -80,3 +80,19 @@ def test_gluon_fp8_dry_run_reaches_every_variant(tmp_path, monkeypatch):
         assert any(r["impl"].startswith(f"{variant} (RuntimeError") for r in rows if r["gemm"] == "first"), variant
     tl = [r for r in rows if (r["gemm"], r["impl"]) == ("layer", "tl")]
     assert len(tl) == 1 and tl[0]["ok"] == "True" and tl[0]["rel_error"] < 1e-5
+
+
+def test_step_host_split_dry_run(tmp_path, capsys):
+    """measurements/scripts/h200_step_host.py, the next GPU session's look at Part 8's short steps,
+    on the toy shape in the interpreter: a row per implementation with every phase timed and ours
+    profiled, also with the configs' cache cleared and without the id check."""
+    from moe_tutorial.perf.results import read_csv
+
+    module = load_script("h200_step_host.py")
+    assert module.main(["--dry-run", "--out", str(tmp_path)]) == 0
+    assert "torch.profiler over 1 steps" in capsys.readouterr().out
+    timed = ("host_forward_ms", "host_backward_ms", "wall_ms", "step_ms", "step_uncached_ms", "step_unchecked_ms")
+    rows = read_csv(tmp_path / "h200_step_host.csv", floats=set(timed))
+    (ours,) = [r for r in rows if r["impl"] == "ours"]
+    assert all(ours[k] > 0 for k in timed)
+    assert ours["wall_ms"] >= ours["host_forward_ms"] and ours["syncs_per_step"]

@@ -83,7 +83,7 @@ def profile(step, steps: int) -> dict:
 
 def measure(model: str, T: int, name: str, fn, p: dict, repeats: int) -> dict:
     """One implementation's row: the host split, the step cached and (ours) uncached, the profile
-    (``repeats`` steps for the split, a fifth of them profiled)."""
+    (``repeats`` steps for the split, a quarter of them profiled)."""
     lv = hb.leaves(p)
     params = [lv[k] for k in hb.PARAMS]
 

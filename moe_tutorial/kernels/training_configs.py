@@ -117,6 +117,8 @@ def training_configs(M: int, E: int, hidden: int, inter: int, topk: int, dtype: 
 
 @lru_cache(maxsize=256)
 def _chosen(M, E, hidden, inter, topk, dtype, gpu, versions) -> TrainingConfigs:
+    # ``gpu`` and ``versions`` are read by nothing here: they key the cache, so that another GPU
+    # or a rewritten table is looked up anew.
     guess = heuristic_training_configs(M, E, topk, torch.empty(0, dtype=dtype).element_size(), smem_limit())
     shapes = {"up": (inter, hidden), "dact": (inter, hidden), "dx": (hidden, 2 * inter),
               "dw2": (hidden, inter), "dw13": (2 * inter, hidden)}
