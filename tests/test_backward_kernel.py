@@ -271,6 +271,12 @@ def test_training_tiles_fit_in_shared_memory(itemsize):
                 assert smem_bytes(getattr(cfg, name), gated, itemsize) <= SMEM_LIMIT, (M, E, topk, name)
     bf16 = heuristic_training_configs(32768, 8, 2)
     assert (bf16.up.block_m, bf16.up.block_n, bf16.up.block_k, bf16.up.num_stages) == (128, 128, 64, 4)
+    # The dW tile by run length: 8192 rows per expert take 128 x 256, 128 rows (DeepSeek-V3 at
+    # T = 4096) one warpgroup's 128 x 128, as the H200's tile sweeps chose.
+    tile = lambda c: (c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages)  # noqa: E731
+    assert tile(bf16.dw13) == tile(bf16.dw2) == (128, 256, 64, 8, 3)
+    short = heuristic_training_configs(4096, 256, 8)
+    assert tile(short.dw13) == tile(short.dw2) == (128, 128, 32, 4, 4)
     fp32 = heuristic_training_configs(6, 3, 2, 4)
     assert smem_bytes(fp32.up, True, 4) < smem_bytes(heuristic_training_configs(6, 3, 2).up, True, 4)
 

@@ -66,6 +66,9 @@ class TrainingConfigs:
         return TrainingConfigs(**cfgs, sorted_copies=self.sorted_copies)
 
 
+#: Fewer rows than this per expert (on average) make a short run for the dW tiles.
+SHORT_RUN_ROWS = 1024
+
 #: The GEMMs of a training step, the fields of :class:`TrainingConfigs` that are tiles.
 GEMMS = ("up", "down", "dact", "dx", "dw2", "dw13")
 
@@ -82,9 +85,12 @@ def heuristic_training_configs(M: int, E: int, topk: int, itemsize: int = 2,
     averages 64 rows or more, else 64 (and 32 under 16 rows). The gated forward keeps Part 4's
     128 x 128 pair of accumulators; dA' has one accumulator but a heavy epilogue (two H tiles
     read, three tiles written), so 128 x 128 too, four stages deep; dx is a plain GEMM (128 x 256,
-    as Part 4's down GEMM). The dW tiles are 128 x 256 with 64 rows of the run per step, once
-    both operands come in sorted rows through TMA (the tile sweep on the H200: the best or within
-    7% of it for dW2 and dW13 on Qwen3-30B-A3B and Mixtral-8x7B; 128 x 128 was 5-13% slower).
+    as Part 4's down GEMM). The dW tiles are 128 x 256 with 64 rows of the run per step for long
+    runs (the tile sweep on the H200: the best or within 7% of it for dW2 and dW13 on Qwen3-30B-A3B
+    at 2048 rows per expert and Mixtral-8x7B at 4096; 128 x 128 was 5-13% slower). Under
+    :data:`SHORT_RUN_ROWS` rows per expert each program's K loop is a few steps long, so its loads
+    and its store hardly overlap: there one warpgroup per 128 x 128 tile, 32 rows a step, lets two
+    programs share an SM (the sweep: 12% to 19% faster at 128 and 256 rows per expert, 3% at 512).
     Weights and sorted operands come through TMA where the GPU has it. The tiles are for 2-byte elements; with
     ``itemsize`` 4 (fp32) each is shrunk until its pipeline fits ``limit`` bytes of shared memory
     (the gated forward and dA', which reads two H tiles, counted as two weight tiles a stage).
@@ -98,8 +104,12 @@ def heuristic_training_configs(M: int, E: int, topk: int, itemsize: int = 2,
                         short_tails=False)
     dx = KernelConfig(block_m=bm, block_n=256 if bm == 128 else 128, block_k=64, num_warps=warps, num_stages=3,
                       use_tma=True, short_tails=False)
-    dw = KernelConfig(block_m=128, block_n=256, block_k=min(64, bm), num_warps=8, num_stages=3, use_tma=True,
-                      short_tails=False)
+    if rows_per_expert < SHORT_RUN_ROWS:
+        dw = KernelConfig(block_m=128, block_n=128, block_k=min(32, bm), num_warps=4, num_stages=4, use_tma=True,
+                          short_tails=False)
+    else:
+        dw = KernelConfig(block_m=128, block_n=256, block_k=min(64, bm), num_warps=8, num_stages=3, use_tma=True,
+                          short_tails=False)
     up, dact = fit_shared_memory(up, True, itemsize, limit), fit_shared_memory(dact, True, itemsize, limit)
     dx, dw = fit_shared_memory(dx, False, itemsize, limit), fit_shared_memory(dw, False, itemsize, limit)
     return TrainingConfigs(up=up, down=dx, dact=dact, dx=dx, dw2=dw, dw13=dw)
