@@ -49,14 +49,15 @@ def check_tensor(name: str, t, ndim: int) -> None:
         fail(ValueError, name, f"a {ndim}-D tensor", f"shape {tuple(t.shape)}")
 
 
-def check_matmul_inputs(x, weight, topk_ids, *, kernel: bool = False,
-                        weight_name: str = "weight") -> tuple[int, int, int, int, int]:
+def check_matmul_inputs(x, weight, topk_ids, *, kernel: bool = False, weight_name: str = "weight",
+                        ids: bool = True) -> tuple[int, int, int, int, int]:
     """Check the first-GEMM contract and return ``(M, K, N, E, topk)``.
 
     x ``[M, K]`` float, weight ``[E, N, K]`` of x's dtype and device, topk_ids ``[M, topk]``
     int32/int64 with values in ``[0, E)`` and ``topk <= E``. With ``kernel=True`` the dtype
     must also be one the Triton kernels accept on the current runtime. Errors call the weight
-    ``weight_name`` (the layer's checks pass "w13").
+    ``weight_name`` (the layer's checks pass "w13"). ``ids=False`` leaves the ids' values to
+    the caller (:func:`start_ids_check`), who then reads them without a host wait.
     """
     check_tensor("x", x, 2)
     check_tensor(weight_name, weight, 3)
@@ -81,7 +82,8 @@ def check_matmul_inputs(x, weight, topk_ids, *, kernel: bool = False,
         check_kernel_dtype("x", x)
         check_no_grad({"x": x, weight_name: weight})
     check_holds_values("x", x)
-    check_ids_in_range(topk_ids, E)
+    if ids:
+        check_ids_in_range(topk_ids, E)
     return M, K, N, E, topk
 
 
@@ -101,10 +103,38 @@ def check_topk_ids(topk_ids, M: int, E: int) -> int:
 def check_ids_in_range(topk_ids, E: int) -> None:
     """Every expert id in ``[0, E)`` (one host sync on a GPU; skipped while a graph is captured)."""
     if topk_ids.numel() and not capturing(topk_ids):
-        lo, hi = torch.stack(torch.aminmax(topk_ids)).tolist()
-        if lo < 0 or hi >= E:
-            bad = lo if lo < 0 else hi
-            fail(ValueError, "topk_ids", f"expert ids in [0, {E})", f"an id of {bad}")
+        _refuse_ids_outside(*torch.stack(torch.aminmax(topk_ids)).tolist(), E)
+
+
+def _refuse_ids_outside(lo: int, hi: int, E: int) -> None:
+    if lo < 0 or hi >= E:
+        fail(ValueError, "topk_ids", f"expert ids in [0, {E})", f"an id of {lo if lo < 0 else hi}")
+
+
+def start_ids_check(topk_ids, E: int):
+    """:func:`check_ids_in_range` without the host wait, for a caller whose kernels are safe with
+    any id (Part 8's alignment drops a bad one): on a GPU the ids' least and greatest
+    values are copied to pinned host memory behind the work already queued, and
+    :func:`finish_ids_check` reads them once the caller has queued its kernels, by when the GPU
+    is long past the copy, so the GPU never idles while the host waits. On a CPU (or while a
+    CUDA graph is captured) the check runs, or is skipped, now. Returns what finish_ids_check takes."""
+    if not topk_ids.is_cuda or not topk_ids.numel() or capturing(topk_ids):
+        check_ids_in_range(topk_ids, E)
+        return None
+    host = torch.empty(2, dtype=topk_ids.dtype, pin_memory=True)
+    host.copy_(torch.stack(torch.aminmax(topk_ids)), non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+    return host, copied, E
+
+
+def finish_ids_check(pending) -> None:
+    """Raise the ValueError of :func:`check_ids_in_range` if :func:`start_ids_check` saw an id
+    outside ``[0, E)``; waits for the copy only (``None``: nothing pending)."""
+    if pending is not None:
+        host, copied, E = pending
+        copied.synchronize()
+        _refuse_ids_outside(*host.tolist(), E)
 
 
 def capturing(t: torch.Tensor) -> bool:
@@ -180,16 +210,17 @@ def check_topk_weights(topk_weights, topk_ids) -> None:
         fail(ValueError, "topk_weights", f"topk_ids' device {topk_ids.device}", topk_weights.device)
 
 
-def check_layer_inputs(x, w13, w2, topk_weights, topk_ids) -> tuple[int, int, int, int, int]:
+def check_layer_inputs(x, w13, w2, topk_weights, topk_ids, *, ids: bool = True) -> tuple[int, int, int, int, int]:
     """Check the whole layer's contract and return ``(M, K, I, E, topk)``.
 
-    w13 ``[E, 2I, K]`` (gate rows then up rows), w2 ``[E, K, I]``.
+    w13 ``[E, 2I, K]`` (gate rows then up rows), w2 ``[E, K, I]``; ``ids`` as in
+    :func:`check_matmul_inputs`.
     """
     check_tensor("x", x, 2)
     check_tensor("w13", w13, 3)
     check_tensor("w2", w2, 3)
     _check_not_swapped(x.shape[1], w13, w2)
-    M, K, N13, E, topk = check_matmul_inputs(x, w13, topk_ids, weight_name="w13")
+    M, K, N13, E, topk = check_matmul_inputs(x, w13, topk_ids, weight_name="w13", ids=ids)
     if N13 % 2:
         fail(ValueError, "w13", "an even second dim 2*I (gate rows then up rows)", f"shape {tuple(w13.shape)}")
     inter = N13 // 2

@@ -199,13 +199,19 @@ def test_the_forward_keeps_x_h_and_the_alignment_only():
 
 # --------------------------------------------------------------------------- the stable alignment
 
-@pytest.mark.parametrize("M, E, topk, block_m", [(7, 5, 2, 4), (40, 8, 2, 16), (33, 64, 6, 16), (3, 4, 1, 1)])
-def test_the_stable_alignment_is_part_4s_with_each_run_in_token_order(M, E, topk, block_m):
-    ids = torch.rand(M, E, generator=torch.Generator().manual_seed(M)).topk(topk, dim=1).indices.int().to(DEV)
+@pytest.mark.parametrize("M, E, topk, block_m, dtype", [
+    (7, 5, 2, 4, torch.int32), (40, 8, 2, 16, torch.int32), (33, 64, 6, 16, torch.int64), (3, 4, 1, 1, torch.int32),
+    # Past one chunk of 1024 pairs: the chunks' prefix sum places the later ones.
+    (700, 16, 4, 64, torch.int32), (300, 128, 8, 16, torch.int64)])
+def test_the_stable_alignment_is_part_4s_with_each_run_in_token_order(M, E, topk, block_m, dtype):
+    ids = torch.rand(M, E, generator=torch.Generator().manual_seed(M)).topk(topk, dim=1).indices.to(dtype).to(DEV)
     stable, part4 = stable_align_block_size(ids, block_m, E), align_block_size(ids, block_m, E)
     assert int(stable[2]) == int(part4[2])
     used = int(stable[2])
     assert torch.equal(stable[1][:used // block_m], part4[1][:used // block_m])
+    assert bool((stable[1][used // block_m:] == -1).all()) and bool((stable[0][used:] == M * topk).all())
+    assert stable[0].dtype == stable[1].dtype == stable[2].dtype == torch.int32
+    assert stable[1].numel() == part4[1].numel() and stable[0].numel() == part4[0].numel()
     rows = expert_rows(stable).tolist()
     flat = ids.flatten().tolist()
     for e in range(E):
@@ -256,6 +262,8 @@ def test_training_configs_are_valid_and_share_one_block_m():
             cfg = heuristic_training_configs(M, s.num_experts, s.topk).checked()
             assert cfg.up.block_m == cfg.down.block_m == cfg.dact.block_m == cfg.dx.block_m
             assert cfg.dw13.block_k <= cfg.up.block_m and cfg.up.block_m % cfg.dw13.block_k == 0
+    chosen = training_configs(4096, 8, 64, 32, 2, torch.float32)       # the layer does not check it again
+    assert chosen == chosen.checked()
 
 
 @pytest.mark.parametrize("itemsize", [2, 4], ids=["bf16", "fp32"])
@@ -368,3 +376,61 @@ def test_expert_tile_is_the_tile_each_program_of_the_kernel_stores():
         owned = {expert_tile(i, P, Q, bp, bq, group) for i in range(n)}
         assert len(owned) == n                      # no two programs own one tile
         assert int((~out.isnan()).sum()) == sum(min(bp, P - a * bp) * min(bq, Q - b * bq) for _, a, b in owned)
+
+
+# ------------------------------------------------------------ bad expert ids, checked without a wait
+
+def test_the_stable_alignment_drops_a_bad_id_where_the_layer_refuses_it():
+    """The layer reads the ids' range after its kernels are queued (no host wait before them), so
+    its alignment must stay in bounds with any id: a bad one is dropped, as Part 4's alignment
+    drops it, and the layer still refuses it with the message of every other part."""
+    ids = torch.tensor([[0, 5], [-1, 2], [1, 2]], device=DEV)
+    alignment = stable_align_block_size(ids, 4, 3)
+    rows = expert_rows(alignment).tolist()
+    runs = [[p for p in alignment[0][rows[e]:rows[e + 1]].tolist() if p != ids.numel()] for e in range(3)]
+    assert runs == [[0], [4], [3, 5]]
+    many = torch.randint(0, 3, (600, 4), generator=torch.Generator().manual_seed(1)).to(DEV)   # three chunks
+    many[5, 1], many[400, 0], many[599, 3] = 3, -1, 7
+    alignment = stable_align_block_size(many, 16, 3)
+    rows, flat = expert_rows(alignment).tolist(), many.flatten().tolist()
+    for e in range(3):
+        run = [p for p in alignment[0][rows[e]:rows[e + 1]].tolist() if p != many.numel()]
+        assert run == [p for p, i in enumerate(flat) if i == e], e
+    p = random_layer_problem(3, 8, 4, 3, 2, device=DEV)
+    leaves = {k: (p[k].clone().requires_grad_() if k in LAYER_GRAD_INPUTS else p[k]) for k in LAYER_ARGS}
+    with pytest.raises(ValueError, match=r"^topk_ids: expected expert ids in \[0, 3\), got an id of -1$"):
+        trainable_moe_layer(**{**leaves, "topk_ids": ids})
+
+
+def test_finish_ids_check_refuses_what_start_ids_check_copied():
+    """The deferred check's second half, with the GPU's pinned copy and event stood in for."""
+    from types import SimpleNamespace
+
+    from moe_tutorial.checks import finish_ids_check, start_ids_check
+
+    copied = SimpleNamespace(synchronize=lambda: None)
+    with pytest.raises(ValueError, match=r"^topk_ids: expected expert ids in \[0, 3\), got an id of -1$"):
+        finish_ids_check((torch.tensor([-1, 2]), copied, 3))
+    with pytest.raises(ValueError, match=r"got an id of 3$"):
+        finish_ids_check((torch.tensor([0, 3]), copied, 3))
+    finish_ids_check((torch.tensor([0, 2]), copied, 3))
+    finish_ids_check(None)
+    if not runtime.ON_GPU:            # on a CPU the check runs at once: nothing is left pending
+        assert start_ids_check(torch.tensor([[0, 2]]), 3) is None
+        with pytest.raises(ValueError, match=r"got an id of 3$"):
+            start_ids_check(torch.tensor([[0, 3]]), 3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not runtime.ON_GPU, reason="needs a CUDA GPU")
+def test_bf16_a_bad_id_is_refused_after_the_forward_and_leaves_the_gpu_usable():
+    p, _ = real_shape_problem("Qwen3-30B-A3B")
+    E = p["w13"].shape[0]
+    bad = p["topk_ids"].clone()
+    bad[7, 1] = E
+    leaves = {k: (p[k].clone().requires_grad_() if k in LAYER_GRAD_INPUTS else p[k]) for k in LAYER_ARGS}
+    with pytest.raises(ValueError, match=rf"^topk_ids: expected expert ids in \[0, {E}\), got an id of {E}$"):
+        trainable_moe_layer(**{**leaves, "topk_ids": bad})
+    torch.cuda.synchronize()          # no device-side error was left behind
+    out, grads = run_layer(p)
+    assert bool(torch.isfinite(out).all()) and all(bool(torch.isfinite(g).all()) for g in grads.values())

@@ -117,23 +117,51 @@ def _plan_blocks_kernel(
 
 
 @triton.jit
+def _place_in_token_order(ids_ptr, numel, sorted_ids_ptr, first_ptr, base,
+                          NUM_EXPERTS: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr):
+    """Place the chunk of pairs from ``base``: a pair's row is its chunk's first row in its
+    expert's run (``first_ptr[e]``) plus the number of the chunk's earlier pairs of that expert,
+    counted by comparing ``[SUB, SUB]`` tiles of ids. No atomics: the same rows on every call."""
+    for i0 in range(0, CHUNK, SUB):
+        offs_i = base + i0 + tl.arange(0, SUB)
+        ok = offs_i < numel
+        id_i = tl.load(ids_ptr + offs_i, mask=ok, other=-1)
+        ok = ok & (id_i >= 0) & (id_i < NUM_EXPERTS)           # never touch memory for a bad id
+        rank = tl.zeros((SUB,), dtype=tl.int32)
+        for j0 in range(0, i0 + SUB, SUB):
+            offs_j = base + j0 + tl.arange(0, SUB)
+            id_j = tl.load(ids_ptr + offs_j, mask=offs_j < numel, other=-1)
+            earlier = (id_j[None, :] == id_i[:, None]) & (offs_j[None, :] < offs_i[:, None])
+            rank += tl.sum(earlier.to(tl.int32), axis=1)
+        expert = tl.where(ok, id_i, 0).to(tl.int32)             # only now: int64 ids are judged whole
+        row = tl.load(first_ptr + expert, mask=ok, other=0) + rank
+        tl.store(sorted_ids_ptr + row, offs_i, mask=ok)
+
+
+@triton.jit
 def _scatter_and_label_kernel(
     ids_ptr, numel, sorted_ids_ptr, cursor_ptr, ends_ptr, num_post_ptr, expert_ids_ptr, num_blocks, num_scatter,
     NUM_EXPERTS: tl.constexpr, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-    CHUNK: tl.constexpr, LABEL_CHUNK: tl.constexpr,
+    CHUNK: tl.constexpr, LABEL_CHUNK: tl.constexpr, STABLE: tl.constexpr,
 ):
-    """Programs below num_scatter place pairs; the others label blocks with their expert."""
+    """Programs below num_scatter place pairs; the others label blocks with their expert.
+    ``cursor`` is each run's next free row, or with STABLE each chunk's first row in each run
+    (``[num_scatter, E_PAD]``)."""
     pid = tl.program_id(0)
     if pid < num_scatter:
-        # Each pair takes the next free row of its expert's run. Atomic, so the order of pairs
-        # inside a run is whatever order the GPU's programs arrive in.
-        offs = pid * CHUNK + tl.arange(0, CHUNK)
-        ok = offs < numel
-        expert = tl.load(ids_ptr + offs, mask=ok, other=0)
-        ok = ok & (expert >= 0) & (expert < NUM_EXPERTS)       # never touch memory for a bad id
-        expert = expert.to(tl.int32)                           # only now: int64 ids are judged whole
-        row = tl.atomic_add(cursor_ptr + expert, 1, mask=ok)
-        tl.store(sorted_ids_ptr + row, offs, mask=ok)
+        if STABLE:
+            _place_in_token_order(ids_ptr, numel, sorted_ids_ptr, cursor_ptr + pid * E_PAD, pid * CHUNK,
+                                  NUM_EXPERTS, CHUNK, 128)
+        else:
+            # Each pair takes the next free row of its expert's run. Atomic, so the order of pairs
+            # inside a run is whatever order the GPU's programs arrive in.
+            offs = pid * CHUNK + tl.arange(0, CHUNK)
+            ok = offs < numel
+            expert = tl.load(ids_ptr + offs, mask=ok, other=0)
+            ok = ok & (expert >= 0) & (expert < NUM_EXPERTS)       # never touch memory for a bad id
+            expert = expert.to(tl.int32)                           # only now: int64 ids are judged whole
+            row = tl.atomic_add(cursor_ptr + expert, 1, mask=ok)
+            tl.store(sorted_ids_ptr + row, offs, mask=ok)
     else:
         b = (pid - num_scatter) * LABEL_CHUNK + tl.arange(0, LABEL_CHUNK)
         ends = tl.load(ends_ptr + tl.arange(0, E_PAD))
@@ -257,7 +285,7 @@ def check_align_inputs(topk_ids, block_m, num_experts) -> tuple[int, int, int]:
 
 
 def align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int, *,
-                     small_batch_pairs: int = SMALL_BATCH_PAIRS) -> Alignment:
+                     small_batch_pairs: int = SMALL_BATCH_PAIRS, stable: bool = False) -> Alignment:
     """Sort (token, slot) pairs by expert; pad each expert's run to a multiple of ``block_m``.
 
     Args:
@@ -266,6 +294,9 @@ def align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int, *,
         num_experts: E, up to :data:`MAX_EXPERTS`.
         small_batch_pairs: up to this many pairs, one launch; 0 always takes the three launches
             (the benchmark times both to show what the one-launch path buys).
+        stable: every run in token order, on every call (Part 8's
+            :func:`moe_tutorial.kernels.stable_align.stable_align_block_size`): the third launch
+            places each chunk's pairs by rank instead of with atomics.
 
     Returns:
         An :class:`Alignment`, the triple ``(sorted_token_ids, expert_ids, num_tokens_post_padded)``
@@ -280,13 +311,16 @@ def align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int, *,
         2^31 and more included; checking them would cost a host sync, so callers validate
         (``check_matmul_inputs`` does).
         The order of pairs inside one expert's run is not specified (atomics on a GPU for
-        more than SMALL_BATCH_PAIRS pairs; token order below that).
+        more than SMALL_BATCH_PAIRS pairs; token order below that), unless ``stable``.
     """
     block_m, num_experts, max_padded = check_align_inputs(topk_ids, block_m, num_experts)
     numel = topk_ids.numel()
     ids = topk_ids.reshape(-1).contiguous()
     device = topk_ids.device
-    sorted_ids = torch.empty(max_padded, dtype=torch.int32, device=device)
+    if stable:      # every row defined, the unused ones as padding: two calls agree to the bit
+        sorted_ids = torch.full((max_padded,), numel, dtype=torch.int32, device=device)
+    else:
+        sorted_ids = torch.empty(max_padded, dtype=torch.int32, device=device)
     expert_ids = torch.empty(triton.cdiv(max_padded, block_m), dtype=torch.int32, device=device)
 
     def result(num_post: torch.Tensor) -> Alignment:
@@ -318,9 +352,13 @@ def align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int, *,
         partial, num_chunks, numel, sorted_ids, cursor, ends, num_post,
         NUM_EXPERTS=num_experts, E_PAD=e_pad, BLOCK_M=block_m,
     )
+    if stable:
+        # Each chunk's first row in each run: the run's first row plus the pairs of earlier chunks.
+        cursor = cursor + (torch.cumsum(partial, 0, dtype=torch.int32) - partial)
     grid = (num_chunks + triton.cdiv(num_blocks, label_chunk),)
     _scatter_and_label_kernel[grid](
         ids, numel, sorted_ids, cursor, ends, num_post, expert_ids, num_blocks, num_chunks,
         NUM_EXPERTS=num_experts, E_PAD=e_pad, BLOCK_M=block_m, CHUNK=chunk, LABEL_CHUNK=label_chunk,
+        STABLE=stable,
     )
     return result(num_post)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from ..checks import check_kernel_dtype, check_layer_inputs
+from ..checks import check_kernel_dtype, check_layer_inputs, finish_ids_check, start_ids_check
 from .align import Alignment, gather_sorted_rows, max_padded_rows
 from .backward_kernel import launch_expert_grad, launch_rows_gemm
 from .sorted_layer import launch_fitted
@@ -108,13 +108,20 @@ def trainable_moe_layer(x, w13, w2, topk_weights, topk_ids, *, configs: Training
     GPU, accumulated in fp32); ``configs`` a :class:`TrainingConfigs`, by default
     :func:`moe_tutorial.kernels.training_configs.training_configs`. Returns ``[M, K]`` in x's dtype.
     """
-    M, K, inter, E, topk = check_layer_inputs(x, w13, w2, topk_weights, topk_ids)
+    M, K, inter, E, topk = check_layer_inputs(x, w13, w2, topk_weights, topk_ids, ids=False)
     check_kernel_dtype("x", x)
     if M == 0:
         # Nothing to compute; still tied to the inputs, so that a backward gives zeros, not an error.
         return x[:0] * 0 + (w13.sum() + w2.sum() + topk_weights.sum()) * 0
-    configs = (configs or training_configs(M, E, K, inter, topk, x.dtype)).checked()
-    return SortedMoEFunction.apply(x, w13, w2, topk_weights, topk_ids, configs)
+    # training_configs' choice is checked once, when first looked up; a caller's is checked here.
+    configs = configs.checked() if configs is not None else training_configs(M, E, K, inter, topk, x.dtype)
+    # The ids' range is read after the forward's kernels are queued, not before (a host wait
+    # there left the GPU idle while the host queued them); the alignment drops a bad id, so
+    # those kernels stay in bounds, and their output is dropped with the error.
+    pending = start_ids_check(topk_ids, E)
+    out = SortedMoEFunction.apply(x, w13, w2, topk_weights, topk_ids, configs)
+    finish_ids_check(pending)
+    return out
 
 
 def saved_bytes(M: int, E: int, hidden: int, inter: int, topk: int, block_m: int, itemsize: int = 2) -> dict:

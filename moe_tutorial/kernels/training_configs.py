@@ -74,7 +74,7 @@ GEMMS = ("up", "down", "dact", "dx", "dw2", "dw13")
 
 
 #: In the interpreter every GEMM takes Part 4's small CPU tile.
-CPU_TRAINING_CONFIGS = TrainingConfigs(*(CPU_CONFIG,) * 6)
+CPU_TRAINING_CONFIGS = TrainingConfigs(*(CPU_CONFIG,) * 6).checked()
 
 
 def heuristic_training_configs(M: int, E: int, topk: int, itemsize: int = 2,
@@ -117,7 +117,8 @@ def heuristic_training_configs(M: int, E: int, topk: int, itemsize: int = 2,
 
 def training_configs(M: int, E: int, hidden: int, inter: int, topk: int, dtype: torch.dtype) -> TrainingConfigs:
     """The configurations of one training step of the layer: tuned where a table has them, else
-    the heuristic; Part 4's tuned down GEMM for the forward's down (on the shared ``block_m``)."""
+    the heuristic; Part 4's tuned down GEMM for the forward's down (on the shared ``block_m``).
+    Already :meth:`TrainingConfigs.checked`: the layer takes it as it comes."""
     if runtime.INTERPRETED:
         return CPU_TRAINING_CONFIGS
     # Looked up once per problem and table version: a training step calls this at every forward,
