@@ -17,7 +17,9 @@ the GPU's busy time). Run on a GPU from the repository root:
 from __future__ import annotations
 
 import argparse
+import cProfile
 import importlib.util
+import pstats
 import statistics
 import sys
 import time
@@ -77,6 +79,15 @@ def profile(step, steps: int) -> dict:
     launches = sum(e.count for e in avg if e.key in ("cuLaunchKernel", "cudaLaunchKernel", "cuLaunchKernelEx",
                                                      "cudaLaunchKernelExC")) // steps
     print(avg.table(sort_by="self_cpu_time_total", row_limit=18, max_name_column_width=48))
+    # The Python side, which torch.profiler does not see (Triton's launcher, the checks, the wrappers).
+    py = cProfile.Profile()
+    py.enable()
+    for _ in range(steps):
+        step()
+    py.disable()
+    sync()
+    print(f"cProfile over {steps} steps, by own time:")
+    pstats.Stats(py, stream=sys.stdout).sort_stats("tottime").print_stats(30)
     return {"syncs_per_step": "; ".join(f"{k} x{v}" for k, v in syncs.items()) or "none",
             "gpu_busy_ms": busy, "launches_per_step": launches}
 
