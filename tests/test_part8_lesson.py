@@ -75,35 +75,34 @@ def test_what_the_h200_run_shows():
     ok = {(r["model"], r["T"], r["impl"]): r for r in rows if r["status"] == "ok"}
     qwen, ds, mixtral = "Qwen3-30B-A3B", "DeepSeek-V3", "Mixtral-8x7B"
 
-    def speed(model, t):
-        return f"{verdict[(model, t)]['step_speedup']:.2f}"
+    def speed(model, t, digits=2):
+        return f"{verdict[(model, t)]['step_speedup']:.{digits}f}"
 
+    Ts = (4096, 16384, T)
     assert all(v["faster_anchor"] == "grouped_mm" for v in verdict.values())
-    assert [k for k, v in verdict.items() if v["step_ok"]] == [(qwen, 16384), (qwen, T)]
-    assert (mixtral, T) not in verdict and all(r["status"].startswith("skipped") for r in rows
-                                              if (r["model"], r["T"]) == (mixtral, T))
+    assert {k for k, v in verdict.items() if v["step_ok"]} == {(qwen, t) for t in Ts}
     assert_says(NOTEBOOK, "The aim was a training step {}x as fast as the faster anchor at every T, with the backward "
                 "at {} of the matmul rate at T = {}.", backward.STEP_SPEEDUP_TARGET,
                 backward.BACKWARD_MATMUL_TARGET, T)
-    assert_says(NOTEBOOK, "At T = {} ours is {}x as fast as the faster anchor on Qwen3-30B-A3B (128 experts of "
-                "`I = {}`) and {}x on DeepSeek-V3; at T = 16384 it is {}x on Qwen3-30B-A3B, {}x on DeepSeek-V3 "
-                "and {}x on Mixtral-8x7B's eight large experts (this run stopped before Mixtral-8x7B's T = {}).",
-                T, speed(qwen, T), MODEL_SHAPES[qwen].intermediate, speed(ds, T), speed(qwen, 16384),
-                speed(ds, 16384), speed(mixtral, 16384), T)
-    short = [verdict[(m, 4096)]["step_speedup"] for m in (qwen, ds, mixtral)]
-    assert max(short) < backward.STEP_SPEEDUP_TARGET
-    assert_says(NOTEBOOK, "At T = 4096 no model reaches the aim ({:.2f}x to {:.2f}x).", min(short), max(short))
+    assert_says(NOTEBOOK, "On Qwen3-30B-A3B (128 experts of `I = {}`) ours reaches it at every T: {}x, {}x and {}x as "
+                "fast as the faster anchor at T = 4096, 16384 and {}.", MODEL_SHAPES[qwen].intermediate,
+                *(speed(qwen, t) for t in Ts), T)
+    # "just under": three digits, or DeepSeek-V3's 1.249 would read as the aim itself.
+    assert all(verdict[(ds, t)]["step_speedup"] < backward.STEP_SPEEDUP_TARGET for t in Ts)
+    assert_says(NOTEBOOK, "DeepSeek-V3 stays just under it ({}x, {}x and {}x), and Mixtral-8x7B's eight large experts "
+                "further under ({}x, {}x and {}x)", *(speed(ds, t, 3) for t in Ts), *(speed(mixtral, t) for t in Ts))
+    assert max(verdict[(mixtral, t)]["step_speedup"] for t in Ts) < min(verdict[(ds, t)]["step_speedup"] for t in Ts)
 
     def gap(impl):
         r = ok[(qwen, 4096, impl)]
         return r["step_ms"] - r["forward_ms"] - r["backward_ms"]
-    assert gap("ours") > 10 * gap("grouped_mm") > 0
+    assert gap("ours") > gap("grouped_mm") > 0
     assert_says(NOTEBOOK, "on Qwen3-30B-A3B ours' step is {:.2f} ms longer than its forward (one graph replay) plus "
                 "its backward timed alone, the composition's {:.2f} ms", gap("ours"), gap("grouped_mm"))
-    fractions = [verdict[(m, T)]["backward_fraction"] for m in (qwen, ds)]
-    assert all(verdict[(m, T)]["backward_ok"] for m in (qwen, ds))
-    assert_says(NOTEBOOK, "Ours' backward reaches {:.2f} and {:.2f} of the matmul rate at T = {} (Qwen3-30B-A3B in "
-                "{:.2f} ms), {} or more on both models measured there.", *sorted(fractions), T,
+    fractions = [verdict[(m, T)]["backward_fraction"] for m in (qwen, ds, mixtral)]
+    assert all(verdict[(m, T)]["backward_ok"] for m in (qwen, ds, mixtral))
+    assert_says(NOTEBOOK, "Ours' backward reaches {:.2f}, {:.2f} and {:.2f} of the matmul rate at T = {} "
+                "(Qwen3-30B-A3B in {:.2f} ms), {} or more on every model.", *sorted(fractions), T,
                 ok[(qwen, T, "ours")]["backward_ms"], backward.BACKWARD_MATMUL_TARGET)
     assert ok[(qwen, T, "ours")]["backward_ms"] <= 11.4                  # the issue's Qwen3 figure
     cases = [(m, t) for (m, t, i) in ok if i == "ours"]
