@@ -123,6 +123,22 @@ def without_sorted_copies(p: dict):
     return functools.partial(trainable_moe_layer, configs=dataclasses.replace(cfg, sorted_copies=False))
 
 
+def with_persistent_rows_gemms(p: dict):
+    """The layer of problem ``p`` with its M-grouped GEMMs (gate/up, dA', dx) on the persistent grid."""
+    M, E = p["x"].shape[0], p["w13"].shape[0]
+    cfg = training_configs(M, E, p["x"].shape[1], p["w2"].shape[2], p["topk_ids"].shape[1], p["x"].dtype)
+    persistent = {name: dataclasses.replace(getattr(cfg, name), persistent=True) for name in ("up", "dact", "dx")}
+    return functools.partial(trainable_moe_layer, configs=dataclasses.replace(cfg, **persistent))
+
+
+@pytest.mark.parametrize("case", ["ragged K and N", "topk = 1"])
+def test_the_persistent_grid_computes_the_same_tiles(case):
+    """A few programs walking every tile (the interpreter runs three) give each tile's bits, as
+    one program per tile does: the same tile, the same K loop, only the loop around it."""
+    p = random_layer_problem(*CPU_CASES[case], device=DEV, seed=3)
+    assert_same_bits(p, second=with_persistent_rows_gemms(p))
+
+
 @pytest.mark.parametrize("case", CPU_CASES)
 def test_sorted_copies_move_rows_not_sums(case):
     """With dO and x copied into sorted order the GEMMs read the same values in the same order:

@@ -364,7 +364,10 @@ def tile_candidates(gemm: str, base: KernelConfig) -> list[KernelConfig]:
     shapes = [(128, 64, 8, 3), (128, 64, 8, 4), (256, 64, 8, 3), (64, 128, 4, 4), (128, 128, 8, 3), (64, 64, 4, 4)]
     if gemm == "up":
         shapes = [(128, 64, 8, 4), (128, 64, 8, 3), (64, 64, 4, 4), (64, 128, 4, 3), (128, 32, 8, 4)]
-    return [replace(base, block_n=n, block_k=k, num_warps=w, num_stages=s) for n, k, w, s in shapes]
+    # Three on the persistent grid too (one program per SM walks the tiles, so a tile's epilogue
+    # overlaps the next tile's first loads): the heuristic's and the first two shapes.
+    tiles = [replace(base, block_n=n, block_k=k, num_warps=w, num_stages=s) for n, k, w, s in shapes]
+    return tiles + [replace(t, persistent=True) for t in [base] + tiles[:2]]
 
 
 def sweep_tiles(shape: ModelShape, T: int, dtype, machine, started, args, log) -> tuple[list[dict], dict]:

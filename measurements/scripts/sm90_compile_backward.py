@@ -33,7 +33,7 @@ def _signature(kernel, types: dict, constexprs: dict):
     return signature, {(names.index(k),): v for k, v in constexprs.items()}
 
 
-def rows_variant(epilogue: str, a_rows: str, b_layout: str, b_tma: bool, bm=128, bn=128, bk=64):
+def rows_variant(epilogue: str, a_rows: str, b_layout: str, b_tma: bool, bm=128, bn=128, bk=64, persistent=False):
     desc_b = f"tensordesc<bf16[{bn},{bk}]>" if b_layout == "nk" else f"tensordesc<bf16[{bk},{bn}]>"
     types = {"a_ptr": "*bf16", "a_desc": f"tensordesc<bf16[{bm},{bk}]>", "b_ptr": "*bf16", "b_desc": desc_b,
              "c_ptr": "*bf16", "h_ptr": "*bf16", "act_ptr": "*bf16", "router_w_ptr": "*fp32", "ds_ptr": "*fp32",
@@ -43,7 +43,7 @@ def rows_variant(epilogue: str, a_rows: str, b_layout: str, b_tma: bool, bm=128,
                                      "stride_cn", "stride_hm", "stride_actm", "stride_dsm")})
     types["stride_be"] = "i64"
     constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, A_ROWS=a_rows, B_LAYOUT=b_layout, B_TMA=b_tma,
-                      EPILOGUE=epilogue, EVEN_K=True, DOT_PRECISION="tf32")
+                      EPILOGUE=epilogue, EVEN_K=True, DOT_PRECISION="tf32", PERSISTENT=persistent)
     if a_rows != "sorted_tma":
         constexprs["a_desc"] = None
     if not b_tma:
@@ -79,6 +79,9 @@ VARIANTS = {
     "dA' + dSwiGLU, dO's sorted copy through TMA": (rows_variant, ("dswiglu", "sorted_tma", "kn", True, 128, 128, 128),
                                                     8, 3),
     "dW2, dO's sorted copy and s A through TMA": (grad_variant, ("sorted_tma", "sorted_tma"), 8, 3),
+    "dA' + dSwiGLU, dO's copy, persistent grid": (rows_variant, ("dswiglu", "sorted_tma", "kn", True, 128, 128, 64,
+                                                                 True), 8, 4),
+    "dx, persistent grid": (rows_variant, ("scatter", "sorted_tma", "kn", True, 128, 256, 64, True), 8, 3),
     "dW13, dH and x's sorted copy through TMA": (grad_variant, ("sorted_tma", "sorted_tma"), 8, 3),
 }
 

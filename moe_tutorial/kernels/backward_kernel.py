@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from .configs import KernelConfig
+from .persistent_kernel import persistent_grid
 from .sorted_kernel import grouped_tile, load_weight_tile, pid_to_tile
 from .tma import rows_descriptor, weight_descriptor
 
@@ -118,10 +119,36 @@ def rows_gemm_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     # ... where A's rows are, how B is stored ("nk": [E, N, K] as in Part 4; "kn": [E, K, N]) ...
     A_ROWS: tl.constexpr, B_LAYOUT: tl.constexpr, B_TMA: tl.constexpr,
-    # ... and what the epilogue does (see EPILOGUES).
-    EPILOGUE: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    # ... what the epilogue does (see EPILOGUES), and whether a program walks many tiles.
+    EPILOGUE: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, PERSISTENT: tl.constexpr,
 ):
-    """C[pair, n] = A[row(pair)] . B[expert(pair)][:, n] for one [BLOCK_M, BLOCK_N] tile of sorted pairs.
+    """C[pair, n] = A[row(pair)] . B[expert(pair)][:, n] for [BLOCK_M, BLOCK_N] tiles of sorted pairs
+    (:func:`rows_tile`): one tile per program, or with PERSISTENT one program per SM walking the
+    real tiles (as Part 4's :func:`moe_tutorial.kernels.persistent_kernel.persistent_moe_kernel`),
+    so that the next tile's first loads are in flight while this tile's epilogue runs."""
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    args = (a_ptr, a_desc, b_ptr, b_desc, c_ptr, h_ptr, act_ptr, router_w_ptr, ds_ptr, sorted_ids_ptr, expert_ids_ptr,
+            N, K, num_pairs, a_row_div, b_rows_per_expert, stride_am, stride_ak, stride_be, stride_bn, stride_bk,
+            stride_cm, stride_cn, stride_hm, stride_actm, stride_dsm)
+    if PERSISTENT:
+        # The real row blocks only, read on the device.
+        num_pid_m = tl.cdiv(tl.load(num_post_ptr), BLOCK_M)
+        for t in tl.range(tl.program_id(axis=0), num_pid_m * num_pid_n, tl.num_programs(axis=0), flatten=True):
+            pid_m, pid_n = grouped_tile(t, num_pid_m, num_pid_n, GROUP_M)
+            rows_tile(pid_m, pid_n, args, BLOCK_M, BLOCK_N, BLOCK_K, A_ROWS, B_LAYOUT, B_TMA, EPILOGUE, EVEN_K,
+                      DOT_PRECISION)
+    else:
+        pid_m, pid_n = grouped_tile(tl.program_id(axis=0), tl.cdiv(max_padded, BLOCK_M), num_pid_n, GROUP_M)
+        if pid_m * BLOCK_M < tl.load(num_post_ptr):
+            rows_tile(pid_m, pid_n, args, BLOCK_M, BLOCK_N, BLOCK_K, A_ROWS, B_LAYOUT, B_TMA, EPILOGUE, EVEN_K,
+                      DOT_PRECISION)
+
+
+@triton.jit
+def rows_tile(pid_m, pid_n, args, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              A_ROWS: tl.constexpr, B_LAYOUT: tl.constexpr, B_TMA: tl.constexpr, EPILOGUE: tl.constexpr,
+              EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One [BLOCK_M, BLOCK_N] tile of :func:`rows_gemm_kernel` (``args``: its pointers, sizes and strides).
 
     * A_ROWS: "gathered" (row ``pair // a_row_div``: x or dO, one row per token), "sorted" or
       "sorted_tma" (row = sorted position: dH, which the "dswiglu" epilogue wrote so).
@@ -134,11 +161,9 @@ def rows_gemm_kernel(
       "scatter": C's row is the pair.
     Sorted outputs write the padding rows as zeros: the K-grouped GEMMs read whole runs.
     """
-    # [which tile]
-    num_pid_m = tl.cdiv(max_padded, BLOCK_M)
-    pid_m, pid_n = grouped_tile(tl.program_id(axis=0), num_pid_m, tl.cdiv(N, BLOCK_N), GROUP_M)
-    if pid_m * BLOCK_M >= tl.load(num_post_ptr):
-        return
+    (a_ptr, a_desc, b_ptr, b_desc, c_ptr, h_ptr, act_ptr, router_w_ptr, ds_ptr, sorted_ids_ptr, expert_ids_ptr,
+     N, K, num_pairs, a_row_div, b_rows_per_expert, stride_am, stride_ak, stride_be, stride_bn, stride_bk,
+     stride_cm, stride_cn, stride_hm, stride_actm, stride_dsm) = args
     expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
 
     # [the rows]
@@ -332,7 +357,7 @@ def launch_rows_gemm(a, b, alignment, num_pairs: int, a_row_div: int, config: Ke
     ``out = dH [max_padded, 2I]``, ``act = s * A [max_padded, I]`` and ``ds_partial [num_pairs,
     cdiv(I, BLOCK_N)]`` fp32, reading ``h`` and ``router_weights [num_pairs]`` fp32; "scatter"
     writes ``out [num_pairs, N]``. Trusts its caller (the layer's autograd function checks the
-    layer's inputs at its door).
+    layer's inputs at its door). With ``config.persistent`` one program per SM walks the tiles.
     """
     sorted_ids, expert_ids, num_post = alignment
     if b_layout == "nk":
@@ -351,7 +376,8 @@ def launch_rows_gemm(a, b, alignment, num_pairs: int, a_row_div: int, config: Ke
     out, h, act = (t if t is not None else spare for t in (out, h, act))
     router = router_weights if router_weights is not None else spare
     ds = ds_partial if ds_partial is not None else spare
-    grid = (triton.cdiv(max_padded, config.block_m) * triton.cdiv(N, config.block_n),)
+    tiles = triton.cdiv(max_padded, config.block_m) * triton.cdiv(N, config.block_n)
+    grid = persistent_grid(tiles) if config.persistent else (tiles,)
     rows_gemm_kernel[grid](
         a, a_desc, b, b_desc, out, h, act, router, ds, sorted_ids, expert_ids, num_post,
         N=N, K=K, num_pairs=num_pairs, max_padded=max_padded, a_row_div=a_row_div, b_rows_per_expert=b.shape[1],
@@ -362,7 +388,7 @@ def launch_rows_gemm(a, b, alignment, num_pairs: int, a_row_div: int, config: Ke
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
         A_ROWS=("sorted_tma" if a_desc is not None else "sorted") if a_sorted else "gathered",
         B_LAYOUT=b_layout, B_TMA=b_desc is not None, EPILOGUE=epilogue,
-        EVEN_K=K % config.block_k == 0, DOT_PRECISION=_dot_precision(a),
+        EVEN_K=K % config.block_k == 0, DOT_PRECISION=_dot_precision(a), PERSISTENT=config.persistent,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
 
