@@ -363,6 +363,14 @@ def test_bf16_sorted_copies_through_tma_give_the_gathered_bits(case):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not runtime.ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case", ["Qwen3-30B-A3B", "DeepSeek-V3"])
+def test_bf16_the_persistent_grid_computes_the_same_tiles(case):
+    p, _ = real_shape_problem(case, token_scale=4)
+    assert_same_bits(p, second=with_persistent_rows_gemms(p))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not runtime.ON_GPU, reason="needs a CUDA GPU")
 def test_bf16_gradients_near_1e_5_by_relative_error():
     p = random_layer_problem(256, 2048, 768, 16, 4, device=DEV, dtype=torch.bfloat16, x_scale=1e-5)
     _, grads = run_layer(p)
