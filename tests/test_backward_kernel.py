@@ -124,11 +124,10 @@ def without_sorted_copies(p: dict):
 
 
 def with_persistent_rows_gemms(p: dict):
-    """The layer of problem ``p`` with its GEMMs on the persistent grid (all but Part 4's down GEMM)."""
+    """The layer of problem ``p`` with its M-grouped GEMMs (gate/up, dA', dx) on the persistent grid."""
     M, E = p["x"].shape[0], p["w13"].shape[0]
     cfg = training_configs(M, E, p["x"].shape[1], p["w2"].shape[2], p["topk_ids"].shape[1], p["x"].dtype)
-    persistent = {name: dataclasses.replace(getattr(cfg, name), persistent=True)
-                  for name in ("up", "dact", "dx", "dw2", "dw13")}
+    persistent = {name: dataclasses.replace(getattr(cfg, name), persistent=True) for name in ("up", "dact", "dx")}
     return functools.partial(trainable_moe_layer, configs=dataclasses.replace(cfg, **persistent))
 
 
@@ -393,10 +392,9 @@ def test_expert_tile_is_the_tile_each_program_of_the_kernel_stores():
     for n in range(1, tiles + 1):
         out = torch.full((E, P, Q), float("nan"), device=DEV)
         expert_grad_kernel[(n,)](left, None, right, None, out, alignment[0], rows, P=P, Q=Q, num_pairs=3, row_div=1,
-                                 num_experts=E, stride_lm=P, stride_rm=Q, stride_ce=P * Q, stride_cp=Q, stride_cq=1,
+                                 stride_lm=P, stride_rm=Q, stride_ce=P * Q, stride_cp=Q, stride_cq=1,
                                  BLOCK_P=bp, BLOCK_Q=bq, BLOCK_R=16, GROUP_M=group, L_ROWS="gathered",
-                                 R_ROWS="gathered", EVEN_P=False, EVEN_Q=False, DOT_PRECISION="ieee",
-                                 PERSISTENT=False)
+                                 R_ROWS="gathered", EVEN_P=False, EVEN_Q=False, DOT_PRECISION="ieee")
         e, tp, tq = expert_tile(n - 1, P, Q, bp, bq, group)
         assert not out[e, tp * bp:(tp + 1) * bp, tq * bq:(tq + 1) * bq].isnan().any(), n
         owned = {expert_tile(i, P, Q, bp, bq, group) for i in range(n)}

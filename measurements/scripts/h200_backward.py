@@ -359,11 +359,8 @@ def tile_candidates(gemm: str, base: KernelConfig) -> list[KernelConfig]:
                   # Two stages and fewer registers: for short runs (a few hundred rows per expert, a K
                   # loop of a few steps) two or three programs share an SM, one storing while one loads.
                   (128, 128, 64, 4, 2), (128, 128, 64, 8, 2), (128, 256, 64, 8, 2), (64, 256, 64, 4, 2)]
-        tiles = [replace(base, block_m=p, block_n=q, block_k=min(r, bm), num_warps=w, num_stages=s)
-                 for p, q, r, w, s in shapes]
-        # The short-run tile and the long-run one on the persistent grid: a tile's store can then
-        # overlap the next tile's loads inside one program.
-        return tiles + [replace(tiles[i], persistent=True) for i in (3, 1)]
+        return [replace(base, block_m=p, block_n=q, block_k=min(r, bm), num_warps=w, num_stages=s)
+                for p, q, r, w, s in shapes]
     shapes = [(128, 64, 8, 3), (128, 64, 8, 4), (256, 64, 8, 3), (64, 128, 4, 4), (128, 128, 8, 3), (64, 64, 4, 4)]
     if gemm == "up":
         shapes = [(128, 64, 8, 4), (128, 64, 8, 3), (64, 64, 4, 4), (64, 128, 4, 3), (128, 32, 8, 4)]

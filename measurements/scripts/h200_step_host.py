@@ -5,9 +5,10 @@ can be slower than its graphed forward plus its backward. This script splits one
 implementation into the host's time to enqueue the forward, to enqueue the backward, and the wall
 time to the last kernel; times the step under cold-l2 (events, no graph) with the training
 configurations cached, with the cache cleared before each step (the tables looked up as before
-the cache) and without the expert-id range check (the forward's one host sync); and profiles a
-quarter of the split's steps of ours (torch.profiler: the CPU ops by self time, the host syncs,
-the GPU's busy time). Run on a GPU from the repository root:
+the cache) and without the expert-id range check (a pinned copy, read after the forward's
+kernels are queued); and profiles a quarter of the split's steps of ours (torch.profiler: the CPU
+ops by self time, the host syncs, the GPU's busy time; cProfile: the Python side). Run on a GPU
+from the repository root:
 
     python measurements/scripts/h200_step_host.py --out OUT      # CSV in OUT/h200_step_host.csv
     python measurements/scripts/h200_step_host.py --dry-run --out OUT   # a toy in the interpreter
@@ -27,7 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import moe_tutorial  # noqa: F401,E402,I001  (first: picks the runtime)
-from moe_tutorial import checks, runtime  # noqa: E402
+from moe_tutorial import runtime  # noqa: E402
+from moe_tutorial.kernels import trainable_layer  # noqa: E402
 from moe_tutorial.kernels import training_configs as tc  # noqa: E402
 from moe_tutorial.perf import timing  # noqa: E402
 from moe_tutorial.perf.results import write_csv  # noqa: E402
@@ -109,12 +111,12 @@ def measure(model: str, T: int, name: str, fn, p: dict, repeats: int) -> dict:
         return one_step()
 
     def unchecked():
-        # The one host sync of the layer's forward (the expert-id range check) left out: what it costs.
-        saved, checks.check_ids_in_range = checks.check_ids_in_range, lambda topk_ids, E: None
+        # The layer's expert-id range check (its pinned copy, read after the forward) left out: what it costs.
+        saved, trainable_layer.start_ids_check = trainable_layer.start_ids_check, lambda topk_ids, E: None
         try:
             return one_step()
         finally:
-            checks.check_ids_in_range = saved
+            trainable_layer.start_ids_check = saved
     for _ in range(min(3, repeats)):
         one_step()
     row = {**timing.machine_info(), "model": model, "T": T, "impl": name,

@@ -51,14 +51,14 @@ def rows_variant(epilogue: str, a_rows: str, b_layout: str, b_tma: bool, bm=128,
     return rows_gemm_kernel, types, constexprs
 
 
-def grad_variant(l_rows: str, r_rows: str, bp=128, bq=128, br=64, persistent=False):
+def grad_variant(l_rows: str, r_rows: str, bp=128, bq=128, br=64):
     types = {"l_ptr": "*bf16", "l_desc": f"tensordesc<bf16[{br},{bp}]>", "r_ptr": "*bf16",
              "r_desc": f"tensordesc<bf16[{br},{bq}]>", "c_ptr": "*bf16", "sorted_ids_ptr": "*i32",
              "expert_rows_ptr": "*i32"}
-    types.update({n: "i32" for n in ("P", "Q", "num_pairs", "row_div", "num_experts", "stride_lm", "stride_rm",
-                                     "stride_ce", "stride_cp", "stride_cq")})
+    types.update({n: "i32" for n in ("P", "Q", "num_pairs", "row_div", "stride_lm", "stride_rm", "stride_ce",
+                                     "stride_cp", "stride_cq")})
     constexprs = dict(BLOCK_P=bp, BLOCK_Q=bq, BLOCK_R=br, GROUP_M=8, L_ROWS=l_rows, R_ROWS=r_rows, EVEN_P=True,
-                      EVEN_Q=True, DOT_PRECISION="tf32", PERSISTENT=persistent)
+                      EVEN_Q=True, DOT_PRECISION="tf32")
     if l_rows != "sorted_tma":
         constexprs["l_desc"] = None
     if r_rows != "sorted_tma":
@@ -82,7 +82,6 @@ VARIANTS = {
     "dA' + dSwiGLU, dO's copy, persistent grid": (rows_variant, ("dswiglu", "sorted_tma", "kn", True, 128, 128, 64,
                                                                  True), 8, 4),
     "dx, persistent grid": (rows_variant, ("scatter", "sorted_tma", "kn", True, 128, 256, 64, True), 8, 3),
-    "dW13, short-run tile, persistent grid": (grad_variant, ("sorted_tma", "sorted_tma", 128, 128, 32, True), 4, 4),
     "dW13, short-run tile": (grad_variant, ("sorted_tma", "sorted_tma", 128, 128, 32), 4, 4),
     "dW13, dH and x's sorted copy through TMA": (grad_variant, ("sorted_tma", "sorted_tma"), 8, 3),
 }

@@ -36,7 +36,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import runtime
 from .configs import KernelConfig
 from .persistent_kernel import persistent_grid
 from .sorted_kernel import grouped_tile, load_weight_tile, pid_to_tile
@@ -274,49 +273,28 @@ def expert_grad_kernel(
     # dW [E, P, Q]; the alignment's sorted pairs and each expert's first sorted row.
     l_ptr, l_desc, r_ptr, r_desc, c_ptr, sorted_ids_ptr, expert_rows_ptr,
     # Sizes
-    P, Q, num_pairs, row_div, num_experts,
+    P, Q, num_pairs, row_div,
     # Strides (the operands' columns are contiguous)
     stride_lm, stride_rm, stride_ce, stride_cp, stride_cq,
-    # Meta-parameters: the tile (BLOCK_R rows of the run per step), its order, the operands' rows,
-    # whether a program walks many tiles
+    # Meta-parameters: the tile (BLOCK_R rows of the run per step), its order, the operands' rows
     BLOCK_P: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_R: tl.constexpr, GROUP_M: tl.constexpr,
     L_ROWS: tl.constexpr, R_ROWS: tl.constexpr, EVEN_P: tl.constexpr, EVEN_Q: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, PERSISTENT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
-    """dW[e][p, q] = sum over the rows r of expert e's run of L[r, p] * R[r, q], in
-    [BLOCK_P, BLOCK_Q] tiles of one expert (:func:`grad_tile`): one tile per program, or with
-    PERSISTENT one program per SM walking them all, so that a tile's store can overlap the next
-    tile's first loads (a short run's K loop is only a few steps).
+    """dW[e][p, q] = sum over the rows r of expert e's run of L[r, p] * R[r, q], one
+    [BLOCK_P, BLOCK_Q] tile of one expert per program.
 
     dW2 takes L = dO (gathered by token) and R = s * A (sorted); dW13 takes L = dH (sorted) and
     R = x (gathered). The run's length, the K of this GEMM, is the expert's own: an expert
     nobody chose has an empty run and gets a tile of zeros.
     """
-    args = (l_ptr, l_desc, r_ptr, r_desc, c_ptr, sorted_ids_ptr, expert_rows_ptr, P, Q, num_pairs, row_div,
-            stride_lm, stride_rm, stride_ce, stride_cp, stride_cq)
-    if PERSISTENT:
-        tiles = num_experts * tl.cdiv(P, BLOCK_P) * tl.cdiv(Q, BLOCK_Q)
-        for t in tl.range(tl.program_id(axis=0), tiles, tl.num_programs(axis=0), flatten=True):
-            grad_tile(t, args, BLOCK_P, BLOCK_Q, BLOCK_R, GROUP_M, L_ROWS, R_ROWS, EVEN_P, EVEN_Q, DOT_PRECISION)
-    else:
-        grad_tile(tl.program_id(axis=0), args, BLOCK_P, BLOCK_Q, BLOCK_R, GROUP_M, L_ROWS, R_ROWS, EVEN_P, EVEN_Q,
-                  DOT_PRECISION)
-
-
-@triton.jit
-def grad_tile(t, args, BLOCK_P: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_R: tl.constexpr, GROUP_M: tl.constexpr,
-              L_ROWS: tl.constexpr, R_ROWS: tl.constexpr, EVEN_P: tl.constexpr, EVEN_Q: tl.constexpr,
-              DOT_PRECISION: tl.constexpr):
-    """Tile ``t`` of :func:`expert_grad_kernel` (``args``: its pointers, sizes and strides): the
-    expert ``t // tiles per expert``, then its tile in Part 4's grouped order."""
-    (l_ptr, l_desc, r_ptr, r_desc, c_ptr, sorted_ids_ptr, expert_rows_ptr, P, Q, num_pairs, row_div,
-     stride_lm, stride_rm, stride_ce, stride_cp, stride_cq) = args
     # [which expert, which tile]
     num_pid_p = tl.cdiv(P, BLOCK_P)
     num_pid_q = tl.cdiv(Q, BLOCK_Q)
     tiles = num_pid_p * num_pid_q
-    expert = t // tiles
-    pid_p, pid_q = grouped_tile(t % tiles, num_pid_p, num_pid_q, GROUP_M)
+    pid = tl.program_id(axis=0)
+    expert = pid // tiles
+    pid_p, pid_q = grouped_tile(pid % tiles, num_pid_p, num_pid_q, GROUP_M)
     first = tl.load(expert_rows_ptr + expert)
     end = tl.load(expert_rows_ptr + expert + 1)
 
@@ -368,17 +346,6 @@ def _sorted_descriptor(t: torch.Tensor, rows: int, cols: int, use: bool):
     return rows_descriptor(t, [rows, cols]) if use else None
 
 
-def _grid(tiles: int, config: KernelConfig) -> tuple[int]:
-    """One program per tile, or with ``config.persistent`` a persistent grid: one program per SM
-    for 8 warps, two for 4 (a 4-warp tile leaves room for a second program, as the short-run dW
-    tile does when each program owns one tile)."""
-    if not config.persistent:
-        return (tiles,)
-    if runtime.INTERPRETED:
-        return persistent_grid(tiles)
-    return persistent_grid(tiles, runtime.sm_count() * max(1, 8 // config.num_warps))
-
-
 def launch_rows_gemm(a, b, alignment, num_pairs: int, a_row_div: int, config: KernelConfig, *,
                      epilogue: str, b_layout: str, a_sorted: bool = False, out=None, h=None, act=None,
                      router_weights=None, ds_partial=None) -> None:
@@ -409,7 +376,8 @@ def launch_rows_gemm(a, b, alignment, num_pairs: int, a_row_div: int, config: Ke
     out, h, act = (t if t is not None else spare for t in (out, h, act))
     router = router_weights if router_weights is not None else spare
     ds = ds_partial if ds_partial is not None else spare
-    grid = _grid(triton.cdiv(max_padded, config.block_m) * triton.cdiv(N, config.block_n), config)
+    tiles = triton.cdiv(max_padded, config.block_m) * triton.cdiv(N, config.block_n)
+    grid = persistent_grid(tiles) if config.persistent else (tiles,)
     rows_gemm_kernel[grid](
         a, a_desc, b, b_desc, out, h, act, router, ds, sorted_ids, expert_ids, num_post,
         N=N, K=K, num_pairs=num_pairs, max_padded=max_padded, a_row_div=a_row_div, b_rows_per_expert=b.shape[1],
@@ -433,8 +401,9 @@ def launch_expert_grad(left, right, out, alignment, rows, num_pairs: int, row_di
     (``*_sorted``: one row per sorted position, padding rows zero) or one row per token (gathered
     as ``pair // row_div``). ``rows`` from :func:`moe_tutorial.kernels.stable_align.expert_rows`.
     ``config.block_m`` x ``config.block_n`` is the output tile, ``config.block_k`` the rows per step
-    (at most the alignment's block_m, of which it is a divisor). With ``config.persistent`` one
-    program per SM walks the tiles.
+    (at most the alignment's block_m, of which it is a divisor). One program per tile: the
+    persistent grid does not help here (its run loop has each expert's own length, so Triton
+    keeps it nested and pipelines no load of the next tile under this one's store).
     """
     sorted_ids = alignment[0]
     E, P, Q = out.shape
@@ -447,14 +416,14 @@ def launch_expert_grad(left, right, out, alignment, rows, num_pairs: int, row_di
 
     l_desc, l_rows = operand(left, left_sorted, config.block_m)
     r_desc, r_rows = operand(right, right_sorted, config.block_n)
-    grid = _grid(E * triton.cdiv(P, config.block_m) * triton.cdiv(Q, config.block_n), config)
+    grid = (E * triton.cdiv(P, config.block_m) * triton.cdiv(Q, config.block_n),)
     expert_grad_kernel[grid](
         left, l_desc, right, r_desc, out, sorted_ids, rows,
-        P=P, Q=Q, num_pairs=num_pairs, row_div=row_div, num_experts=E,
+        P=P, Q=Q, num_pairs=num_pairs, row_div=row_div,
         stride_lm=left.stride(0), stride_rm=right.stride(0),
         stride_ce=out.stride(0), stride_cp=out.stride(1), stride_cq=out.stride(2),
         BLOCK_P=config.block_m, BLOCK_Q=config.block_n, BLOCK_R=block_r, GROUP_M=config.group_m,
         L_ROWS=l_rows, R_ROWS=r_rows, EVEN_P=P % config.block_m == 0, EVEN_Q=Q % config.block_n == 0,
-        DOT_PRECISION=_dot_precision(left), PERSISTENT=config.persistent,
+        DOT_PRECISION=_dot_precision(left),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
