@@ -80,17 +80,18 @@ def test_what_the_h200_run_shows():
 
     Ts = (4096, 16384, T)
     assert all(v["faster_anchor"] == "grouped_mm" for v in verdict.values())
-    assert {k for k, v in verdict.items() if v["step_ok"]} == {(qwen, t) for t in Ts}
+    assert {k for k, v in verdict.items() if v["step_ok"]} == {(qwen, t) for t in Ts} | {(ds, 4096)}
     assert_says(NOTEBOOK, "The aim was a training step {}x as fast as the faster anchor at every T, with the backward "
                 "at {} of the matmul rate at T = {}.", backward.STEP_SPEEDUP_TARGET,
                 backward.BACKWARD_MATMUL_TARGET, T)
     assert_says(NOTEBOOK, "On Qwen3-30B-A3B (128 experts of `I = {}`) ours reaches it at every T: {}x, {}x and {}x as "
                 "fast as the faster anchor at T = 4096, 16384 and {}.", MODEL_SHAPES[qwen].intermediate,
                 *(speed(qwen, t) for t in Ts), T)
-    # "just under": three digits, or DeepSeek-V3's 1.249 would read as the aim itself.
-    assert all(verdict[(ds, t)]["step_speedup"] < backward.STEP_SPEEDUP_TARGET for t in Ts)
-    assert_says(NOTEBOOK, "DeepSeek-V3 stays just under it ({}x, {}x and {}x), and Mixtral-8x7B's eight large experts "
-                "further under ({}x, {}x and {}x)", *(speed(ds, t, 3) for t in Ts), *(speed(mixtral, t) for t in Ts))
+    # "just under": three digits, so that a speed-up a hair from the aim does not read as the aim itself.
+    assert all(verdict[(ds, t)]["step_speedup"] < backward.STEP_SPEEDUP_TARGET for t in Ts[1:])
+    assert_says(NOTEBOOK, "DeepSeek-V3 reaches it at T = 4096 ({}x) and stays just under it at 16384 and {} ({}x and "
+                "{}x), and Mixtral-8x7B's eight large experts further under ({}x, {}x and {}x)", speed(ds, 4096, 3), T,
+                *(speed(ds, t, 3) for t in Ts[1:]), *(speed(mixtral, t) for t in Ts))
     assert max(verdict[(mixtral, t)]["step_speedup"] for t in Ts) < min(verdict[(ds, t)]["step_speedup"] for t in Ts)
 
     def gap(impl):
