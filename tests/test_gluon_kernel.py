@@ -54,6 +54,25 @@ def test_first_gemm_matches_the_reference(M, N, K, E, topk, bm, bn, bk, warps, s
 
 
 @needs_hopper
+@pytest.mark.parametrize("bn,stages", [(128, 4), (256, 4)])
+def test_e4m3_operands_give_the_raw_products_sums(bn, stages):
+    """FP8 with one scale per tensor (Part 7's measure of what block scales cost): e4m3 rows and
+    weights in, the float64 sums of their raw products out, within the tensor cores' own
+    accumulation error over K = 2048 (no promotion)."""
+    M, N, K, E, topk = 300, 512, 2048, 8, 2
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(M, K, device="cuda", generator=g).to(torch.float8_e4m3fn)
+    w = (torch.randn(E, N, K, device="cuda", generator=g) * 0.5).to(torch.float8_e4m3fn)
+    ids = random_topk_ids(M, E, topk, generator=torch.Generator().manual_seed(3), device="cuda")
+    config = KernelConfig(block_m=128, block_n=bn, block_k=128, num_warps=8, num_stages=stages)
+    alignment = align_block_size(ids, 128, E)
+    a = gluon_kernel.gather_sorted_rows(x.view(torch.uint8), alignment[0], M * topk, topk).view(x.dtype)
+    out = torch.full((M * topk, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    gluon_kernel.launch_gluon_gemm(a, w, out, None, alignment, M * topk, config)
+    assert rel_error(out.view(M, topk, N), reference_moe_matmul(x.double(), w.double(), ids)) < 1e-2
+
+
+@needs_hopper
 def test_sorted_rows_in_and_out():
     """The down GEMM's case: A already in sorted order, C written at the sorted positions."""
     M, N, K, E, topk = 96, 128, 192, 4, 2

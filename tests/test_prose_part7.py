@@ -208,3 +208,53 @@ def test_the_gluon_section(rows):
     assert at_4096["l2_throughput"] > 0.8 > gl["l2_throughput"]
     assert 0.6 < gl["tensor_pipe_active"] < 0.72                       # "about two thirds"
     assert_says(P7, "with the tensor pipe busy about two thirds of the time")
+
+
+def test_what_the_block_scales_still_cost():
+    """Appendix A's last section: the same pipeline with one scale per tensor, from
+    ``data/h200_fp8_scale_cost.csv`` (one run, the shipped kernel beside it)."""
+    from moe_tutorial.experiments import gluon_fp8
+
+    def e(v):
+        return f"{v:.1e}".replace("e-0", "e-")
+
+    costs = gluon_fp8.load_scale_cost()
+    models = ("DeepSeek-V3", "Qwen3-30B-A3B", "Kimi-K2")
+    at = {m: gluon_fp8.scale_cost(costs, m, 16384) for m in models}
+    assert all(len(c) == 3 for c in at.values())
+    shipped, tensor, wide = gluon_fp8.SHIPPED, *gluon_fp8.PER_TENSOR
+    saved = [1 - at[m][tensor]["ms"] / at[m][shipped]["ms"] for m in models]
+    noise = max(at[m][k]["noise"] for m in models for k in (shipped, tensor))   # the two compared
+    assert_says(P7, "At M = 16384 the kernel without promotion is {:.0%} to {:.0%} faster", min(saved), max(saved))
+    assert_says(P7, "tensor) is only {:.0%} to {:.0%} faster at M = 16384", min(saved), max(saved))
+    assert_says(P7, "the two timings of one variant differed by up to {:.0%} in this run", noise)
+    assert max(saved) - noise < 0.05                                   # "about as large as the noise"
+    rates = [at[m][tensor]["rate"] for m in models]
+    assert_says(P7, "the pipeline with nothing to promote reaches only {:.2f} to {:.2f} of the FP8 rate",
+                min(rates), max(rates))
+    assert max(rates) < 0.70                                           # "would still fall short of 0.70"
+    q, d = at["Qwen3-30B-A3B"], at["DeepSeek-V3"]
+    assert_says(P7, "either: {:.2f} against {:.2f} on Qwen3-30B-A3B, within the noise, and {:.2f} against {:.2f} on "
+                    "DeepSeek-V3", q[wide]["rate"], q[tensor]["rate"], d[wide]["rate"], d[tensor]["rate"])
+    assert abs(q[wide]["ms"] / q[tensor]["ms"] - 1) < noise
+    assert_says(P7, "over DeepSeek-V3's K = 7168 are off by {}, where the block kernel is off by {}",
+                e(d[tensor]["error"]), e(d[shipped]["error"]))
+    assert d[tensor]["error"] > d[shipped]["error"]
+
+
+def test_what_holds_the_pipeline():
+    """Appendix A's profile of the per-tensor kernels (``data/h200_fp8_profile.csv``)."""
+    from moe_tutorial.experiments import gluon_fp8
+
+    profile = gluon_fp8.load_profile()
+    narrow, wide = (profile[f"one scale per tensor, 128 x {n}", 16384] for n in (128, 256))
+    assert_says(P7, "finds the tensor pipe busy {:.0%} of the time", narrow["tensor_pipe_active"])
+    assert_says(P7, "and it ran at {:.0%} of it", narrow["l2_throughput"])
+    need = 2 * 128 * 128 / 512 * narrow["sm_clock_ghz"] * 1e9 * 132 / 1e12
+    assert need >= 0.98 * narrow["l2_to_sm_tbps"] / narrow["l2_throughput"]     # "asks for the L2 at 100%"
+
+    def read(p):
+        return p["dram_read_tbps"] * p["duration_ms"]
+    assert_says(P7, "reads {:.1f} GB from DRAM, where the 128-wide tile reads {:.1f}, and the L2 runs at {:.0%}",
+                read(wide), read(narrow), wide["l2_throughput"])
+    assert wide["duration_ms"] > narrow["duration_ms"] and wide["l2_throughput"] > 0.9

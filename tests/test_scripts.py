@@ -76,7 +76,7 @@ def test_gluon_fp8_dry_run_reaches_every_variant(tmp_path, monkeypatch):
     monkeypatch.setattr(module, "OUT", str(tmp_path))
     assert module.main(["check", "--dry-run"]) == 1          # the Gluon rows cannot pass without a GPU
     rows = read_csv(tmp_path / "gluon_fp8_check.csv", floats={"rel_error"})
-    for variant in module.gluon_variants():
+    for variant in [*module.gluon_variants(), *module.per_tensor_variants()]:
         assert any(r["impl"].startswith(f"{variant} (RuntimeError") for r in rows if r["gemm"] == "first"), variant
     tl = [r for r in rows if (r["gemm"], r["impl"]) == ("layer", "tl")]
     assert len(tl) == 1 and tl[0]["ok"] == "True" and tl[0]["rel_error"] < 1e-5

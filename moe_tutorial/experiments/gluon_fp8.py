@@ -2,7 +2,8 @@
 what Nsight Compute saw (notebook 07).
 
 The rows come from ``measurements/scripts/h200_gluon_fp8.py sweep`` (``data/h200_gluon_fp8_levers.csv``:
-every variant of one case timed in forward, then in reverse order, cold-l2) and from Nsight
+every variant of one case timed in forward, then in reverse order, cold-l2; ``h200_fp8_scale_cost.csv``:
+the shipped kernel against the same pipeline with one scale per tensor) and from Nsight
 Compute on the ``tl`` and Gluon kernels at DeepSeek-V3, M = 16384 (``data/h200_fp8_profile.csv``).
 """
 from __future__ import annotations
@@ -27,15 +28,20 @@ LEVERS = {
 }
 
 
-def load_levers(path: Path | None = None) -> list[dict]:
-    """The sweep's rows (``ms``, ``ms_forward``, ``ms_reverse`` as floats, ``M`` as an int)."""
-    with open(path or DATA / "h200_gluon_fp8_levers.csv") as f:
+def _load(path: Path, floats: tuple[str, ...]) -> list[dict]:
+    """A sweep's rows: ``M`` an int, the ``floats`` columns floats (a blank one stays "")."""
+    with open(path) as f:
         rows = list(csv.DictReader(f))
     for r in rows:
         r["M"] = int(r["M"])
-        for k in ("ms", "ms_forward", "ms_reverse", "noise"):
-            r[k] = float(r[k])
+        for k in floats:
+            r[k] = float(r[k]) if r[k] else ""
     return rows
+
+
+def load_levers(path: Path | None = None) -> list[dict]:
+    """The sweep's rows (``ms``, ``ms_forward``, ``ms_reverse`` as floats, ``M`` as an int)."""
+    return _load(path or DATA / "h200_gluon_fp8_levers.csv", ("ms", "ms_forward", "ms_reverse", "noise"))
 
 
 def case_times(rows: list[dict], model: str, M: int, gemm: str = "first") -> dict[str, float]:
@@ -61,9 +67,33 @@ def noise(rows: list[dict]) -> tuple[float, float]:
     return spreads[len(spreads) // 2], spreads[-1]
 
 
+#: The same pipeline on e4m3 with one scale per tensor (Part 4's Gluon kernel on FP8 operands: the
+#: tensor cores sum all of K themselves, nothing is promoted), timed beside :data:`SHIPPED` in one run
+#: (``data/h200_fp8_scale_cost.csv``): what the block scales cost, and what the pipeline alone reaches.
+PER_TENSOR = {
+    "pertensor-128x128-s4": "one scale per tensor, the same 128 x 128 tiles",
+    "pertensor-128x256-s4": "one scale per tensor, 128 x 256 tiles (promoted, 384 registers a thread)",
+}
+
+
+def load_scale_cost(path: Path | None = None) -> list[dict]:
+    """The block-against-tensor sweep's rows, numbers as floats (``M`` an int; blank stays "")."""
+    return _load(path or DATA / "h200_fp8_scale_cost.csv", ("ms", "noise", "fp8_rate_fraction", "rel_error"))
+
+
+def scale_cost(rows: list[dict], model: str, M: int) -> dict[str, dict]:
+    """``{variant: {"ms", "rate", "error", "noise"}}`` for the first GEMM of one case: the shipped
+    block-scaled kernel and the :data:`PER_TENSOR` ones; ``rate`` is the fraction of the FP8 matmul
+    rate of the same run (the gather into sorted order included), ``error`` against float64."""
+    return {r["impl"]: {"ms": r["ms"], "rate": r["fp8_rate_fraction"], "error": r["rel_error"], "noise": r["noise"]}
+            for r in rows if r["model"] == model and r["M"] == M and r["gemm"] == "first"
+            and r["impl"] in (SHIPPED, *PER_TENSOR)}
+
+
 def load_profile(path: Path | None = None) -> dict[tuple[str, int], dict]:
     """``{(kernel, M): metrics}`` of the Nsight Compute profiles (fractions in [0, 1], times in ms):
-    the ``tl`` and Gluon kernels before the weight scales were read ahead, and the Gluon kernel after."""
+    the ``tl`` and Gluon kernels before the weight scales were read ahead, the Gluon kernel after, and the
+    same pipeline with one scale per tensor (:data:`PER_TENSOR`'s two tile widths)."""
     text = ("gpu", "torch", "triton", "date", "tool", "model", "gemm", "kernel")
     with open(path or DATA / "h200_fp8_profile.csv") as f:
         out = {}

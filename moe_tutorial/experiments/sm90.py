@@ -38,6 +38,12 @@ KERNELS = ("tl-plain", "gluon-plain", "gluon-plain-nooverlap", "gluon-gated", "g
 BF16_KERNELS = {"gluon-bf16-gated": (128, 4), "gluon-bf16-plain": (128, 4), "gluon-bf16-plain-256": (256, 3)}
 KERNELS += tuple(BF16_KERNELS)
 
+#: The same Gluon kernel on e4m3 operands (FP8 with one scale per tensor: the tensor cores
+#: accumulate, nothing is promoted), the first GEMM's shape: name -> (block_n, stages), 128 rows,
+#: 128 of K, 8 warps. What Part 7's block scales cost is the gap to it.
+PER_TENSOR_KERNELS = {"gluon-e4m3-plain": (128, 4), "gluon-e4m3-plain-256": (256, 4)}
+KERNELS += tuple(PER_TENSOR_KERNELS)
+
 
 def compile_report(kernel: str, *, timeout: float = 300.0) -> dict:
     """Compile ``kernel`` (one of :data:`KERNELS`) for sm90 in a child process.
@@ -123,6 +129,17 @@ def _compile(kernel: str):
     pairs = M * topk
     if kernel in BF16_KERNELS:
         return _compile_bf16(kernel, gluon_kernel, align_block_size(ids, 128, E), pairs, E, inter, K)
+    if kernel in PER_TENSOR_KERNELS:
+        block_n, stages = PER_TENSOR_KERNELS[kernel]
+        config = KernelConfig(block_m=128, block_n=block_n, block_k=128, num_warps=8, num_stages=stages,
+                              short_tails=False)
+        alignment = align_block_size(ids, 128, E)
+        a = torch.zeros(gluon_kernel.sorted_rows(alignment, 128), K, dtype=FP8_DTYPE)
+        out = torch.empty(pairs, 2 * inter, dtype=torch.bfloat16)
+        gluon_kernel.UNAVAILABLE = None              # compiling, not running
+        with _captured(gluon_kernel, "gluon_moe_kernel") as cap:
+            gluon_kernel.launch_gluon_gemm(a, w, out, None, alignment, pairs, config)
+        return cap.compiled[0]
     if kernel == "tl-plain":
         config = KernelConfig(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=4, short_tails=False)
         out = torch.empty(pairs, 2 * inter, dtype=torch.bfloat16)

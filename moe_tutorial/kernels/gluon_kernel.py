@@ -152,7 +152,8 @@ if HAVE_GLUON:
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
-        layout: gl.constexpr = mma_layout(BLOCK_M, BLOCK_N, gl.num_warps())
+        # One MMA instruction covers 32 bytes of K: 16 bf16 values, 32 e4m3 ones.
+        layout: gl.constexpr = mma_layout(BLOCK_M, BLOCK_N, gl.num_warps(), 256 // a_desc.dtype.primitive_bitwidth)
         rows_layout: gl.constexpr = gl.SliceLayout(1, layout)
         cols_layout: gl.constexpr = gl.SliceLayout(0, layout)
         num_pid_m = gl.cdiv(gl.load(num_post_ptr), BLOCK_M)
@@ -223,11 +224,18 @@ def sorted_rows(alignment, block_m: int) -> int:
     return triton.cdiv(alignment[0].numel(), block_m) * block_m
 
 
+#: The operand dtypes the kernel takes. e4m3 is FP8 with one scale per tensor, which the caller
+#: applies to C: the tensor cores' own accumulation, no promotion (Part 7's block scales need one).
+_GLUON_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16,
+                 torch.float8_e4m3fn: gl.float8e4nv} if HAVE_GLUON else {}
+
+
 def launch_gluon_gemm(a_sorted: torch.Tensor, b: torch.Tensor, c: torch.Tensor, router_weights, alignment,
                       num_pairs: int, config, *, c_sorted: bool = False, gated: bool = False) -> None:
     """One launch of :func:`gluon_moe_kernel` on a Hopper GPU.
 
-    ``a_sorted`` ``[max_padded, K]`` bf16/fp16 rows in sorted order; ``b`` ``[E, N, K]`` contiguous
+    ``a_sorted`` ``[max_padded, K]`` bf16/fp16 rows in sorted order (or e4m3, with ``b`` in e4m3: an FP8
+    GEMM with one scale per tensor, left to the caller); ``b`` ``[E, N, K]`` contiguous
     experts; ``c`` ``[num_pairs, N]`` (or ``[max_padded, N]`` with ``c_sorted``); ``router_weights``
     ``[num_pairs]`` fp32 or None; ``alignment`` from ``align_block_size`` with ``config.block_m``.
 
@@ -245,7 +253,7 @@ def launch_gluon_gemm(a_sorted: torch.Tensor, b: torch.Tensor, c: torch.Tensor, 
     sorted_ids, expert_ids, num_post = alignment
     rows, K = b.shape[1], b.shape[2]
     N = c.shape[1]
-    dtype = gl.bfloat16 if a_sorted.dtype == torch.bfloat16 else gl.float16
+    dtype = _GLUON_DTYPES[a_sorted.dtype]
     bm, bn, bk = config.block_m, config.block_n, config.block_k
     a_desc = GluonDescriptor.from_tensor(a_sorted, [bm, bk], gl.NVMMASharedLayout.get_default_for([bm, bk], dtype))
     b_desc = GluonDescriptor.from_tensor(stacked_rows(b), [bn, bk],
