@@ -10,10 +10,10 @@ from moe_tutorial import runtime
 from moe_tutorial.exercises.guard import memory_guard
 from moe_tutorial.experiments.sm90 import KERNELS, compile_report
 from moe_tutorial.kernels import gluon_fp8_kernel as gk
-from moe_tutorial.kernels.align import align_block_size
+from moe_tutorial.kernels.align import align_block_size, sorted_positions
 from moe_tutorial.kernels.configs import KernelConfig
 from moe_tutorial.kernels.fp8_layer import fp8_moe_layer, fp8_moe_matmul
-from moe_tutorial.kernels.fp8_quant import quantize_rows
+from moe_tutorial.kernels.fp8_quant import quantize_rows, quantize_rows_sorted
 from moe_tutorial.kernels.gluon_kernel import HAVE_GLUON
 from moe_tutorial.quant import dequantize_activations, dequantize_weight, quantize_w13, quantize_weight
 from moe_tutorial.reference import FP8_LAYER_TOLERANCE, reference_fp8_moe_layer, reference_moe_matmul, rel_error
@@ -47,6 +47,37 @@ def test_gather_puts_each_pairs_row_and_scales_at_its_sorted_position(seed):
     src = pair[real] // topk
     assert torch.equal(a[:n][real].view(torch.uint8), x_q[src].view(torch.uint8))
     assert torch.equal(a_st[:, :n][:, real], x_s[src].t())
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_sorted_quantiser_writes_what_quantise_then_gather_writes(seed):
+    """Part 7's quantiser into sorted order (each token quantised once, stored at its topk sorted
+    rows) against the two launches it replaces: the same bits on every real row, a dropped pair
+    (bad id) written nowhere; random shapes, K not a multiple of 128, topk = 1 among them."""
+    g = torch.Generator().manual_seed(100 + seed)
+    M, K, E, topk = (int(v) for v in (torch.randint(1, 60, ()), torch.randint(1, 300, ()),
+                                      torch.randint(1, 9, ()), torch.randint(1, 4, ())))
+    topk = 1 if seed == 0 else min(topk, E)
+    block_m = (16, 64, 128)[seed % 3]
+    x = (torch.randn(M, K, generator=g) * torch.rand(M, 1, generator=g) * 10).to(DEV)
+    ids = torch.stack([torch.randperm(E, generator=g)[:topk] for _ in range(M)]).to(torch.int32)
+    if seed == 3:
+        ids[0, 0] = E                                         # an id the alignment drops
+    ids = ids.to(DEV)
+    alignment = align_block_size(ids, block_m, E)
+    pos = sorted_positions(alignment, M * topk)
+    n = int(alignment[2])
+    pair = alignment[0][:n].long()
+    real = pair < M * topk
+    assert torch.equal(pos[pair[real]].long(), torch.arange(n, device=pair.device)[real])   # the inverse
+    assert (pos < 0).sum() == (1 if seed == 3 else 0)
+    rows = gk.sorted_rows(alignment, block_m)
+    with memory_guard():
+        a, a_st = quantize_rows_sorted(x, pos, topk, rows)
+    ref, ref_st = gk.gather_sorted_fp8(*quantize_rows(x), alignment, M * topk, topk, block_m)
+    assert a.shape == ref.shape and a_st.shape == ref_st.shape
+    assert torch.equal(a[:n][real].view(torch.uint8), ref[:n][real].view(torch.uint8))
+    assert torch.equal(a_st[:, :n][:, real], ref_st[:, :n][:, real])
 
 
 # ------------------------------------------------------------------ the schedule, compiled for sm90
@@ -142,6 +173,24 @@ def test_gluon_layer_matches_its_step_exact_float64_reference(form, M, E, inter,
     assert rel_error(out[rows], ref) < FP8_LAYER_TOLERANCE
     # The same numbers as the tl kernel's layer, within the rounding flips both allow.
     assert rel_error(out.float(), fp8_moe_layer(x, q13, s13, q2, s2, tw, ids).float()) < FP8_LAYER_TOLERANCE
+
+
+@needs_hopper
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", ["fused", "unfused"])
+def test_the_sorted_quantiser_gives_the_layer_the_same_bits(form):
+    """The Gluon layer with its quantiser writing into sorted order: bitwise the layer that
+    quantises, then gathers (the same e4m3 rows and scales reach the same GEMMs)."""
+    M, E, inter, K, topk = 700, 16, 256, 512, 4
+    x, w13, tw, ids = _problem(M, E, 2 * inter, K, topk, skip_expert=0)
+    w2 = torch.randn(E, K, inter, device=DEV, dtype=torch.bfloat16) * inter ** -0.5
+    q13, s13 = quantize_w13(w13)
+    q2, s2 = quantize_weight(w2)
+    up, down = (_cfg(64, 8, 4), _cfg(64, 4, 6)) if form == "fused" else (_cfg(128, 8, 4), _cfg(128, 8, 4))
+    alignment = align_block_size(ids, up.block_m, E)
+    outs = [gk.gluon_fp8_layer(x, q13, s13, q2, s2, tw, alignment, topk, up, down, sorted_quantiser=flag)
+            for flag in (False, True)]
+    assert bool(torch.isfinite(outs[1]).all()) and torch.equal(outs[0], outs[1])
 
 
 @needs_hopper

@@ -68,7 +68,10 @@ def test_gluon_fp8_dry_run_reaches_every_variant(tmp_path, monkeypatch):
     (each fails as unavailable in the interpreter) and checks the ``tl`` layer against float64, so a
     variant whose spec the script cannot unpack fails here, not on the lent GPU."""
     from moe_tutorial.kernels import gluon_fp8_kernel
+    from moe_tutorial.kernels.align import align_block_size
     from moe_tutorial.perf.results import read_csv
+
+    import torch
 
     if gluon_fp8_kernel.UNAVAILABLE is None:
         pytest.skip("the dry run is the CPU's: here Gluon runs")
@@ -80,6 +83,15 @@ def test_gluon_fp8_dry_run_reaches_every_variant(tmp_path, monkeypatch):
         assert any(r["impl"].startswith(f"{variant} (RuntimeError") for r in rows if r["gemm"] == "first"), variant
     tl = [r for r in rows if (r["gemm"], r["impl"]) == ("layer", "tl")]
     assert len(tl) == 1 and tl[0]["ok"] == "True" and tl[0]["rel_error"] < 1e-5
+    for variant in [v for v in module.quantiser_variants() if "unfused" not in v]:   # the toy's I = 192: fused only
+        assert any(r["impl"].startswith(f"{variant} (RuntimeError") for r in rows if r["gemm"] == "layer"), variant
+    # The sweep's two ways to the first GEMM's sorted e4m3 rows, run here (plain Triton kernels).
+    case = module.Case(module.TOY, 24, *module.model_weights(module.TOY))
+    (a, s), (b, t) = case.quantise_call(16, False)(), case.quantise_call(16, True)()
+    n = int(align_block_size(case.ids, 16, module.TOY.num_experts)[2])
+    real = align_block_size(case.ids, 16, module.TOY.num_experts)[0][:n] < 24 * module.TOY.topk
+    assert torch.equal(a[:n][real].view(torch.uint8), b[:n][real].view(torch.uint8))
+    assert torch.equal(s[:, :n][:, real], t[:, :n][:, real])
 
 
 def test_step_host_split_dry_run(tmp_path, capsys):

@@ -29,10 +29,10 @@ from dataclasses import replace
 import moe_tutorial  # noqa: F401  (first: picks the runtime)
 from moe_tutorial import runtime
 from moe_tutorial.kernels import gluon_fp8_kernel as gk
-from moe_tutorial.kernels.align import align_block_size
+from moe_tutorial.kernels.align import align_block_size, sorted_positions
 from moe_tutorial.kernels.configs import KernelConfig, fp8_config
 from moe_tutorial.kernels.fp8_layer import fp8_moe_layer, launch_fp8_gemm
-from moe_tutorial.kernels.fp8_quant import quantize_rows
+from moe_tutorial.kernels.fp8_quant import launch_quantize_rows, quantize_rows, quantize_rows_sorted
 from moe_tutorial.kernels.gluon_kernel import launch_gluon_gemm
 from moe_tutorial.perf import bench, impls
 from moe_tutorial.perf.ceilings import measure_ceilings
@@ -96,6 +96,12 @@ def layer_variants() -> dict:
     }
 
 
+#: The layer's Gluon variants called directly (the alignment, then ``gluon_fp8_layer``), with x
+#: quantised and then gathered into sorted order, or quantised straight into sorted order.
+def quantiser_variants() -> dict:
+    return {f"{name}+{how}": (name, how == "qsorted") for name in layer_variants() for how in ("gather", "qsorted")}
+
+
 # ------------------------------------------------------------------ one case
 
 class Case:
@@ -141,6 +147,15 @@ class Case:
         al = align_block_size(self.ids, block_m, self.shape.num_experts)
         return lambda: gk.gather_sorted_fp8(self.xq, self.xs, al, self.M * self.shape.topk, self.shape.topk, block_m)
 
+    def quantise_call(self, block_m, into_sorted):
+        """x (bf16) to the first GEMM's sorted e4m3 rows: quantised, then gathered; or quantised into
+        sorted order (the alignment inverted first)."""
+        al = align_block_size(self.ids, block_m, self.shape.num_experts)
+        pairs, topk = self.M * self.shape.topk, self.shape.topk
+        if into_sorted:
+            return lambda: quantize_rows_sorted(self.x, sorted_positions(al, pairs), topk, gk.sorted_rows(al, block_m))
+        return lambda: gk.gather_sorted_fp8(*launch_quantize_rows(self.x), al, pairs, topk, block_m)
+
     def first_reference(self):
         if getattr(self, "_first_ref", None) is None:
             self._first_ref = self._first_reference()
@@ -161,6 +176,13 @@ class Case:
     def layer_call(self, variant):
         if variant == "tl":
             return lambda: fp8_moe_layer(self.x, self.q13, self.s13, self.q2, self.s2, self.tw, self.ids)
+        if variant in quantiser_variants():
+            base, into_sorted = quantiser_variants()[variant]
+            up, down, _ = layer_variants()[base]
+            E, topk = self.shape.num_experts, self.shape.topk
+            return lambda: gk.gluon_fp8_layer(self.x, self.q13, self.s13, self.q2, self.s2, self.tw,
+                                              align_block_size(self.ids, up.block_m, E), topk, up, down,
+                                              sorted_quantiser=into_sorted)
         up, down, _ = layer_variants()[variant]     # 64-row gate/up tiles: fused epilogue; 128: unfused
         return lambda: fp8_moe_layer(self.x, self.q13, self.s13, self.q2, self.s2, self.tw, self.ids,
                                      configs=(up, down))
@@ -213,7 +235,7 @@ def check(args) -> int:
             rows.append(dict(model=shape.name, M=M, gemm="first", impl=name, rel_error=err, ok=ok))
             print(f"{shape.name:16s} M={M:5d} first {name:36s} rel.err {err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
         ref = case.layer_reference()
-        for name in ("tl",) + tuple(layer_variants()):
+        for name in ("tl", *layer_variants(), *quantiser_variants()):
             if "unfused" in name and shape.intermediate % BLOCK:
                 continue            # its plain gate/up GEMM reads one scale block per 128 rows of w13
             try:
@@ -269,10 +291,12 @@ def sweep(args) -> int:
                 if args.variants is None or name in args.variants:
                     calls[("first", name)] = case.first_call(*spec)
             calls[("gather", "gather-128")] = (case.gather_call(128), None)
+            calls[("gather", "quantise+gather-128")] = (case.quantise_call(128, False), None)
+            calls[("gather", "quantise-sorted-128")] = (case.quantise_call(128, True), None)
             bf16 = {"first": impls.first_sorted(case.inp), "layer": impls.layer_of("sorted")(case.inp)}
             calls[("first", "bf16-sorted")] = (bf16["first"].calls[0], None)
             calls[("layer", "bf16-sorted")] = (bf16["layer"].calls[0], None)
-            for v in ("tl",) + tuple(layer_variants()):
+            for v in ("tl", *layer_variants(), *quantiser_variants()):
                 calls[("layer", v)] = (case.layer_call(v), None)
             ok, errors = {}, {}
             for key, (fn, out) in calls.items():      # correctness and compile before any timing

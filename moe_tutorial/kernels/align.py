@@ -264,6 +264,31 @@ def gather_sorted_rows(x: torch.Tensor, sorted_ids: torch.Tensor, num_pairs: int
     return x.index_select(0, sorted_ids.clamp(0, num_pairs - 1) // topk)
 
 
+@triton.jit
+def _sorted_positions_kernel(sorted_ids_ptr, num_post_ptr, pos_ptr, num_rows, num_pairs, BLOCK: tl.constexpr):
+    """``pos[sorted_ids[i]] = i`` for the real rows ``i`` of this program's BLOCK."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    used = (i < num_rows) & (i < tl.load(num_post_ptr))
+    pair = tl.load(sorted_ids_ptr + i, mask=used, other=num_pairs)
+    tl.store(pos_ptr + pair, i, mask=used & (pair >= 0) & (pair < num_pairs))
+
+
+def sorted_positions(alignment, num_pairs: int) -> torch.Tensor:
+    """Where each (token, slot) pair sits in sorted order: the alignment's first tensor inverted.
+
+    Returns ``pos`` int32 ``[num_pairs]``: ``sorted_ids[pos[p]] == p``, and -1 for a pair the
+    alignment dropped (an id outside ``[0, E)``). Two launches (the -1 fill, the scatter). With it
+    a kernel that walks tokens can write each token's row straight to its ``topk`` sorted rows
+    (Part 7's quantiser, :func:`moe_tutorial.kernels.fp8_quant.quantize_rows_sorted`).
+    """
+    sorted_ids, _, num_post = alignment
+    pos = torch.full((num_pairs,), -1, dtype=torch.int32, device=sorted_ids.device)
+    rows, block = sorted_ids.numel(), 1024
+    if num_pairs and rows:
+        _sorted_positions_kernel[(triton.cdiv(rows, block),)](sorted_ids, num_post, pos, rows, num_pairs, BLOCK=block)
+    return pos
+
+
 def check_align_inputs(topk_ids, block_m, num_experts) -> tuple[int, int, int]:
     """The checks of :func:`align_block_size`'s arguments (Part 8's stable alignment shares them):
     returns ``(block_m, num_experts, max_padded_rows)`` as ints, or raises naming the argument."""

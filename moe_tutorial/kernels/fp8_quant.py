@@ -103,6 +103,56 @@ def launch_quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @triton.jit
+def quantize_rows_sorted_kernel(x_ptr, pos_ptr, a_ptr, as_ptr, M, K, topk, stride_xm, stride_xk, stride_am, stride_ask,
+                                ROWS: tl.constexpr, GROUP: tl.constexpr,
+                                E4M3_MAX: tl.constexpr, MIN_AMAX: tl.constexpr):
+    """ROWS tokens and one group of 128 columns: quantised once, then written to each of the
+    tokens' ``topk`` sorted rows (``pos``), scales transposed (``[groups, rows]``)."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.program_id(1) * GROUP + tl.arange(0, GROUP)
+    in_rows = rows < M
+    ok = in_rows[:, None] & (cols < K)[None, :]
+    rows64 = rows.to(tl.int64)
+    x = tl.load(x_ptr + rows64[:, None] * stride_xm + cols[None, :] * stride_xk, mask=ok, other=0.0)
+    q, scale = quantize_group(x.to(tl.float32), E4M3_MAX, MIN_AMAX)
+    q = q.to(a_ptr.dtype.element_ty)
+    for j in range(0, topk):
+        pos = tl.load(pos_ptr + rows64 * topk + j, mask=in_rows, other=-1)
+        placed = pos >= 0                                  # -1: the alignment dropped this pair
+        pos64 = pos.to(tl.int64)
+        tl.store(a_ptr + pos64[:, None] * stride_am + cols[None, :], q, mask=ok & placed[:, None])
+        tl.store(as_ptr + tl.program_id(1) * stride_ask + pos64, scale, mask=in_rows & placed)
+
+
+def quantize_rows_sorted(x: torch.Tensor, positions: torch.Tensor, topk: int,
+                         rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize_rows` writing straight into sorted order, on inputs already checked.
+
+    Each token's row is read and quantised once, then stored at its ``topk`` sorted rows, so the
+    Gluon FP8 GEMM reads whole tiles of it through TMA without a separate gather
+    (:func:`moe_tutorial.kernels.gluon_fp8_kernel.gather_sorted_fp8` copies the quantised rows instead).
+
+    Args:
+        x: ``[M, K]`` bf16/fp16/fp32 (fp32 in the interpreter), any strides, finite (checked by the caller).
+        positions: ``[M * topk]`` int32 from :func:`moe_tutorial.kernels.align.sorted_positions`.
+        rows: the sorted rows to allocate (``sorted_rows(alignment, block_m)``).
+
+    Returns:
+        ``(a [rows, K] e4m3, a_scale_t [ceil(K/128), rows] fp32)``; padding rows and rows past the
+        alignment's end are left unwritten: no tile stores what it computes from them.
+    """
+    M, K = x.shape
+    a = torch.empty(rows, K, dtype=FP8_DTYPE, device=x.device)
+    a_scale_t = torch.empty(triton.cdiv(K, BLOCK), rows, dtype=torch.float32, device=x.device)
+    if M and K:
+        block = 16 if M >= 16 else triton.next_power_of_2(M)
+        quantize_rows_sorted_kernel[(triton.cdiv(M, block), triton.cdiv(K, BLOCK))](
+            x, positions, a, a_scale_t, M, K, topk, x.stride(0), x.stride(1), a.stride(0), a_scale_t.stride(0),
+            ROWS=block, GROUP=BLOCK, E4M3_MAX=E4M3_MAX, MIN_AMAX=MIN_AMAX, num_warps=4)
+    return a, a_scale_t
+
+
+@triton.jit
 def silu_mul_quantize_kernel(h_ptr, q_ptr, qs_ptr, num_post_ptr, inter, stride_hm, stride_qm, stride_qsn,
                              ROWS: tl.constexpr, E4M3_MAX: tl.constexpr, MIN_AMAX: tl.constexpr):
     """``silu(h[r, :I]) * h[r, I:]`` for ROWS sorted rows and one group of 128 columns, quantised:

@@ -33,7 +33,15 @@ import triton.language as tl
 
 from .. import runtime
 from ..quant import BLOCK, FP8_DTYPE
-from .fp8_quant import E4M3_MAX_C, MIN_AMAX_C, launch_quantize_rows, quantize_group, silu_mul_quantize
+from .align import sorted_positions
+from .fp8_quant import (
+    E4M3_MAX_C,
+    MIN_AMAX_C,
+    launch_quantize_rows,
+    quantize_group,
+    quantize_rows_sorted,
+    silu_mul_quantize,
+)
 from .gluon_kernel import HAVE_GLUON, sorted_rows
 from .tma import stacked_rows
 from .topk_sum import topk_sum
@@ -484,12 +492,15 @@ def gluon_fp8_first_gemm(x_q: torch.Tensor, x_scale: torch.Tensor, w: torch.Tens
 
 def gluon_fp8_layer(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
                     w2_scale: torch.Tensor, topk_weights: torch.Tensor, alignment, topk: int,
-                    cfg_up, cfg_down) -> torch.Tensor:
+                    cfg_up, cfg_down, *, sorted_quantiser: bool = False) -> torch.Tensor:
     """The FP8 layer on the Gluon kernel, inputs checked by :func:`moe_tutorial.kernels.fp8_kernel.fp8_moe_layer`.
 
     Quantise x (one launch), gather its rows into sorted order (one), the gate/up GEMM, the down GEMM
-    with the router weights (one), the sum over each token's topk rows (one). The gate/up GEMM takes
-    one of two forms, by ``cfg_up.block_m``:
+    with the router weights (one), the sum over each token's topk rows (one). With
+    ``sorted_quantiser`` the quantiser writes each token's rows straight into sorted order
+    (:func:`~moe_tutorial.kernels.fp8_quant.quantize_rows_sorted`, after inverting the alignment)
+    instead of the quantisation and the gather. The gate/up GEMM takes one of two forms, by
+    ``cfg_up.block_m``:
 
     * 64: ``silu(gate) * up`` quantised in its epilogue (one launch). Its tile must hold 128 output
       columns (one scale group) of gate *and* up, and three accumulators of each for the overlapped
@@ -502,8 +513,12 @@ def gluon_fp8_layer(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor,
     M, K = x.shape
     inter = w2.shape[2]
     num_pairs = M * topk
-    x_q, x_s = launch_quantize_rows(x)          # x was checked at the door (fp8_moe_layer)
-    a, a_scale_t = gather_sorted_fp8(x_q, x_s, alignment, num_pairs, topk, cfg_up.block_m)
+    if sorted_quantiser:                        # x was checked at the door (fp8_moe_layer)
+        a, a_scale_t = quantize_rows_sorted(x, sorted_positions(alignment, num_pairs), topk,
+                                            sorted_rows(alignment, cfg_up.block_m))
+    else:
+        x_q, x_s = launch_quantize_rows(x)
+        a, a_scale_t = gather_sorted_fp8(x_q, x_s, alignment, num_pairs, topk, cfg_up.block_m)
     R = a.shape[0]
     if cfg_up.block_m == 64:
         act = torch.empty(R, inter, dtype=FP8_DTYPE, device=x.device)
