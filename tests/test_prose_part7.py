@@ -258,3 +258,24 @@ def test_what_holds_the_pipeline():
     assert_says(P7, "reads {:.1f} GB from DRAM, where the 128-wide tile reads {:.1f}, and the L2 runs at {:.0%}",
                 read(wide), read(narrow), wide["l2_throughput"])
     assert wide["duration_ms"] > narrow["duration_ms"] and wide["l2_throughput"] > 0.9
+
+
+def test_the_sorted_quantiser():
+    """Appendix A's first step, both ways (``data/h200_fp8_quantiser.csv``)."""
+    from moe_tutorial.experiments import gluon_fp8
+
+    rows = gluon_fp8.load_quantiser()
+    gains = gluon_fp8.quantiser_gains(rows)
+    step = [g["step_gather"] / g["step_sorted"] for g in gains]
+    assert min(step) > 1                                               # faster alone in every case
+    assert_says(P7, "Alone, the step is {} to {} faster", x(min(step)), x(max(step)))
+    saved = [g["layer_gather"] - g["layer_sorted"] for g in gains]
+    worst = min(range(len(gains)), key=lambda i: saved[i])
+    g = gains[worst]
+    noise = next(r["noise"] for r in rows if (r["model"], r["M"]) == (g["model"], g["M"])
+                 and r["impl"].endswith("+gather") and r["ms"] == g["layer_gather"])
+    assert_says(P7, "the sorted quantiser is faster in {} of the {} cases and slower in {}, by at most {:.2f} ms "
+                    "({} at M = {}, where the two timings of the gathering layer differed by {:.0%})",
+                sum(s > 0 for s in saved), len(saved), sum(s <= 0 for s in saved), -saved[worst], g["model"], g["M"],
+                noise)
+    assert -saved[worst] / g["layer_gather"] < noise                  # the slowdown is within that spread

@@ -3,7 +3,8 @@ what Nsight Compute saw (notebook 07).
 
 The rows come from ``measurements/scripts/h200_gluon_fp8.py sweep`` (``data/h200_gluon_fp8_levers.csv``:
 every variant of one case timed in forward, then in reverse order, cold-l2; ``h200_fp8_scale_cost.csv``:
-the shipped kernel against the same pipeline with one scale per tensor) and from Nsight
+the shipped kernel against the same pipeline with one scale per tensor; ``h200_fp8_quantiser.csv``: the
+layer's first step both ways) and from Nsight
 Compute on the ``tl`` and Gluon kernels at DeepSeek-V3, M = 16384 (``data/h200_fp8_profile.csv``).
 """
 from __future__ import annotations
@@ -88,6 +89,24 @@ def scale_cost(rows: list[dict], model: str, M: int) -> dict[str, dict]:
     return {r["impl"]: {"ms": r["ms"], "rate": r["fp8_rate_fraction"], "error": r["rel_error"], "noise": r["noise"]}
             for r in rows if r["model"] == model and r["M"] == M and r["gemm"] == "first"
             and r["impl"] in (SHIPPED, *PER_TENSOR)}
+
+
+def load_quantiser(path: Path | None = None) -> list[dict]:
+    """The sweep that timed the FP8 layer's first step both ways (``data/h200_fp8_quantiser.csv``)."""
+    return _load(path or DATA / "h200_fp8_quantiser.csv", ("ms", "noise"))
+
+
+def quantiser_gains(rows: list[dict]) -> list[dict]:
+    """Per model and M, in the order measured: the first step alone, x quantised then gathered into
+    sorted order (``step_gather``) and quantised straight into sorted order (``step_sorted``), and the
+    Gluon layer each way (``layer_gather``, ``layer_sorted``: the faster of its two forms), in ms."""
+    out = []
+    for model, M in dict.fromkeys((r["model"], r["M"]) for r in rows):
+        t = {r["impl"]: r["ms"] for r in rows if (r["model"], r["M"]) == (model, M)}
+        out.append(dict(model=model, M=M, step_gather=t["quantise+gather-128"], step_sorted=t["quantise-sorted-128"],
+                        layer_gather=min(v for k, v in t.items() if k.endswith("+gather")),
+                        layer_sorted=min(v for k, v in t.items() if k.endswith("+qsorted"))))
+    return out
 
 
 def load_profile(path: Path | None = None) -> dict[tuple[str, int], dict]:

@@ -15,8 +15,10 @@ scale it, and the tensor cores sit idle while they do. This kernel says the sche
   step k+1 on the tensor cores while the CUDA cores scale step k. Three register accumulators
   (the sum and two raw products in flight) are what this costs.
 
-A is read in sorted order, because Hopper's TMA cannot gather rows: :func:`gather_sorted_fp8`
-copies the e4m3 rows of each (token, slot) pair to its sorted position and writes their scales
+A is read in sorted order, because Hopper's TMA cannot gather rows: in the layer the quantiser
+writes each token's e4m3 row at its pairs' sorted positions
+(:func:`~moe_tutorial.kernels.fp8_quant.quantize_rows_sorted`), and for the first GEMM alone, whose
+input comes quantised, :func:`gather_sorted_fp8` copies them there; both write the scales
 transposed (``[K / 128, rows]``), so that one TMA copy brings a step's ``BLOCK_M`` scales. The
 grid is persistent (one program per SM walks the real tiles in Part 4's grouped order, read on
 the device), and the weight block scales (one per 128 x 128 block, so one per tile and step
@@ -492,15 +494,16 @@ def gluon_fp8_first_gemm(x_q: torch.Tensor, x_scale: torch.Tensor, w: torch.Tens
 
 def gluon_fp8_layer(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
                     w2_scale: torch.Tensor, topk_weights: torch.Tensor, alignment, topk: int,
-                    cfg_up, cfg_down, *, sorted_quantiser: bool = False) -> torch.Tensor:
+                    cfg_up, cfg_down, *, sorted_quantiser: bool = True) -> torch.Tensor:
     """The FP8 layer on the Gluon kernel, inputs checked by :func:`moe_tutorial.kernels.fp8_kernel.fp8_moe_layer`.
 
     Quantise x (one launch), gather its rows into sorted order (one), the gate/up GEMM, the down GEMM
     with the router weights (one), the sum over each token's topk rows (one). With
-    ``sorted_quantiser`` the quantiser writes each token's rows straight into sorted order
-    (:func:`~moe_tutorial.kernels.fp8_quant.quantize_rows_sorted`, after inverting the alignment)
-    instead of the quantisation and the gather. The gate/up GEMM takes one of two forms, by
-    ``cfg_up.block_m``:
+    ``sorted_quantiser`` (the default) the quantiser writes each token's rows straight into sorted
+    order (:func:`~moe_tutorial.kernels.fp8_quant.quantize_rows_sorted`, after inverting the
+    alignment) instead of the quantisation and the gather (faster on one H200:
+    ``data/h200_fp8_quantiser.csv``, notebook 07's Appendix A). The gate/up GEMM takes one of two
+    forms, by ``cfg_up.block_m``:
 
     * 64: ``silu(gate) * up`` quantised in its epilogue (one launch). Its tile must hold 128 output
       columns (one scale group) of gate *and* up, and three accumulators of each for the overlapped
