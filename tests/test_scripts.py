@@ -108,3 +108,15 @@ def test_step_host_split_dry_run(tmp_path, capsys):
     (ours,) = [r for r in rows if r["impl"] == "ours"]
     assert all(ours[k] > 0 for k in timed)
     assert ours["wall_ms"] >= ours["host_forward_ms"] and ours["syncs_per_step"]
+
+
+def test_fp8_decode_profile_dry_run(tmp_path, monkeypatch):
+    """measurements/scripts/h200_fp8_decode_profile.py (issue 31's decode end, for the next GPU call)
+    on the toy shape in the interpreter: a row for the FP8 layer and one for the bf16 layer."""
+    from moe_tutorial.perf.results import read_csv
+
+    module = load_script("h200_fp8_decode_profile.py")
+    monkeypatch.setattr(module, "OUT", str(tmp_path))
+    assert module.main(["--dry-run"]) == 0
+    rows = read_csv(tmp_path / "h200_fp8_decode_profile.csv", floats={"wall_us"})
+    assert [r["impl"] for r in rows] == ["fp8", "bf16"] and all(r["wall_us"] > 0 for r in rows)

@@ -336,7 +336,10 @@ def sweep(args) -> int:
             print(f"{model} M={M}: floor {first_floor:.3f} | first {summary}", flush=True)
             print(f"{model} M={M}: layer floor {layer_floor:.3f} | {lay}", flush=True)
             write(path, rows)
-            del case, calls, bf16
+            # fn and out (the checking loop's last call) hold the case too: left bound, they keep a
+            # model's tensors alive while the next model's weights are made (the thirteenth session's
+            # call q ran out of memory there, Kimi-K2 after DeepSeek-V3).
+            del case, calls, bf16, fn, out
             free()
         del w
         free()
