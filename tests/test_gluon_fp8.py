@@ -53,7 +53,7 @@ def test_gather_puts_each_pairs_row_and_scales_at_its_sorted_position(seed):
 def test_the_sorted_quantiser_writes_what_quantise_then_gather_writes(seed):
     """Part 7's quantiser into sorted order (each token quantised once, stored at its topk sorted
     rows) against the two launches it replaces: the same bits on every real row, a dropped pair
-    (bad id) written nowhere; random shapes, K not a multiple of 128, topk = 1 among them."""
+    (bad id) left without a position; random shapes, K not a multiple of 128, topk = 1 among them."""
     g = torch.Generator().manual_seed(100 + seed)
     M, K, E, topk = (int(v) for v in (torch.randint(1, 60, ()), torch.randint(1, 300, ()),
                                       torch.randint(1, 9, ()), torch.randint(1, 4, ())))

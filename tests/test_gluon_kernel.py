@@ -162,6 +162,13 @@ def test_the_gated_launch_refuses_router_weights_and_a_w13_of_other_rows(router,
         gluon_kernel.launch_gluon_gemm(torch.empty(4, 16), b, c, router, None, 4, _cfg(64, 128, 4, 3), gated=True)
 
 
+def test_the_launch_refuses_operands_of_two_dtypes():
+    """e4m3 rows against bf16 weights would reach the MMA as bytes of the wrong format."""
+    a, b = torch.empty(4, 16, dtype=torch.float8_e4m3fn), torch.empty(2, 8, 16, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="one dtype"):
+        gluon_kernel.launch_gluon_gemm(a, b, torch.empty(4, 8), None, None, 4, _cfg(64, 128, 4, 3))
+
+
 @pytest.mark.skipif(not gluon_kernel.HAVE_GLUON, reason="this Triton has no Gluon")
 def test_the_gated_kernel_keeps_a_steps_two_mmas_in_flight_and_fits_shared_memory():
     """Compiled for sm90 on any machine: the K loop waits with two wgmma groups outstanding (gate and up

@@ -89,8 +89,11 @@ def test_what_the_h200_run_shows():
                 *(speed(qwen, t) for t in Ts), T)
     # "just under": three digits, so that a speed-up a hair from the aim does not read as the aim itself.
     assert all(verdict[(ds, t)]["step_speedup"] < backward.STEP_SPEEDUP_TARGET for t in Ts[1:])
-    assert_says(NOTEBOOK, "DeepSeek-V3 reaches it at T = 4096 ({}x) and stays just under it at 16384 and {} ({}x and "
-                "{}x), and Mixtral-8x7B's eight large experts further under ({}x, {}x and {}x)", speed(ds, 4096, 3), T,
+    over = verdict[(ds, 4096)]["step_speedup"] / backward.STEP_SPEEDUP_TARGET - 1
+    assert 0 < over < 0.01                                              # "by a hair", within a run's move
+    assert_says(NOTEBOOK, "DeepSeek-V3 reaches it at T = 4096 by a hair ({}x, {:.1%} over; runs of one case move by "
+                "about 1%) and stays just under it at 16384 and {} ({}x and {}x), and Mixtral-8x7B's eight large "
+                "experts further under ({}x, {}x and {}x)", speed(ds, 4096, 3), over, T,
                 *(speed(ds, t, 3) for t in Ts[1:]), *(speed(mixtral, t) for t in Ts))
     assert max(verdict[(mixtral, t)]["step_speedup"] for t in Ts) < min(verdict[(ds, t)]["step_speedup"] for t in Ts)
 

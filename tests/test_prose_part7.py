@@ -224,11 +224,15 @@ def test_what_the_block_scales_still_cost():
     assert all(len(c) == 3 for c in at.values())
     shipped, tensor, wide = gluon_fp8.SHIPPED, *gluon_fp8.PER_TENSOR
     saved = [1 - at[m][tensor]["ms"] / at[m][shipped]["ms"] for m in models]
-    noise = max(at[m][k]["noise"] for m in models for k in (shipped, tensor))   # the two compared
+    noise = {m: max(at[m][k]["noise"] for k in (shipped, tensor)) for m in models}   # the two compared
     assert_says(P7, "At M = 16384 the kernel without promotion is {:.0%} to {:.0%} faster", min(saved), max(saved))
     assert_says(P7, "tensor) is only {:.0%} to {:.0%} faster at M = 16384", min(saved), max(saved))
-    assert_says(P7, "the two timings of one variant differed by up to {:.0%} in this run", noise)
-    assert max(saved) - noise < 0.05                                   # "about as large as the noise"
+    clear, close = ("DeepSeek-V3", "Kimi-K2"), "Qwen3-30B-A3B"
+    assert all(saved[models.index(m)] > noise[m] for m in clear)                   # "more than ... differed"
+    assert abs(saved[models.index(close)] - noise[close]) < 0.01                    # "about as large"
+    assert_says(P7, "On DeepSeek-V3 and Kimi-K2 that is more than the two timings of either kernel differed (at "
+                    "most {:.0%}); on Qwen3-30B-A3B it is about as large as they did ({:.0%})",
+                max(noise[m] for m in clear), noise[close])
     rates = [at[m][tensor]["rate"] for m in models]
     assert_says(P7, "the pipeline with nothing to promote reaches only {:.2f} to {:.2f} of the FP8 rate",
                 min(rates), max(rates))
@@ -236,7 +240,7 @@ def test_what_the_block_scales_still_cost():
     q, d = at["Qwen3-30B-A3B"], at["DeepSeek-V3"]
     assert_says(P7, "either: {:.2f} against {:.2f} on Qwen3-30B-A3B, within the noise, and {:.2f} against {:.2f} on "
                     "DeepSeek-V3", q[wide]["rate"], q[tensor]["rate"], d[wide]["rate"], d[tensor]["rate"])
-    assert abs(q[wide]["ms"] / q[tensor]["ms"] - 1) < noise
+    assert abs(q[wide]["ms"] / q[tensor]["ms"] - 1) < noise["Qwen3-30B-A3B"]
     assert_says(P7, "over DeepSeek-V3's K = 7168 are off by {}, where the block kernel is off by {}",
                 e(d[tensor]["error"]), e(d[shipped]["error"]))
     assert d[tensor]["error"] > d[shipped]["error"]
@@ -248,6 +252,8 @@ def test_what_holds_the_pipeline():
 
     profile = gluon_fp8.load_profile()
     narrow, wide = (profile[f"one scale per tensor, 128 x {n}", 16384] for n in (128, 256))
+    block = profile["gluon-128x8-s4, beside the per-tensor kernels", 16384]
+    assert block["tensor_pipe_active"] < narrow["tensor_pipe_active"]       # the promotion still costs some
     assert_says(P7, "finds the tensor pipe busy {:.0%} of the time", narrow["tensor_pipe_active"])
     assert_says(P7, "and it ran at {:.0%} of it", narrow["l2_throughput"])
     need = 2 * 128 * 128 / 512 * narrow["sm_clock_ghz"] * 1e9 * 132 / 1e12

@@ -117,6 +117,10 @@ def test_fp8_decode_profile_dry_run(tmp_path, monkeypatch):
 
     module = load_script("h200_fp8_decode_profile.py")
     monkeypatch.setattr(module, "OUT", str(tmp_path))
+    impls = []
+    real = module.mt.moe_layer
+    monkeypatch.setattr(module.mt, "moe_layer", lambda *a, **kw: impls.append(kw.get("impl")) or real(*a, **kw))
     assert module.main(["--dry-run"]) == 0
+    assert set(impls) == {"sorted"}                       # Part 4's layer, not the default (Part 1's loop)
     rows = read_csv(tmp_path / "h200_fp8_decode_profile.csv", floats={"wall_us"})
     assert [r["impl"] for r in rows] == ["fp8", "bf16"] and all(r["wall_us"] > 0 for r in rows)

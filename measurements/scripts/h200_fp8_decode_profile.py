@@ -7,7 +7,7 @@
 Issue 31 asks the whole FP8 layer for 1.7x the bf16 one at M <= 256 on DeepSeek-V3 and Kimi-K2
 (1.4x on Qwen3-30B-A3B); the bench measured 1.58x and 1.06x at M = 1. For each model and M this
 runs the package's FP8 layer (``fp8_moe_layer``, the tuned table's tiles) and Part 4's bf16 layer
-(``moe_layer``) under ``torch.profiler`` and prints, per call, the GPU time of each kernel, their
+(``moe_layer(..., impl="sorted")``) under ``torch.profiler`` and prints, per call, the GPU time of each kernel, their
 sum and the wall time of the call: a call whose wall time exceeds its kernels' sum is waiting on
 launches (the host), not on the weights' read. Rows go to ``$OUT/h200_fp8_decode_profile.csv``.
 The weights are random e4m3 with unit scales (timing only; at decode only the routed experts'
@@ -32,6 +32,8 @@ import triton
 
 OUT = os.environ.get("OUT", ".")
 TOY = ModelShape("toy-K256-I128", 8, 2, 256, 128)
+#: The bf16 layer the FP8 one is compared with: Part 4's (the bench's "sorted" layer).
+BF16_IMPL = "sorted"
 
 
 def fp8_weights(shape: ModelShape, device) -> tuple:
@@ -53,25 +55,30 @@ def calls_of(shape: ModelShape, M: int, weights, dtype):
     w13, s13, w2, s2 = weights
     w13_16, w2_16 = w13.to(dtype), w2.to(dtype)
     return {"fp8": lambda: fp8_moe_layer(x, w13, s13, w2, s2, tw, ids),
-            "bf16": lambda: mt.moe_layer(x, w13_16, w2_16, tw, ids)}
+            "bf16": lambda: mt.moe_layer(x, w13_16, w2_16, tw, ids, impl=BF16_IMPL)}
 
 
 def profile_call(fn, calls: int) -> dict:
-    """Run ``fn`` ``calls`` times after one warm-up; per call: the kernels' GPU time by name (us),
-    their sum and the wall time (us)."""
+    """Run ``fn`` ``calls`` times after one warm-up, then ``calls`` times under the profiler; per call:
+    the kernels' GPU time by name (us), their sum, and the wall time (us) of the unprofiled calls
+    (the profiler's own cost per launch would inflate it)."""
     fn()
     sync()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+        sync()
+    wall = time.perf_counter() - t0
     kernels: dict[str, float] = {}
-    wall = 0.0
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]
-                                + ([torch.profiler.ProfilerActivity.CUDA] if runtime.ON_GPU else [])) as prof:
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if runtime.ON_GPU
+                                                          else [])
+    with torch.profiler.profile(activities=activities) as prof:
         for _ in range(calls):
-            t0 = time.perf_counter()
             fn()
             sync()
-            wall += time.perf_counter() - t0
     for ev in prof.key_averages():
-        t = getattr(ev, "device_time_total", 0.0) if runtime.ON_GPU else 0.0
+        # Kernels only: the aten ops' device time is their kernels' again, the runtime calls are the host's.
+        t = ev.device_time_total if runtime.ON_GPU else 0.0
         if t and ev.key and not ev.key.startswith(("cuda", "aten::", "Memcpy", "Memset")):
             kernels[ev.key] = t / calls
     return {"kernels": kernels, "kernel_us": sum(kernels.values()), "wall_us": wall / calls * 1e6}
@@ -107,6 +114,7 @@ def main(argv=None) -> int:
                       f"in {len(top)}: " + "; ".join(f"{k[:40]} {v:.1f}" for k, v in top[:6]), flush=True)
                 rows.append(dict(model=model, M=M, impl=impl, wall_us=r["wall_us"], kernel_us=r["kernel_us"],
                                  kernels=len(top), top=" | ".join(f"{k} {v:.2f}" for k, v in top)))
+            del fn              # it holds this batch's bf16 copies of the weights
         del weights
         if runtime.ON_GPU:
             torch.cuda.empty_cache()

@@ -63,7 +63,7 @@ def quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, M, K,
     cols = tl.program_id(1) * GROUP + tl.arange(0, GROUP)
     ok = (rows < M)[:, None] & (cols < K)[None, :]       # a partial last group reads zeros
     rows64 = rows.to(tl.int64)
-    x = tl.load(x_ptr + rows64[:, None] * stride_xm + cols[None, :] * stride_xk, mask=ok, other=0.0)
+    x = tl.load(x_ptr + rows64[:, None] * stride_xm + cols.to(tl.int64)[None, :] * stride_xk, mask=ok, other=0.0)
     q, scale = quantize_group(x.to(tl.float32), E4M3_MAX, MIN_AMAX)
     tl.store(q_ptr + rows64[:, None] * stride_qm + cols[None, :] * stride_qk, q.to(q_ptr.dtype.element_ty), mask=ok)
     tl.store(scale_ptr + rows64 * stride_sm + tl.program_id(1) * stride_sk, scale, mask=rows < M)
@@ -113,7 +113,7 @@ def quantize_rows_sorted_kernel(x_ptr, pos_ptr, a_ptr, as_ptr, M, K, topk, strid
     in_rows = rows < M
     ok = in_rows[:, None] & (cols < K)[None, :]
     rows64 = rows.to(tl.int64)
-    x = tl.load(x_ptr + rows64[:, None] * stride_xm + cols[None, :] * stride_xk, mask=ok, other=0.0)
+    x = tl.load(x_ptr + rows64[:, None] * stride_xm + cols.to(tl.int64)[None, :] * stride_xk, mask=ok, other=0.0)
     q, scale = quantize_group(x.to(tl.float32), E4M3_MAX, MIN_AMAX)
     q = q.to(a_ptr.dtype.element_ty)
     for j in range(0, topk):
@@ -135,11 +135,15 @@ def quantize_rows_sorted(x: torch.Tensor, positions: torch.Tensor, topk: int,
     Args:
         x: ``[M, K]`` bf16/fp16/fp32 (fp32 in the interpreter), any strides, finite (checked by the caller).
         positions: ``[M * topk]`` int32 from :func:`moe_tutorial.kernels.align.sorted_positions`.
+        topk: slots per token (``positions`` holds token ``m``'s at ``m * topk`` to ``m * topk + topk - 1``).
         rows: the sorted rows to allocate (``sorted_rows(alignment, block_m)``).
 
     Returns:
-        ``(a [rows, K] e4m3, a_scale_t [ceil(K/128), rows] fp32)``; padding rows and rows past the
-        alignment's end are left unwritten: no tile stores what it computes from them.
+        ``(a [rows, K] e4m3, a_scale_t [ceil(K/128), rows] fp32)``. Padding rows and rows past the
+        alignment's end are left unwritten, so they may hold any bytes, e4m3 NaN included (the
+        gather copies a real row there instead). That is safe only because every later step of the
+        forward works row by row and never stores a padding row's result; a weight gradient,
+        which sums over rows, would need them finite.
     """
     M, K = x.shape
     a = torch.empty(rows, K, dtype=FP8_DTYPE, device=x.device)

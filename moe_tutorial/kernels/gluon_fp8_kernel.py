@@ -497,12 +497,13 @@ def gluon_fp8_layer(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor,
                     cfg_up, cfg_down, *, sorted_quantiser: bool = True) -> torch.Tensor:
     """The FP8 layer on the Gluon kernel, inputs checked by :func:`moe_tutorial.kernels.fp8_kernel.fp8_moe_layer`.
 
-    Quantise x (one launch), gather its rows into sorted order (one), the gate/up GEMM, the down GEMM
-    with the router weights (one), the sum over each token's topk rows (one). With
-    ``sorted_quantiser`` (the default) the quantiser writes each token's rows straight into sorted
-    order (:func:`~moe_tutorial.kernels.fp8_quant.quantize_rows_sorted`, after inverting the
-    alignment) instead of the quantisation and the gather (faster on one H200:
-    ``data/h200_fp8_quantiser.csv``, notebook 07's Appendix A). The gate/up GEMM takes one of two
+    x's e4m3 rows in sorted order, the gate/up GEMM, the down GEMM with the router weights (one
+    launch), the sum over each token's topk rows (one). With ``sorted_quantiser`` (the default) the
+    quantiser writes each token's rows straight into sorted order (three launches: the alignment
+    inverted, a -1 fill and a scatter, by :func:`~moe_tutorial.kernels.align.sorted_positions`, then
+    :func:`~moe_tutorial.kernels.fp8_quant.quantize_rows_sorted`); without it x is quantised (one
+    launch) and its rows gathered into sorted order (one). The first is faster on one H200
+    (``data/h200_fp8_quantiser.csv``, notebook 07's Appendix A). The gate/up GEMM takes one of two
     forms, by ``cfg_up.block_m``:
 
     * 64: ``silu(gate) * up`` quantised in its epilogue (one launch). Its tile must hold 128 output
