@@ -248,11 +248,12 @@ def launch_gluon_gemm(a_sorted: torch.Tensor, b: torch.Tensor, c: torch.Tensor, 
         raise ValueError(f"gated: expected no router weights (the epilogue is silu(gate) * up) and b of 2 * "
                          f"{c.shape[1]} rows (gate, then up) for c of {c.shape[1]} columns, got "
                          f"router_weights={'a tensor' if router_weights is not None else None}, b {tuple(b.shape)}")
-    if a_sorted.dtype != b.dtype or a_sorted.dtype not in _GLUON_DTYPES:
-        raise TypeError(f"a_sorted, b: expected one dtype of {', '.join(map(str, _GLUON_DTYPES)) or 'Gluon'}, "
-                        f"got {a_sorted.dtype} and {b.dtype}")
+    if a_sorted.dtype != b.dtype:
+        raise TypeError(f"a_sorted, b: expected one dtype, got {a_sorted.dtype} and {b.dtype}")
     if UNAVAILABLE:
         raise RuntimeError(UNAVAILABLE)
+    if a_sorted.dtype not in _GLUON_DTYPES:
+        raise TypeError(f"a_sorted: expected one of {', '.join(map(str, _GLUON_DTYPES))}, got {a_sorted.dtype}")
     sorted_ids, expert_ids, num_post = alignment
     rows, K = b.shape[1], b.shape[2]
     N = c.shape[1]
