@@ -305,21 +305,28 @@ def test_checkpoint_experts_run_through_the_fp8_layer():
 
 # ------------------------------------------------------------------ real shapes on a GPU
 
-@pytest.mark.gpu
-@needs_gpu
-@pytest.mark.parametrize("model", ["DeepSeek-V3", "Qwen3-30B-A3B", "Kimi-K2", "Mixtral-8x7B"])
-@pytest.mark.parametrize("M", [1, 64, 2048])
-def test_fp8_layer_on_real_shapes_on_gpu(model, M):
+def real_shape_problem(model: str, M: int, max_experts: int):
+    """``(x, q13, s13, q2, s2, tw, ti)`` on the GPU: a model's expert shapes with at most
+    ``max_experts`` experts (the same tiles, less memory), block-quantised, bf16 x, a routing."""
     s = mt.get_shape(model)
-    E = min(s.num_experts, 64)                       # fewer experts: the same tiles, less memory
+    E = min(s.num_experts, max_experts)
     g = torch.Generator(device="cuda").manual_seed(M)
     w13 = torch.randn(E, 2 * s.intermediate, s.hidden, device="cuda", generator=g) * 0.02
     w2 = torch.randn(E, s.hidden, s.intermediate, device="cuda", generator=g) * 0.02
     q13, s13 = quant.quantize_w13(w13)
     q2, s2 = quant.quantize_weight(w2)
-    w13 = w2 = None
+    del w13, w2
     x = torch.randn(M, s.hidden, device="cuda", generator=g).bfloat16()
     tw, ti = mt.route(torch.randn(M, E, device="cuda", generator=g), min(s.topk, E))
+    return x, q13, s13, q2, s2, tw, ti
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("model", ["DeepSeek-V3", "Qwen3-30B-A3B", "Kimi-K2", "Mixtral-8x7B"])
+@pytest.mark.parametrize("M", [1, 64, 2048])
+def test_fp8_layer_on_real_shapes_on_gpu(model, M):
+    x, q13, s13, q2, s2, tw, ti = real_shape_problem(model, M, 64)
     y = fp8_moe_layer(x, q13, s13, q2, s2, tw, ti)
     rows = torch.arange(min(M, 4), device="cuda")
     used = torch.unique(ti[rows])

@@ -111,8 +111,8 @@ def test_step_host_split_dry_run(tmp_path, capsys):
 
 
 def test_fp8_decode_profile_dry_run(tmp_path, monkeypatch):
-    """measurements/scripts/h200_fp8_decode_profile.py (issue 31's decode end, for the next GPU call)
-    on the toy shape in the interpreter: a row for the FP8 layer and one for the bf16 layer."""
+    """measurements/scripts/h200_fp8_decode_profile.py (issue 31's decode end) on the toy shape in
+    the interpreter: a row for the FP8 layer, one for the decode experiment, one for bf16."""
     from moe_tutorial.perf.results import read_csv
 
     module = load_script("h200_fp8_decode_profile.py")
@@ -123,4 +123,18 @@ def test_fp8_decode_profile_dry_run(tmp_path, monkeypatch):
     assert module.main(["--dry-run"]) == 0
     assert set(impls) == {"sorted"}                       # Part 4's layer, not the default (Part 1's loop)
     rows = read_csv(tmp_path / "h200_fp8_decode_profile.csv", floats={"wall_us"})
-    assert [r["impl"] for r in rows] == ["fp8", "bf16"] and all(r["wall_us"] > 0 for r in rows)
+    assert [r["impl"] for r in rows] == ["fp8", "fp8-decode", "bf16"] and all(r["wall_us"] > 0 for r in rows)
+
+
+def test_fp8_decode_dry_run(tmp_path, monkeypatch):
+    """measurements/scripts/h200_fp8_decode.py on the toy shape: every call checked against the
+    float64 layer, then timed; the rows name the two layers and the decode config asked for."""
+    from moe_tutorial.perf.results import read_csv
+
+    module = load_script("h200_fp8_decode.py")
+    monkeypatch.setattr(module, "OUT", str(tmp_path))
+    assert module.main(["--dry-run"]) == 0
+    rows = read_csv(tmp_path / "h200_fp8_decode.csv", floats={"ms", "rel_error"})
+    assert {r["impl"] for r in rows} == {"bf16-sorted", "fp8-aligned", "decode-8x16-e4m3"}
+    assert {r["M"] for r in rows} == {"1", "2"} or {r["M"] for r in rows} == {1, 2}
+    assert all(r["rel_error"] < 1e-5 for r in rows if r["impl"] != "bf16-sorted")

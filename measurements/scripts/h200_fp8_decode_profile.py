@@ -6,10 +6,12 @@
 
 Issue 31 asks the whole FP8 layer for 1.7x the bf16 one at M <= 256 on DeepSeek-V3 and Kimi-K2
 (1.4x on Qwen3-30B-A3B); the bench measured 1.58x and 1.06x at M = 1. For each model and M this
-runs the package's FP8 layer (``fp8_moe_layer``, the tuned table's tiles) and Part 4's bf16 layer
-(``moe_layer(..., impl="sorted")``) under ``torch.profiler`` and prints, per call, the GPU time of each kernel, their
-sum and the wall time of the call: a call whose wall time exceeds its kernels' sum is waiting on
-launches (the host), not on the weights' read. Rows go to ``$OUT/h200_fp8_decode_profile.csv``.
+runs the package's FP8 layer (``fp8_moe_layer``, the tuned table's tiles), the decode experiment
+(:func:`moe_tutorial.experiments.fp8_decode.fp8_decode_layer`, its default config) and Part 4's
+bf16 layer (``moe_layer(..., impl="sorted")``) under ``torch.profiler`` and
+prints, per call, the GPU time of each kernel, their sum and the wall time of the call: a call
+whose wall time exceeds its kernels' sum is waiting on launches (the host), not on the weights'
+read. Rows go to ``$OUT/h200_fp8_decode_profile.csv``.
 The weights are random e4m3 with unit scales (timing only; at decode only the routed experts'
 weights are read). ``--dry-run``: the toy shape in the interpreter (checks the script).
 """
@@ -23,6 +25,7 @@ import time
 
 import moe_tutorial as mt  # noqa: F401  (first: picks the runtime)
 from moe_tutorial import runtime
+from moe_tutorial.experiments.fp8_decode import fp8_decode_layer
 from moe_tutorial.kernels.fp8_layer import fp8_moe_layer
 from moe_tutorial.quant import BLOCK, FP8_DTYPE
 from moe_tutorial.shapes import MODEL_SHAPES, ModelShape
@@ -47,7 +50,10 @@ def fp8_weights(shape: ModelShape, device) -> tuple:
 
 
 def calls_of(shape: ModelShape, M: int, weights, dtype):
-    """``{"fp8": call, "bf16": call}`` for one batch (the bf16 layer on the FP8 weights cast up)."""
+    """``{"fp8": call, "fp8-decode": call, "bf16": call}`` for one batch: the package's FP8 layer,
+    the decode experiment, and the bf16 layer on the FP8 weights cast up. (In the committed logs of
+    the fifteenth session "fp8" was the decode path at M = 1, the package's then, and
+    "fp8-aligned" the layer as it is now.)"""
     device = runtime.DEVICE
     g = torch.Generator(device=device).manual_seed(M)
     x = torch.randn(M, shape.hidden, device=device, generator=g).to(dtype)
@@ -55,6 +61,7 @@ def calls_of(shape: ModelShape, M: int, weights, dtype):
     w13, s13, w2, s2 = weights
     w13_16, w2_16 = w13.to(dtype), w2.to(dtype)
     return {"fp8": lambda: fp8_moe_layer(x, w13, s13, w2, s2, tw, ids),
+            "fp8-decode": lambda: fp8_decode_layer(x, w13, s13, w2, s2, tw, ids),
             "bf16": lambda: mt.moe_layer(x, w13_16, w2_16, tw, ids, impl=BF16_IMPL)}
 
 

@@ -8,7 +8,9 @@ Each module reads back (or helps run) an experiment whose GPU script lives in
 * :mod:`.part3_cap`: why Part 3's kernel stops near 10 TFLOP/s (notebook 03;
   ``measurements/scripts/h200_part3_cap.py``);
 * :mod:`.limits`: where Part 4 stops short of the floor, and the levers tried (notebook 05's
-  appendix; ``measurements/scripts/h200_limit_experiments.py``).
+  appendix; ``measurements/scripts/h200_limit_experiments.py``);
+* :mod:`.fp8_decode`: Part 7's layer at decode in two launches, kernels and reader (notebook 07's
+  appendix; ``measurements/scripts/h200_fp8_decode.py``): measured, and not the package's path.
 
 The ground floor never imports this wing: ``kernels/`` and ``perf/`` work without it.
 """
