@@ -285,3 +285,23 @@ def test_the_sorted_quantiser():
                 sum(s > 0 for s in saved), len(saved), sum(s <= 0 for s in saved), -saved[worst], g["model"], g["M"],
                 noise)
     assert -saved[worst] / g["layer_gather"] < noise                  # the slowdown is within that spread
+
+
+def test_the_decode_experiment():
+    """Appendix A's decode path in two launches (``data/h200_fp8_decode.csv``)."""
+    from moe_tutorial.experiments import fp8_decode
+
+    cases = {(c["model"], c["M"]): c for c in fp8_decode.decode_summary(fp8_decode.load_decode())}
+    speed = {key: c["aligned_over_best"] for key, c in cases.items()}
+    assert_says(P7, "At M = 1 the decode path runs at {:.2f}x the layer's speed on DeepSeek-V3 and {:.2f}x on "
+                    "Kimi-K2, and at {:.2f}x on Qwen3-30B-A3B",
+                speed["DeepSeek-V3", 1], speed["Kimi-K2", 1], speed["Qwen3-30B-A3B", 1])
+    assert speed["DeepSeek-V3", 1] < 1 and speed["Kimi-K2", 1] < 1 < speed["Qwen3-30B-A3B", 1]
+    assert_says(P7, "({:.2f}x at M = 2, and behind the layer again by M = 8)", speed["Qwen3-30B-A3B", 2])
+    assert speed["Qwen3-30B-A3B", 8] < 1 < speed["Qwen3-30B-A3B", 2]
+    assert all(speed[model, M] < 1 for model in ("DeepSeek-V3", "Kimi-K2") for M in (1, 2, 4, 8))   # "every M"
+    bf16 = {m: cases[m, 1]["bf16_us"] / cases[m, 1]["aligned_us"] for m in ("DeepSeek-V3", "Kimi-K2", "Qwen3-30B-A3B")}
+    assert_says(P7, "In this run it is {}x as fast as bf16 at M = 1 on DeepSeek-V3, {}x on Kimi-K2 and {}x on "
+                    "Qwen3-30B-A3B", *(f"{bf16[m]:.2f}" for m in ("DeepSeek-V3", "Kimi-K2", "Qwen3-30B-A3B")))
+    gains = [speed["Qwen3-30B-A3B", M] - 1 for M in (1, 2, 4, 8) if speed["Qwen3-30B-A3B", M] > 1]
+    assert_says(P7, "a second path for a gain of {:.0%} to {:.0%} on one model", min(gains), max(gains))
