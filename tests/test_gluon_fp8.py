@@ -115,13 +115,17 @@ def test_the_tl_kernel_waits_for_every_mma_and_the_gluon_kernel_keeps_one_in_fli
 
 # ------------------------------------------------------------------ the kernel on a Hopper GPU
 
-def _cfg(bm, warps, stages, **kw):
-    return KernelConfig(block_m=bm, block_n=128, block_k=128, num_warps=warps, num_stages=stages, short_tails=False,
-                        gluon=True, **kw)
+def _cfg(bm, warps, stages, block_n=128, **kw):
+    return KernelConfig(block_m=bm, block_n=block_n, block_k=128, num_warps=warps, num_stages=stages,
+                        short_tails=False, gluon=True, **kw)
 
 
 FIRST_CONFIGS = {"128x8": _cfg(128, 8, 4), "64x4": _cfg(64, 4, 6), "256 two waves": _cfg(256, 8, 3),
-                 "group 1": _cfg(128, 8, 3, group_m=1)}
+                 "group 1": _cfg(128, 8, 3, group_m=1), "128x256 rescaled": _cfg(128, 8, 4, 256, rescale=True),
+                 "128x256 rescaled, group 1": _cfg(128, 8, 3, 256, rescale=True, group_m=1)}
+#: The layer's Gluon forms: (gate/up config, down config).
+LAYER_CONFIGS = {"fused": (_cfg(64, 8, 4), _cfg(64, 4, 6)), "unfused": (_cfg(128, 8, 4), _cfg(128, 8, 4)),
+                 "rescaled": (_cfg(128, 8, 4, rescale=True), _cfg(128, 8, 4, 256, rescale=True))}
 
 
 def _problem(M, E, N, K, topk, seed=0, skip_expert=None):
@@ -151,7 +155,7 @@ def test_gluon_first_gemm_matches_float64(name, M, E, N, K, topk):
 
 @needs_hopper
 @pytest.mark.gpu
-@pytest.mark.parametrize("form", ["fused", "unfused"])
+@pytest.mark.parametrize("form", LAYER_CONFIGS)
 @pytest.mark.parametrize("M,E,inter,K,topk", [(300, 8, 192, 320, 2), (2048, 128, 768, 2048, 8),
                                               (512, 256, 2048, 7168, 8)])
 def test_gluon_layer_matches_its_step_exact_float64_reference(form, M, E, inter, K, topk):
@@ -159,7 +163,7 @@ def test_gluon_layer_matches_its_step_exact_float64_reference(form, M, E, inter,
     w2 = torch.randn(E, K, inter, device=DEV, dtype=torch.bfloat16) * inter ** -0.5
     q13, s13 = quantize_w13(w13)
     q2, s2 = quantize_weight(w2)
-    configs = (_cfg(64, 8, 4), _cfg(64, 4, 6)) if form == "fused" else (_cfg(128, 8, 4), _cfg(128, 8, 4))
+    configs = LAYER_CONFIGS[form]
     if form == "unfused" and inter % 128:
         with pytest.raises(ValueError, match="multiple of 128"):
             fp8_moe_layer(x, q13, s13, q2, s2, tw, ids, configs=configs)
@@ -177,7 +181,7 @@ def test_gluon_layer_matches_its_step_exact_float64_reference(form, M, E, inter,
 
 @needs_hopper
 @pytest.mark.gpu
-@pytest.mark.parametrize("form", ["fused", "unfused"])
+@pytest.mark.parametrize("form", LAYER_CONFIGS)
 def test_the_sorted_quantiser_gives_the_layer_the_same_bits(form):
     """The Gluon layer with its quantiser writing into sorted order: bitwise the layer that
     quantises, then gathers (the same e4m3 rows and scales reach the same GEMMs)."""
@@ -186,7 +190,7 @@ def test_the_sorted_quantiser_gives_the_layer_the_same_bits(form):
     w2 = torch.randn(E, K, inter, device=DEV, dtype=torch.bfloat16) * inter ** -0.5
     q13, s13 = quantize_w13(w13)
     q2, s2 = quantize_weight(w2)
-    up, down = (_cfg(64, 8, 4), _cfg(64, 4, 6)) if form == "fused" else (_cfg(128, 8, 4), _cfg(128, 8, 4))
+    up, down = LAYER_CONFIGS[form]
     alignment = align_block_size(ids, up.block_m, E)
     outs = [gk.gluon_fp8_layer(x, q13, s13, q2, s2, tw, alignment, topk, up, down, sorted_quantiser=flag)
             for flag in (False, True)]
@@ -204,9 +208,60 @@ def test_a_layer_that_mixes_the_two_kernels_is_refused():
         fp8_moe_layer(x, q13, s13, q2, s2, tw, ids, configs=(_cfg(64, 8, 4), tl_cfg))
 
 
-def test_the_gluon_kernel_refuses_tiles_other_than_128_wide():
-    bad = _cfg(128, 8, 4)
-    bad = KernelConfig(**{**bad.as_dict(), "block_n": 64})
-    with pytest.raises(ValueError, match="block_n = block_k = 128"):
+@needs_hopper
+@pytest.mark.gpu
+def test_the_rescaled_kernel_gives_blocks_of_zeros_stored_with_scale_0_nothing():
+    """Rescaling in place divides by each step's scales: a block of zeros stored with scale 0 (as a
+    checkpoint may hold it) must add nothing and leave the sum's units alone, at the first K step
+    (an activation block) and at a later one (a weight block); the rest as the float64 reference."""
+    x, w, _, ids = _problem(300, 8, 512, 640, 2)
+    x_q, x_s = quantize_rows(x)
+    w_q, w_s = quantize_weight(w)
+    x_q[0, :128] = 0
+    x_s[0, 0] = 0.0                          # token 0's first K block: zeros, scale 0
+    w_q[1, 128:256, 256:384] = 0
+    w_s[1, 1, 2] = 0.0                       # expert 1, rows 128-255, third K block
+    out = fp8_moe_matmul(x_q, x_s, w_q, w_s, ids, config=FIRST_CONFIGS["128x256 rescaled"])
+    ref = reference_moe_matmul(dequantize_activations(x_q, x_s), dequantize_weight(w_q, w_s), ids)
+    assert bool(torch.isfinite(out).all())
+    assert rel_error(out, ref) < 1e-2
+    assert rel_error(out[0], ref[0]) < 1e-2
+
+
+@pytest.mark.parametrize("changes", [{"block_n": 64}, {"block_n": 256}, {"rescale": True}])
+def test_the_gluon_kernel_refuses_tiles_it_does_not_have(changes):
+    bad = KernelConfig(**{**_cfg(128, 8, 4).as_dict(), **changes})
+    with pytest.raises(ValueError, match="block_k = 128 and block_n = (128|256) here"):
         gk.launch_gluon_fp8_gemm(None, None, torch.empty(1, 1, 1), None, torch.empty(1, 1), (None, None, None), 1,
                                  bad)
+
+
+def test_only_the_gluon_kernel_rescales():
+    from moe_tutorial.kernels.configs import check_fp8_config
+    with pytest.raises(ValueError, match="config.rescale: only the Gluon kernel"):
+        check_fp8_config(KernelConfig(block_m=64, block_n=128, block_k=128, rescale=True))
+
+
+# ------------------------------------------------------------------ rescaling in place, the arithmetic
+
+@pytest.mark.parametrize("seed", range(4))
+def test_rescaling_in_place_sums_what_promotion_sums(seed):
+    """Over a DeepSeek-V3-long K (56 steps) of random products and scales spanning six orders of
+    magnitude, the sum kept in the last step's units equals the promoted sum within fp32 rounding,
+    both against float64."""
+    from moe_tutorial.experiments.gluon_fp8 import promoted_and_rescaled
+    g = torch.Generator().manual_seed(seed)
+    products = torch.randn(56, 64, generator=g) * 3e5
+    scales = 10 ** (torch.rand(56, 64, generator=g) * 6 - 7)
+    exact = (products.double() * scales.double()).sum(0)
+    promoted, rescaled = promoted_and_rescaled(products, scales)
+    assert rel_error(promoted, exact) < 1e-6 and rel_error(rescaled, exact) < 1e-6
+
+
+def test_rescaling_in_place_keeps_zero_scales_and_nan():
+    from moe_tutorial.experiments.gluon_fp8 import promoted_and_rescaled
+    products = torch.tensor([[0.0, 5.0, 2.0], [4.0, 0.0, 1.0], [2.0, 3.0, 7.0]])
+    scales = torch.tensor([[0.0, 0.5, 1.0], [2.0, 0.0, 1.0], [0.25, 4.0, float("nan")]])
+    promoted, rescaled = promoted_and_rescaled(products, scales)
+    assert torch.equal(rescaled[:2], torch.tensor([8.5, 14.5])) and torch.equal(promoted[:2], rescaled[:2])
+    assert rescaled[2].isnan() and promoted[2].isnan()

@@ -12,6 +12,8 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+import torch
+
 DATA = Path(__file__).parent.parent / "data"
 #: The kernel as shipped, against which each lever is measured: 128-row tiles (two consumer
 #: warpgroups), 4 stages, GROUP_M 8, step k+1's MMA in flight during step k's promotion.
@@ -120,3 +122,34 @@ def load_profile(path: Path | None = None) -> dict[tuple[str, int], dict]:
             row = {k: (v if k in text else float(v)) for k, v in r.items()}
             out[row["kernel"], int(row["M"])] = row
         return out
+
+
+def promoted_and_rescaled(products: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two ways the Gluon kernel can turn each K step's raw product into the tile's sum, step by
+    step in fp32 as its registers hold them (what notebook 07's Appendix A works by hand).
+
+    Args:
+        products: ``[steps, rows]`` fp32, each step's raw e4m3 product (128 products summed by the
+            tensor cores, no scale applied).
+        scales: ``[steps, rows]`` fp32, each step's scale: the row's activation scale times the
+            weight block's.
+
+    Returns:
+        ``(promoted, rescaled)``, ``[rows]`` fp32 each. *Promoted*: ``acc += product * scale`` every
+        step, which needs the raw product in registers of its own beside ``acc``. *Rescaled in
+        place*: ``acc`` is kept in units of the last step's scale, so the next product is added as
+        it comes (the tensor cores can add it themselves): before step k ``acc *= unit / scale_k``,
+        and one ``acc * unit`` at the end. A step whose scale is 0 keeps the unit (a block of zeros
+        adds nothing); a NaN scale gives NaN, as promotion does. :func:`rescale_by` in
+        ``kernels/gluon_fp8_kernel.py`` is the kernel's line.
+    """
+    products, scales = products.float(), scales.float()
+    promoted = torch.zeros_like(products[0])
+    for p, s in zip(products, scales):
+        promoted = promoted + p * s
+    acc, unit = products[0].clone(), scales[0].clone()
+    for p, s in zip(products[1:], scales[1:]):
+        zero = s == 0
+        acc = acc * torch.where(zero, torch.ones_like(s), unit / s) + p
+        unit = torch.where(zero, unit, s)
+    return promoted, acc * unit

@@ -30,7 +30,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 #: What :func:`compile_report` can compile: a name per kernel and launch.
-KERNELS = ("tl-plain", "gluon-plain", "gluon-plain-nooverlap", "gluon-gated", "gluon-two-wave")
+KERNELS = ("tl-plain", "gluon-plain", "gluon-plain-nooverlap", "gluon-gated", "gluon-two-wave",
+           "gluon-rescaled-plain", "gluon-rescaled-gated")
 
 #: The bf16 Gluon kernel (:mod:`moe_tutorial.kernels.gluon_kernel`) at prefill, as
 #: :func:`~moe_tutorial.kernels.gluon_kernel.gluon_layer` runs it: name -> (block_n, stages), all
@@ -147,14 +148,15 @@ def _compile(kernel: str):
             fp8_layer.launch_fp8_gemm(x_q, x_s, w, w_s, out, align_block_size(ids, 64, E), pairs, topk, config)
         return cap.compiled[0]
     bm, warps, stages = {"gluon-gated": (64, 8, 4), "gluon-two-wave": (256, 8, 3)}.get(kernel, (128, 8, 4))
-    config = KernelConfig(block_m=bm, block_n=128, block_k=128, num_warps=warps, num_stages=stages,
-                          short_tails=False, gluon=True)
+    rescale = kernel.startswith("gluon-rescaled")
+    config = KernelConfig(block_m=bm, block_n=256 if kernel == "gluon-rescaled-plain" else 128, block_k=128,
+                          num_warps=warps, num_stages=stages, short_tails=False, gluon=True, rescale=rescale)
     alignment = align_block_size(ids, bm, E)
     rows = gluon_fp8_kernel.sorted_rows(alignment, bm)
     a, a_st = torch.zeros(rows, K, dtype=FP8_DTYPE), torch.ones(K // 128, rows)
     gluon_fp8_kernel.UNAVAILABLE = None              # compiling, not running
     with _captured(gluon_fp8_kernel, "gluon_fp8_moe_kernel") as cap:
-        if kernel == "gluon-gated":
+        if kernel in ("gluon-gated", "gluon-rescaled-gated"):
             act = torch.empty(a.shape[0], inter, dtype=FP8_DTYPE)
             act_st = torch.empty(inter // 128, a.shape[0])
             gluon_fp8_kernel.launch_gluon_fp8_gemm(a, a_st, w, w_s, act, alignment, pairs, config, c_scale_t=act_st)

@@ -36,6 +36,7 @@ class KernelConfig:
     swap_ab: bool = False      # FP8 kernel only: small row blocks computed transposed (C^T = B^T A^T)
     persistent: bool = False   # one program per SM walks the tiles (kernels/persistent_kernel.py); no short tails
     gluon: bool = False        # FP8 only: the Gluon kernel (kernels/gluon_fp8_kernel.py; Hopper only)
+    rescale: bool = False      # Gluon FP8 only: accumulators rescaled in place, no raw products (256-wide tiles)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -67,7 +68,7 @@ def check_config(config, name: str = "config") -> KernelConfig:
         if value < 1:
             raise ValueError(f"{name}.{field}: expected an int of at least 1, got {value}")
         fields[field] = value
-    for field in ("use_tma", "short_tails", "persistent", "gluon"):
+    for field in ("use_tma", "short_tails", "persistent", "gluon", "rescale"):
         if not isinstance(getattr(config, field), bool):
             raise TypeError(f"{name}.{field}: expected True or False, got {getattr(config, field)!r}")
     return replace(config, **fields)
@@ -82,6 +83,9 @@ def check_fp8_config(config, name: str = "config", *, quant_out: bool = False) -
     if config.persistent:
         raise ValueError(f"{name}.persistent: the FP8 kernel has no persistent grid (it lost to one program per "
                          f"tile on an H200, measurements/gpu-notes.md); expected False")
+    if config.rescale and not config.gluon:
+        raise ValueError(f"{name}.rescale: only the Gluon kernel rescales its accumulators in place; expected False "
+                         f"or gluon=True")
     if FP8_BLOCK % config.block_k:
         raise ValueError(f"{name}.block_k: expected a power of two dividing {FP8_BLOCK} (one scale per K step), "
                          f"got {config.block_k}")

@@ -119,22 +119,22 @@ def gather_sorted_fp8(x_q: torch.Tensor, x_scale: torch.Tensor, alignment, num_p
 if HAVE_GLUON:
     @gluon.jit
     def fp8_load_partition(a_desc, as_desc, b_desc, a_bufs, as_bufs, b_bufs, bu_bufs, ready, empty,
-                           expert_ids_ptr, num_post_ptr, N, K, b_rows_per_expert, up_rows, group_m,
-                           GATED: gl.constexpr):
-        """One warp: for each K step of each tile, A's tile, its row scales and B's tile (with GATED,
-        also the up rows' tile, ``up_rows`` rows further on) into a free stage."""
+                           expert_ids_ptr, num_post_ptr, N, K, b_rows_per_expert, second_rows, group_m,
+                           TWO_B: gl.constexpr, TILE_N: gl.constexpr):
+        """One warp: for each K step of each tile (``TILE_N`` output columns), A's tile, its row scales
+        and B's tile into a free stage; with TWO_B also a second B tile ``second_rows`` rows further on
+        (the up rows of a gated tile, or the right half of a 256-wide one)."""
         STAGES: gl.constexpr = a_bufs.type.shape[0]
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-        BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
         num_pid_m = gl.cdiv(gl.load(num_post_ptr), BLOCK_M)
-        num_pid_n = gl.cdiv(N, BLOCK_N)
+        num_pid_n = gl.cdiv(N, TILE_N)
         nbytes: gl.constexpr = (a_desc.block_type.nbytes + as_desc.block_type.nbytes
-                                + (2 if GATED else 1) * b_desc.block_type.nbytes)
+                                + (2 if TWO_B else 1) * b_desc.block_type.nbytes)
         step = 0
         for t in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
             pid_m, pid_n = tile_of(t, num_pid_m, num_pid_n, group_m)
-            b_row = gl.load(expert_ids_ptr + pid_m) * b_rows_per_expert + pid_n * BLOCK_N
+            b_row = gl.load(expert_ids_ptr + pid_m) * b_rows_per_expert + pid_n * TILE_N
             for k in range(0, gl.cdiv(K, BLOCK_K)):
                 s = step % STAGES
                 # A fresh barrier counts as released: the first lap waits on the opposite phase.
@@ -144,8 +144,8 @@ if HAVE_GLUON:
                                                 a_bufs.index(s))
                 tma_load(as_desc, [k, pid_m * BLOCK_M], ready.index(s), as_bufs.index(s))
                 tma_load(b_desc, [b_row, k * BLOCK_K], ready.index(s), b_bufs.index(s))
-                if GATED:
-                    tma_load(b_desc, [b_row + up_rows, k * BLOCK_K], ready.index(s),
+                if TWO_B:
+                    tma_load(b_desc, [b_row + second_rows, k * BLOCK_K], ready.index(s),
                                                     bu_bufs.index(s))
                 step += 1
 
@@ -372,34 +372,139 @@ if HAVE_GLUON:
                 acc_u = acc_u + xu * su_x[:, None]
             mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES))
 
-            # [quantising epilogue] silu(gate) * up, then per row one scale for these 128 columns.
-            offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=rows_layout)
-            offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=cols_layout)
-            row_ok = gl.load(sorted_ids_ptr + offs_m) < num_pairs
-            col_ok = offs_n < N
-            h = gl.where(col_ok[None, :], silu_mul(acc_g, acc_u), 0.0)
-            q, scale = quantize_group(h, E4M3_MAX_C, MIN_AMAX_C)
-            rows64 = offs_m.to(gl.int64)
-            gl.store(c_ptr + rows64[:, None] * stride_cm + offs_n[None, :], q.to(c_ptr.dtype.element_ty),
-                     mask=row_ok[:, None] & col_ok[None, :])
-            gl.store(cs_ptr + pid_n * stride_csn + rows64, scale, mask=row_ok)
+            store_quantised(acc_g, acc_u, pid_m, pid_n, c_ptr, cs_ptr, sorted_ids_ptr, N, num_pairs, stride_cm,
+                            stride_csn, rows_layout, cols_layout)
+
+    @gluon.jit
+    def store_quantised(acc_g, acc_u, pid_m, pid_n, c_ptr, cs_ptr, sorted_ids_ptr, N, num_pairs, stride_cm,
+                        stride_csn, rows_layout: gl.constexpr, cols_layout: gl.constexpr):
+        """[quantising epilogue] ``silu(gate) * up``, then per row one scale for these 128 columns: the
+        down GEMM's e4m3 input at the sorted rows, its scales transposed (``cs[pid_n, row]``)."""
+        BLOCK_M: gl.constexpr = acc_g.type.shape[0]
+        BLOCK_N: gl.constexpr = acc_g.type.shape[1]
+        offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=rows_layout)
+        offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=cols_layout)
+        row_ok = gl.load(sorted_ids_ptr + offs_m) < num_pairs
+        col_ok = offs_n < N
+        h = gl.where(col_ok[None, :], silu_mul(acc_g, acc_u), 0.0)
+        q, scale = quantize_group(h, E4M3_MAX_C, MIN_AMAX_C)
+        rows64 = offs_m.to(gl.int64)
+        gl.store(c_ptr + rows64[:, None] * stride_cm + offs_n[None, :], q.to(c_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & col_ok[None, :])
+        gl.store(cs_ptr + pid_n * stride_csn + rows64, scale, mask=row_ok)
+
+    @gluon.jit
+    def rescale_by(acc, unit, new_unit):
+        """``acc`` (a sum in units of ``unit``, per row) re-expressed in units of ``new_unit`` before
+        the next MMA adds a product in those units: ``(acc * unit / new_unit, the unit it is now in)``.
+        A step whose scale is 0 (a block of zeros) adds nothing true and keeps the unit; a NaN scale
+        makes the row NaN, as the tl kernel's promotion does."""
+        zero = new_unit == 0.0
+        factor = gl.where(zero, 1.0, unit / new_unit)
+        return settled(acc * factor[:, None]), gl.where(zero, unit, new_unit)
+
+    @gluon.jit
+    def fp8_rescaled_mma_partition(a_bufs, as_bufs, b_bufs, bu_bufs, ready, empty, b_scale_ptr, c_ptr, cs_ptr,
+                                   router_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr, N, K, num_pairs,
+                                   second_scale_rows, stride_bse, stride_bsn, stride_bsk, stride_cm, stride_csn,
+                                   group_m, GATED: gl.constexpr, C_SORTED: gl.constexpr,
+                                   ROUTER_WEIGHTS: gl.constexpr):
+        """The MMA warps with two accumulators of 128 columns (gate and up, or a 256-wide tile's two
+        halves) and no raw product at all: before each K step's MMA adds into an accumulator, the
+        accumulator is *rescaled in place* into that step's units (``acc * old scale / new scale``,
+        per row), and one multiply by the last step's scales ends the tile. Two register tiles of 128
+        columns instead of three per 128 columns: a tile 256 wide (or gate and up of 128 rows) fits,
+        and every step brings 1.5x the arithmetic per byte of the 128 x 128 tile. While half 1 is
+        rescaled, half 0's MMA runs; half 0 is rescaled while the other warpgroup's MMAs run."""
+        STAGES: gl.constexpr = a_bufs.type.shape[0]
+        BLOCK_M: gl.constexpr = a_bufs.type.shape[1]
+        BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
+        HALF: gl.constexpr = b_bufs.type.shape[1]
+        TILE_N: gl.constexpr = HALF if GATED else 2 * HALF
+        layout: gl.constexpr = mma_layout(BLOCK_M, HALF, gl.num_warps(), 32)
+        rows_layout: gl.constexpr = gl.SliceLayout(1, layout)
+        cols_layout: gl.constexpr = gl.SliceLayout(0, layout)
+        num_pid_m = gl.cdiv(gl.load(num_post_ptr), BLOCK_M)
+        num_pid_n = gl.cdiv(N, TILE_N)
+        num_k = gl.cdiv(K, BLOCK_K)
+        step = 0
+        for t in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
+            pid_m, pid_n = tile_of(t, num_pid_m, num_pid_n, group_m)
+            expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
+            bs0_ptr = b_scale_ptr + expert * stride_bse + ((pid_n * TILE_N) // 128) * stride_bsn
+            bs1_ptr = bs0_ptr + second_scale_rows * stride_bsn
+            # A 256-wide tile's right half may lie past N: its scales read as 0, its columns are not stored.
+            num_k1 = num_k if GATED else num_k * (pid_n * TILE_N + HALF < N).to(gl.int32)
+            acc0 = gl.zeros((BLOCK_M, HALF), dtype=gl.float32, layout=layout)
+            acc1 = gl.zeros((BLOCK_M, HALF), dtype=gl.float32, layout=layout)
+
+            # [step 0: both halves start]
+            # Not added to (use_acc=False): the sums start in units of step 0's scales.
+            w0, w1 = weight_scale(bs0_ptr, 0, num_k, stride_bsk), weight_scale(bs1_ptr, 0, num_k1, stride_bsk)
+            n0 = weight_scale(bs0_ptr, 1, num_k, stride_bsk)        # step 1's weight scales, read a step early
+            n1 = weight_scale(bs1_ptr, 1, num_k1, stride_bsk)
+            s = step % STAGES
+            mbarrier.wait(ready.index(s), (step // STAGES) & 1)
+            a_s = row_scales(as_bufs, s, rows_layout)
+            unit0, unit1 = a_s * w0, a_s * w1
+            acc0 = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc0, use_acc=False,
+                                 is_async=True)
+            acc1 = warpgroup_mma(a_bufs.index(s), bu_bufs.index(s).permute((1, 0)), acc1, use_acc=False,
+                                 is_async=True)
+            step += 1
+            # [steps 1 on: rescale, then add]
+            # Both halves of step k-1 done, then half 1 is rescaled while half 0's MMA of step k
+            # runs. (Rescaling half 0 while half 1's MMA still ran would be the full overlap,
+            # but ptxas serialises every wgmma of a kernel that touches an accumulator between two
+            # MMAs that add into it with any MMA in flight: it checks the chain, not which one waits.)
+            for k in range(1, num_k):
+                w0, w1 = n0, n1
+                n0 = weight_scale(bs0_ptr, k + 1, num_k, stride_bsk)
+                n1 = weight_scale(bs1_ptr, k + 1, num_k1, stride_bsk)
+                s = step % STAGES
+                mbarrier.wait(ready.index(s), (step // STAGES) & 1)
+                a_s = row_scales(as_bufs, s, rows_layout)
+                acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
+                mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES))    # step k-1's stage is read
+                acc0, unit0 = rescale_by(acc0, unit0, a_s * w0)
+                acc0 = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc0, is_async=True)
+                acc1, unit1 = rescale_by(acc1, unit1, a_s * w1)
+                acc1 = warpgroup_mma(a_bufs.index(s), bu_bufs.index(s).permute((1, 0)), acc1, is_async=True)
+                step += 1
+            acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
+            mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES))
+            acc0 = acc0 * unit0[:, None]
+            acc1 = acc1 * unit1[:, None]
+
+            # [epilogue]
+            if GATED:
+                store_quantised(acc0, acc1, pid_m, pid_n, c_ptr, cs_ptr, sorted_ids_ptr, N, num_pairs, stride_cm,
+                                stride_csn, rows_layout, cols_layout)
+            else:
+                store_rows(acc0, pid_m * BLOCK_M, 2 * pid_n, c_ptr, router_w_ptr, sorted_ids_ptr, N, num_pairs,
+                           stride_cm, rows_layout, cols_layout, C_SORTED, ROUTER_WEIGHTS)
+                store_rows(acc1, pid_m * BLOCK_M, 2 * pid_n + 1, c_ptr, router_w_ptr, sorted_ids_ptr, N, num_pairs,
+                           stride_cm, rows_layout, cols_layout, C_SORTED, ROUTER_WEIGHTS)
 
     @gluon.jit
     def gluon_fp8_moe_kernel(a_desc, as_desc, b_desc, b_scale_ptr, c_ptr, cs_ptr, router_w_ptr,
                              sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
-                             N, K, num_pairs, b_rows_per_expert, up_rows, up_scale_rows,
+                             N, K, num_pairs, b_rows_per_expert, second_rows, second_scale_rows,
                              stride_bse, stride_bsn, stride_bsk, stride_cm, stride_csn, group_m,
-                             STAGES: gl.constexpr, GATED: gl.constexpr, C_SORTED: gl.constexpr,
+                             STAGES: gl.constexpr, GATED: gl.constexpr, RESCALE: gl.constexpr,
+                             TWO_B: gl.constexpr, TILE_N: gl.constexpr, C_SORTED: gl.constexpr,
                              ROUTER_WEIGHTS: gl.constexpr, OVERLAP: gl.constexpr):
         """C[pair] = (A[sorted position] . B[expert]^T) with block scales, for every real tile.
 
-        With GATED, B holds gate rows then up rows (``up_rows`` further on, their scales
-        ``up_scale_rows`` further on) and C receives ``silu(gate) * up`` in e4m3 at the sorted rows,
-        one scale per row and 128 columns in ``cs`` (transposed: ``[N / 128, rows]``)."""
+        With GATED, B holds gate rows then up rows (``second_rows`` further on, their scales
+        ``second_scale_rows`` further on) and C receives ``silu(gate) * up`` in e4m3 at the sorted rows,
+        one scale per row and 128 columns in ``cs`` (transposed: ``[N / 128, rows]``). With RESCALE
+        the accumulators are rescaled in place (:func:`fp8_rescaled_mma_partition`); a plain tile is
+        then two B tiles wide (``TILE_N`` = 256, the second ``second_rows`` = 128 rows on)."""
         a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
         as_bufs = gl.allocate_shared_memory(as_desc.dtype, [STAGES] + as_desc.block_type.shape, as_desc.layout)
         b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-        if GATED:
+        if TWO_B:
             bu_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
         else:
             bu_bufs = b_bufs
@@ -409,15 +514,25 @@ if HAVE_GLUON:
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=1)
         fence_async_shared()
-        if GATED:
+        # (each branch names the load partition in full: a constexpr passed inside a tuple stops being one)
+        if RESCALE:
+            gl.warp_specialize([
+                (fp8_rescaled_mma_partition, (a_bufs, as_bufs, b_bufs, bu_bufs, ready, empty, b_scale_ptr, c_ptr,
+                                              cs_ptr, router_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr, N,
+                                              K, num_pairs, second_scale_rows, stride_bse, stride_bsn, stride_bsk,
+                                              stride_cm, stride_csn, group_m, GATED, C_SORTED, ROUTER_WEIGHTS)),
+                (fp8_load_partition, (a_desc, as_desc, b_desc, a_bufs, as_bufs, b_bufs, bu_bufs, ready, empty,
+                                      expert_ids_ptr, num_post_ptr, N, K, b_rows_per_expert, second_rows, group_m,
+                                      TWO_B, TILE_N))], [1], [40])
+        elif GATED:
             gl.warp_specialize([
                 (fp8_gated_mma_partition, (a_bufs, as_bufs, b_bufs, bu_bufs, ready, empty, b_scale_ptr, c_ptr, cs_ptr,
                                            sorted_ids_ptr, expert_ids_ptr, num_post_ptr, N, K, num_pairs,
-                                           up_scale_rows, stride_bse, stride_bsn, stride_bsk, stride_cm, stride_csn,
-                                           group_m)),
+                                           second_scale_rows, stride_bse, stride_bsn, stride_bsk, stride_cm,
+                                           stride_csn, group_m)),
                 (fp8_load_partition, (a_desc, as_desc, b_desc, a_bufs, as_bufs, b_bufs, bu_bufs, ready, empty,
-                                       expert_ids_ptr, num_post_ptr, N, K, b_rows_per_expert, up_rows, group_m,
-                                       GATED))], [1], [40])
+                                      expert_ids_ptr, num_post_ptr, N, K, b_rows_per_expert, second_rows, group_m,
+                                      TWO_B, TILE_N))], [1], [40])
         elif a_desc.block_type.shape[0] == 256:
             gl.warp_specialize([
                 (fp8_two_wave_mma_partition, (a_bufs, as_bufs, b_bufs, ready, empty, b_scale_ptr, c_ptr, router_w_ptr,
@@ -425,8 +540,8 @@ if HAVE_GLUON:
                                               stride_bse, stride_bsn, stride_bsk, stride_cm, group_m, C_SORTED,
                                               ROUTER_WEIGHTS)),
                 (fp8_load_partition, (a_desc, as_desc, b_desc, a_bufs, as_bufs, b_bufs, bu_bufs, ready, empty,
-                                       expert_ids_ptr, num_post_ptr, N, K, b_rows_per_expert, up_rows, group_m,
-                                       GATED))], [1], [40])
+                                      expert_ids_ptr, num_post_ptr, N, K, b_rows_per_expert, second_rows, group_m,
+                                      TWO_B, TILE_N))], [1], [40])
         else:
             gl.warp_specialize([
                 (fp8_mma_partition, (a_bufs, as_bufs, b_bufs, ready, empty, b_scale_ptr, c_ptr, router_w_ptr,
@@ -434,8 +549,8 @@ if HAVE_GLUON:
                                      stride_bse, stride_bsn, stride_bsk, stride_cm, group_m, C_SORTED,
                                      ROUTER_WEIGHTS, OVERLAP)),
                 (fp8_load_partition, (a_desc, as_desc, b_desc, a_bufs, as_bufs, b_bufs, bu_bufs, ready, empty,
-                                       expert_ids_ptr, num_post_ptr, N, K, b_rows_per_expert, up_rows, group_m,
-                                       GATED))], [1], [40])
+                                      expert_ids_ptr, num_post_ptr, N, K, b_rows_per_expert, second_rows, group_m,
+                                      TWO_B, TILE_N))], [1], [40])
 
 
 def _descriptors(a: torch.Tensor, a_scale_t: torch.Tensor, b: torch.Tensor, block_m: int, block_n: int):
@@ -459,26 +574,33 @@ def launch_gluon_fp8_gemm(a: torch.Tensor, a_scale_t: torch.Tensor, b: torch.Ten
     ``c_sorted``); ``router_weights`` ``[num_pairs]`` fp32 or None. With ``c_scale_t`` the launch is
     the gate/up GEMM: ``b`` ``[E, 2I, K]`` (gate rows, then up rows, blocked apart in ``b_scale``),
     ``c`` ``[R, I]`` e4m3 receives ``silu(gate) * up`` at the sorted rows and ``c_scale_t``
-    ``[ceil(I/128), R]`` its scales. ``config.block_n`` and ``block_k`` are 128.
+    ``[ceil(I/128), R]`` its scales. ``config.block_k`` is 128 and ``config.block_n`` (output columns
+    per tile) 128, or 256 for a plain GEMM with ``config.rescale``: the accumulators rescaled in place
+    (:func:`fp8_rescaled_mma_partition`), which with ``c_scale_t`` holds gate and up for 128 rows.
     """
-    if config.block_n != BLOCK or config.block_k != BLOCK:
-        raise ValueError(f"config: the Gluon FP8 kernel takes block_n = block_k = {BLOCK} (one weight scale per "
-                         f"tile and step), got {config.block_n}, {config.block_k}")
+    gated = c_scale_t is not None
+    tile_n = 2 * BLOCK if config.rescale and not gated else BLOCK
+    if config.block_n != tile_n or config.block_k != BLOCK:
+        raise ValueError(f"config: the Gluon FP8 kernel takes block_k = {BLOCK} and block_n = {tile_n} here (one "
+                         f"weight scale per 128 columns and step; 256 only for a plain GEMM rescaled in place), "
+                         f"got block_n = {config.block_n}, block_k = {config.block_k}")
     if UNAVAILABLE:
         raise RuntimeError(UNAVAILABLE)
     sorted_ids, expert_ids, num_post = alignment
     E, rows, K = b.shape
     N = c.shape[1]
-    gated = c_scale_t is not None
-    a_desc, as_desc, b_desc = _descriptors(a, a_scale_t, b, config.block_m, config.block_n)
-    max_tiles = triton.cdiv(sorted_ids.numel(), config.block_m) * triton.cdiv(N, config.block_n)
+    a_desc, as_desc, b_desc = _descriptors(a, a_scale_t, b, config.block_m, BLOCK)
+    max_tiles = triton.cdiv(sorted_ids.numel(), config.block_m) * triton.cdiv(N, tile_n)
+    # The second B tile of a step: the up rows (gated) or the next 128 rows (a 256-wide tile).
+    second_rows, second_scale_rows = (N, b_scale.shape[1] // 2) if gated else (BLOCK, 1)
     gluon_fp8_moe_kernel[(max(1, min(runtime.sm_count(), max_tiles)),)](
         a_desc, as_desc, b_desc, b_scale, c, c_scale_t if gated else b_scale,
         router_weights if router_weights is not None else b_scale,
         sorted_ids, expert_ids, num_post,
-        N, K, num_pairs, rows, N if gated else 0, b_scale.shape[1] // 2 if gated else 0,
+        N, K, num_pairs, rows, second_rows, second_scale_rows,
         b_scale.stride(0), b_scale.stride(1), b_scale.stride(2), c.stride(0), c_scale_t.stride(0) if gated else 0,
-        config.group_m, STAGES=config.num_stages, GATED=gated, C_SORTED=c_sorted or gated,
+        config.group_m, STAGES=config.num_stages, GATED=gated, RESCALE=config.rescale,
+        TWO_B=gated or config.rescale, TILE_N=tile_n, C_SORTED=c_sorted or gated,
         ROUTER_WEIGHTS=router_weights is not None, OVERLAP=overlap, num_warps=config.num_warps)
 
 
@@ -504,13 +626,14 @@ def gluon_fp8_layer(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor,
     :func:`~moe_tutorial.kernels.fp8_quant.quantize_rows_sorted`); without it x is quantised (one
     launch) and its rows gathered into sorted order (one). The first is faster on one H200
     (``data/h200_fp8_quantiser.csv``, notebook 07's Appendix A). The gate/up GEMM takes one of two
-    forms, by ``cfg_up.block_m``:
+    forms, by ``cfg_up``:
 
-    * 64: ``silu(gate) * up`` quantised in its epilogue (one launch). Its tile must hold 128 output
-      columns (one scale group) of gate *and* up, and three accumulators of each for the overlapped
-      promotion: only 64 rows fit in the registers;
-    * 128: the plain kernel over w13's ``2I`` rows into a bf16 buffer, then one launch of
-      :func:`moe_tutorial.kernels.fp8_quant.silu_mul_quantize`: wider tiles, one more pass over memory.
+    * fused (``block_m`` 64, or ``rescale``): ``silu(gate) * up`` quantised in its epilogue (one
+      launch). Its tile must hold 128 output columns (one scale group) of gate *and* up: with three
+      accumulators of each for the overlapped promotion only 64 rows fit in the registers; rescaled
+      in place (one accumulator of each), 128 rows do;
+    * otherwise (128 rows, promoted): the plain kernel over w13's ``2I`` rows into a bf16 buffer, then
+      one launch of :func:`moe_tutorial.kernels.fp8_quant.silu_mul_quantize`: one more pass over memory.
 
     Returns ``[M, K]`` in x's dtype.
     """
@@ -524,7 +647,7 @@ def gluon_fp8_layer(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor,
         x_q, x_s = launch_quantize_rows(x)
         a, a_scale_t = gather_sorted_fp8(x_q, x_s, alignment, num_pairs, topk, cfg_up.block_m)
     R = a.shape[0]
-    if cfg_up.block_m == 64:
+    if cfg_up.block_m == 64 or cfg_up.rescale:
         act = torch.empty(R, inter, dtype=FP8_DTYPE, device=x.device)
         act_scale_t = torch.empty(triton.cdiv(inter, BLOCK), R, dtype=torch.float32, device=x.device)
         launch_gluon_fp8_gemm(a, a_scale_t, w13, w13_scale, act, alignment, num_pairs, cfg_up, c_scale_t=act_scale_t)
