@@ -66,6 +66,10 @@ def gluon_variants() -> dict:
         "gluon-128x8-s4-g32": (cfg(128, 8, 4, 32), True),
         "gluon-256x8-2wave-s3": (cfg(256, 8, 3), True),
         "gluon-128x8-s4-nooverlap": (cfg(128, 8, 4), False),
+        # 256-wide tiles, the accumulators rescaled in place (no raw products: two 128-column tiles)
+        **{f"gluon-128x256-rescaled-s{stages}-g{group}": (replace(cfg(128, 8, stages, group), block_n=256,
+                                                                  rescale=True), True)
+           for stages, group in ((4, 8), (3, 8), (4, 4), (4, 16), (4, 1))},
     }
 
 
@@ -90,9 +94,13 @@ def layer_variants() -> dict:
     def cfg(bm, warps, stages):
         return KernelConfig(block_m=bm, block_n=128, block_k=128, group_m=8, num_warps=warps, num_stages=stages,
                             short_tails=False, gluon=True)
+    rescaled = replace(cfg(128, 8, 4), rescale=True)
     return {
         "gluon-fused-s4-d64s6": (cfg(64, 8, 4), cfg(64, 4, 6), True),
         "gluon-unfused-128": (cfg(128, 8, 4), cfg(128, 8, 4), False),
+        # gate and up of 128 rows rescaled in place (quantising epilogue), the down GEMM 256 wide or 128
+        "gluon-rescaled-128": (rescaled, replace(rescaled, block_n=256), True),
+        "gluon-rescaled-up-d128": (rescaled, cfg(128, 8, 4), True),
     }
 
 
@@ -297,7 +305,8 @@ def sweep(args) -> int:
             calls[("first", "bf16-sorted")] = (bf16["first"].calls[0], None)
             calls[("layer", "bf16-sorted")] = (bf16["layer"].calls[0], None)
             for v in ("tl", *layer_variants(), *quantiser_variants()):
-                calls[("layer", v)] = (case.layer_call(v), None)
+                if args.layers is None or v in args.layers:
+                    calls[("layer", v)] = (case.layer_call(v), None)
             ok, errors = {}, {}
             for key, (fn, out) in calls.items():      # correctness and compile before any timing
                 try:
@@ -378,6 +387,8 @@ def main(argv=None) -> int:
     p.add_argument("--variants", nargs="+", default=None,
                    help="profile: which to run (default tl and gluon-128x8-s4); sweep: which Gluon first-GEMM "
                         "variants to time (default all; tl always)")
+    p.add_argument("--layers", nargs="+", default=None,
+                   help="sweep: which layer variants to time beside tl (default all, the quantiser's forms too)")
     p.add_argument("--models", nargs="+", default=["DeepSeek-V3", "Qwen3-30B-A3B", "Kimi-K2"])
     p.add_argument("--M", nargs="+", type=int, default=[1024, 4096, 16384])
     p.add_argument("--deadline", type=float, default=420.0, help="seconds before the sweep stops starting cases")
