@@ -122,10 +122,12 @@ def _cfg(bm, warps, stages, block_n=128, **kw):
 
 FIRST_CONFIGS = {"128x8": _cfg(128, 8, 4), "64x4": _cfg(64, 4, 6), "256 two waves": _cfg(256, 8, 3),
                  "group 1": _cfg(128, 8, 3, group_m=1), "128x256 rescaled": _cfg(128, 8, 4, 256, rescale=True),
-                 "128x256 rescaled, group 1": _cfg(128, 8, 3, 256, rescale=True, group_m=1)}
+                 "128x256 rescaled, group 1": _cfg(128, 8, 3, 256, rescale=True, group_m=1),
+                 "128x256 rescaled, split": _cfg(128, 4, 4, 256, rescale=True)}
 #: The layer's Gluon forms: (gate/up config, down config).
 LAYER_CONFIGS = {"fused": (_cfg(64, 8, 4), _cfg(64, 4, 6)), "unfused": (_cfg(128, 8, 4), _cfg(128, 8, 4)),
-                 "rescaled": (_cfg(128, 8, 4, rescale=True), _cfg(128, 8, 4, 256, rescale=True))}
+                 "rescaled": (_cfg(128, 8, 4, rescale=True), _cfg(128, 8, 4, 256, rescale=True)),
+                 "rescaled, split": (_cfg(128, 4, 4, rescale=True), _cfg(128, 4, 4, 256, rescale=True))}
 
 
 def _problem(M, E, N, K, topk, seed=0, skip_expert=None):
@@ -232,6 +234,13 @@ def test_the_rescaled_kernel_gives_blocks_of_zeros_stored_with_scale_0_nothing()
 def test_the_gluon_kernel_refuses_tiles_it_does_not_have(changes):
     bad = KernelConfig(**{**_cfg(128, 8, 4).as_dict(), **changes})
     with pytest.raises(ValueError, match="block_k = 128 and block_n = (128|256) here"):
+        gk.launch_gluon_fp8_gemm(None, None, torch.empty(1, 1, 1), None, torch.empty(1, 1), (None, None, None), 1,
+                                 bad)
+
+
+def test_the_rescaled_kernel_refuses_rows_its_warps_do_not_hold():
+    bad = _cfg(64, 8, 4, 256, rescale=True)
+    with pytest.raises(ValueError, match="16 rows a warp .* got block_m = 64, num_warps = 8"):
         gk.launch_gluon_fp8_gemm(None, None, torch.empty(1, 1, 1), None, torch.empty(1, 1), (None, None, None), 1,
                                  bad)
 

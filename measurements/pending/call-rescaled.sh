@@ -14,6 +14,6 @@ echo "=== Gluon FP8 GPU tests $(date -u +%T)"
 timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gluon_fp8.py -rA > $D/gpu-tests.log 2>&1; echo rc $?; grep -E "^(FAILED|ERROR)|passed|failed" $D/gpu-tests.log | tail -8; pack
 echo "=== sweep: rescaled in place against the shipped kernel $(date -u +%T)"
 OUT=$D timeout 380 python3 measurements/scripts/h200_gluon_fp8.py sweep --models DeepSeek-V3 Qwen3-30B-A3B Kimi-K2 --M 16384 4096 1024 \
-  --variants gluon-128x8-s4 gluon-128x256-rescaled-s4-g8 gluon-128x256-rescaled-s3-g8 gluon-128x256-rescaled-s4-g4 gluon-128x256-rescaled-s4-g1 \
-  --layers gluon-fused-s4-d64s6 gluon-unfused-128 gluon-rescaled-128 gluon-rescaled-up-d128 --deadline 320 > $D/sweep.log 2>&1; echo rc $?; grep -E "ceilings|floor|Error|error|deadline" $D/sweep.log | cut -c1-700; pack
+  --variants gluon-128x8-s4 gluon-128x256-rescaled-s4-g8 gluon-128x256-rescaled-split-s4-g8 gluon-128x256-rescaled-s3-g8 gluon-128x256-rescaled-s4-g4 \
+  --layers gluon-fused-s4-d64s6 gluon-unfused-128 gluon-rescaled-128 gluon-rescaled-split-128 gluon-rescaled-up-d128 --deadline 320 > $D/sweep.log 2>&1; echo rc $?; grep -E "ceilings|floor|Error|error|deadline" $D/sweep.log | cut -c1-700; pack
 echo "=== done $(date -u +%T)"

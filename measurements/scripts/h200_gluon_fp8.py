@@ -70,6 +70,8 @@ def gluon_variants() -> dict:
         **{f"gluon-128x256-rescaled-s{stages}-g{group}": (replace(cfg(128, 8, stages, group), block_n=256,
                                                                   rescale=True), True)
            for stages, group in ((4, 8), (3, 8), (4, 4), (4, 16), (4, 1))},
+        # the same with its two warpgroups as two partitions, each freeing stages alone
+        "gluon-128x256-rescaled-split-s4-g8": (replace(cfg(128, 4, 4), block_n=256, rescale=True), True),
     }
 
 
@@ -101,6 +103,7 @@ def layer_variants() -> dict:
         # gate and up of 128 rows rescaled in place (quantising epilogue), the down GEMM 256 wide or 128
         "gluon-rescaled-128": (rescaled, replace(rescaled, block_n=256), True),
         "gluon-rescaled-up-d128": (rescaled, cfg(128, 8, 4), True),
+        "gluon-rescaled-split-128": (replace(rescaled, num_warps=4), replace(rescaled, num_warps=4, block_n=256), True),
     }
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 #: What :func:`compile_report` can compile: a name per kernel and launch.
 KERNELS = ("tl-plain", "gluon-plain", "gluon-plain-nooverlap", "gluon-gated", "gluon-two-wave",
-           "gluon-rescaled-plain", "gluon-rescaled-gated")
+           "gluon-rescaled-plain", "gluon-rescaled-gated", "gluon-rescaled-plain-split")
 
 #: The bf16 Gluon kernel (:mod:`moe_tutorial.kernels.gluon_kernel`) at prefill, as
 #: :func:`~moe_tutorial.kernels.gluon_kernel.gluon_layer` runs it: name -> (block_n, stages), all
@@ -147,9 +147,10 @@ def _compile(kernel: str):
         with _captured(fp8_kernel, "fp8_moe_kernel") as cap:
             fp8_layer.launch_fp8_gemm(x_q, x_s, w, w_s, out, align_block_size(ids, 64, E), pairs, topk, config)
         return cap.compiled[0]
-    bm, warps, stages = {"gluon-gated": (64, 8, 4), "gluon-two-wave": (256, 8, 3)}.get(kernel, (128, 8, 4))
+    bm, warps, stages = {"gluon-gated": (64, 8, 4), "gluon-two-wave": (256, 8, 3),
+                         "gluon-rescaled-plain-split": (128, 4, 4)}.get(kernel, (128, 8, 4))
     rescale = kernel.startswith("gluon-rescaled")
-    config = KernelConfig(block_m=bm, block_n=256 if kernel == "gluon-rescaled-plain" else 128, block_k=128,
+    config = KernelConfig(block_m=bm, block_n=256 if kernel.startswith("gluon-rescaled-plain") else 128, block_k=128,
                           num_warps=warps, num_stages=stages, short_tails=False, gluon=True, rescale=rescale)
     alignment = align_block_size(ids, bm, E)
     rows = gluon_fp8_kernel.sorted_rows(alignment, bm)

@@ -150,10 +150,11 @@ if HAVE_GLUON:
                 step += 1
 
     @gluon.jit
-    def row_scales(as_bufs, s, rows_layout: gl.constexpr):
-        """Stage ``s``'s ``BLOCK_M`` activation scales, one per accumulator row, in registers."""
-        BLOCK_M: gl.constexpr = as_bufs.type.shape[2]
-        v = as_bufs.index(s).load(gl.AutoLayout()).reshape((BLOCK_M,))
+    def row_scales(as_bufs, s, rows_layout: gl.constexpr, ROW0: gl.constexpr = 0, ROWS: gl.constexpr = 0):
+        """Stage ``s``'s activation scales, one per accumulator row, in registers: all ``BLOCK_M`` of
+        the tile, or (``ROWS`` > 0) those of its rows ``ROW0 .. ROW0 + ROWS``."""
+        n: gl.constexpr = ROWS if ROWS > 0 else as_bufs.type.shape[2]
+        v = as_bufs.index(s).slice(ROW0, n, dim=1).load(gl.AutoLayout()).reshape((n,))
         return gl.set_auto_layout(v, rows_layout)
 
     @gluon.jit
@@ -372,17 +373,17 @@ if HAVE_GLUON:
                 acc_u = acc_u + xu * su_x[:, None]
             mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES))
 
-            store_quantised(acc_g, acc_u, pid_m, pid_n, c_ptr, cs_ptr, sorted_ids_ptr, N, num_pairs, stride_cm,
-                            stride_csn, rows_layout, cols_layout)
+            store_quantised(acc_g, acc_u, pid_m * BLOCK_M, pid_n, c_ptr, cs_ptr, sorted_ids_ptr, N, num_pairs,
+                            stride_cm, stride_csn, rows_layout, cols_layout)
 
     @gluon.jit
-    def store_quantised(acc_g, acc_u, pid_m, pid_n, c_ptr, cs_ptr, sorted_ids_ptr, N, num_pairs, stride_cm,
+    def store_quantised(acc_g, acc_u, first_row, pid_n, c_ptr, cs_ptr, sorted_ids_ptr, N, num_pairs, stride_cm,
                         stride_csn, rows_layout: gl.constexpr, cols_layout: gl.constexpr):
         """[quantising epilogue] ``silu(gate) * up``, then per row one scale for these 128 columns: the
         down GEMM's e4m3 input at the sorted rows, its scales transposed (``cs[pid_n, row]``)."""
         BLOCK_M: gl.constexpr = acc_g.type.shape[0]
         BLOCK_N: gl.constexpr = acc_g.type.shape[1]
-        offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=rows_layout)
+        offs_m = first_row + gl.arange(0, BLOCK_M, layout=rows_layout)
         offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=cols_layout)
         row_ok = gl.load(sorted_ids_ptr + offs_m) < num_pairs
         col_ok = offs_n < N
@@ -408,20 +409,24 @@ if HAVE_GLUON:
                                    router_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr, N, K, num_pairs,
                                    second_scale_rows, stride_bse, stride_bsn, stride_bsk, stride_cm, stride_csn,
                                    group_m, GATED: gl.constexpr, C_SORTED: gl.constexpr,
-                                   ROUTER_WEIGHTS: gl.constexpr):
+                                   ROUTER_WEIGHTS: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr):
         """The MMA warps with two accumulators of 128 columns (gate and up, or a 256-wide tile's two
         halves) and no raw product at all: before each K step's MMA adds into an accumulator, the
         accumulator is *rescaled in place* into that step's units (``acc * old scale / new scale``,
         per row), and one multiply by the last step's scales ends the tile. Two register tiles of 128
         columns instead of three per 128 columns: a tile 256 wide (or gate and up of 128 rows) fits,
         and every step brings 1.5x the arithmetic per byte of the 128 x 128 tile. While half 1 is
-        rescaled, half 0's MMA runs; half 0 is rescaled while the other warpgroup's MMAs run."""
+        rescaled, half 0's MMA runs; half 0 is rescaled while the other warpgroup's MMAs run.
+
+        The partition takes the tile's rows ``ROW0 .. ROW0 + ROWS``: all of them, or with SPLIT one
+        warpgroup's 64, each warpgroup then a partition of its own that frees stages alone (no
+        barrier of both warpgroups at every step, so one's MMAs can run while the other rescales)."""
         STAGES: gl.constexpr = a_bufs.type.shape[0]
         BLOCK_M: gl.constexpr = a_bufs.type.shape[1]
         BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
         HALF: gl.constexpr = b_bufs.type.shape[1]
         TILE_N: gl.constexpr = HALF if GATED else 2 * HALF
-        layout: gl.constexpr = mma_layout(BLOCK_M, HALF, gl.num_warps(), 32)
+        layout: gl.constexpr = mma_layout(ROWS, HALF, gl.num_warps(), 32)
         rows_layout: gl.constexpr = gl.SliceLayout(1, layout)
         cols_layout: gl.constexpr = gl.SliceLayout(0, layout)
         num_pid_m = gl.cdiv(gl.load(num_post_ptr), BLOCK_M)
@@ -435,8 +440,8 @@ if HAVE_GLUON:
             bs1_ptr = bs0_ptr + second_scale_rows * stride_bsn
             # A 256-wide tile's right half may lie past N: its scales read as 0, its columns are not stored.
             num_k1 = num_k if GATED else num_k * (pid_n * TILE_N + HALF < N).to(gl.int32)
-            acc0 = gl.zeros((BLOCK_M, HALF), dtype=gl.float32, layout=layout)
-            acc1 = gl.zeros((BLOCK_M, HALF), dtype=gl.float32, layout=layout)
+            acc0 = gl.zeros((ROWS, HALF), dtype=gl.float32, layout=layout)
+            acc1 = gl.zeros((ROWS, HALF), dtype=gl.float32, layout=layout)
 
             # [step 0: both halves start]
             # Not added to (use_acc=False): the sums start in units of step 0's scales.
@@ -445,12 +450,11 @@ if HAVE_GLUON:
             n1 = weight_scale(bs1_ptr, 1, num_k1, stride_bsk)
             s = step % STAGES
             mbarrier.wait(ready.index(s), (step // STAGES) & 1)
-            a_s = row_scales(as_bufs, s, rows_layout)
+            a_s = row_scales(as_bufs, s, rows_layout, ROW0, ROWS)
             unit0, unit1 = a_s * w0, a_s * w1
-            acc0 = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc0, use_acc=False,
-                                 is_async=True)
-            acc1 = warpgroup_mma(a_bufs.index(s), bu_bufs.index(s).permute((1, 0)), acc1, use_acc=False,
-                                 is_async=True)
+            a = a_bufs.index(s).slice(ROW0, ROWS, dim=0)
+            acc0 = warpgroup_mma(a, b_bufs.index(s).permute((1, 0)), acc0, use_acc=False, is_async=True)
+            acc1 = warpgroup_mma(a, bu_bufs.index(s).permute((1, 0)), acc1, use_acc=False, is_async=True)
             step += 1
             # [steps 1 on: rescale, then add]
             # Both halves of step k-1 done, then half 1 is rescaled while half 0's MMA of step k
@@ -463,13 +467,14 @@ if HAVE_GLUON:
                 n1 = weight_scale(bs1_ptr, k + 1, num_k1, stride_bsk)
                 s = step % STAGES
                 mbarrier.wait(ready.index(s), (step // STAGES) & 1)
-                a_s = row_scales(as_bufs, s, rows_layout)
+                a_s = row_scales(as_bufs, s, rows_layout, ROW0, ROWS)
                 acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
                 mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES))    # step k-1's stage is read
+                a = a_bufs.index(s).slice(ROW0, ROWS, dim=0)
                 acc0, unit0 = rescale_by(acc0, unit0, a_s * w0)
-                acc0 = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc0, is_async=True)
+                acc0 = warpgroup_mma(a, b_bufs.index(s).permute((1, 0)), acc0, is_async=True)
                 acc1, unit1 = rescale_by(acc1, unit1, a_s * w1)
-                acc1 = warpgroup_mma(a_bufs.index(s), bu_bufs.index(s).permute((1, 0)), acc1, is_async=True)
+                acc1 = warpgroup_mma(a, bu_bufs.index(s).permute((1, 0)), acc1, is_async=True)
                 step += 1
             acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
             mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES))
@@ -478,12 +483,13 @@ if HAVE_GLUON:
 
             # [epilogue]
             if GATED:
-                store_quantised(acc0, acc1, pid_m, pid_n, c_ptr, cs_ptr, sorted_ids_ptr, N, num_pairs, stride_cm,
-                                stride_csn, rows_layout, cols_layout)
+                store_quantised(acc0, acc1, pid_m * BLOCK_M + ROW0, pid_n, c_ptr, cs_ptr, sorted_ids_ptr, N,
+                                num_pairs, stride_cm, stride_csn, rows_layout, cols_layout)
             else:
-                store_rows(acc0, pid_m * BLOCK_M, 2 * pid_n, c_ptr, router_w_ptr, sorted_ids_ptr, N, num_pairs,
+                first_row = pid_m * BLOCK_M + ROW0
+                store_rows(acc0, first_row, 2 * pid_n, c_ptr, router_w_ptr, sorted_ids_ptr, N, num_pairs,
                            stride_cm, rows_layout, cols_layout, C_SORTED, ROUTER_WEIGHTS)
-                store_rows(acc1, pid_m * BLOCK_M, 2 * pid_n + 1, c_ptr, router_w_ptr, sorted_ids_ptr, N, num_pairs,
+                store_rows(acc1, first_row, 2 * pid_n + 1, c_ptr, router_w_ptr, sorted_ids_ptr, N, num_pairs,
                            stride_cm, rows_layout, cols_layout, C_SORTED, ROUTER_WEIGHTS)
 
     @gluon.jit
@@ -492,15 +498,16 @@ if HAVE_GLUON:
                              N, K, num_pairs, b_rows_per_expert, second_rows, second_scale_rows,
                              stride_bse, stride_bsn, stride_bsk, stride_cm, stride_csn, group_m,
                              STAGES: gl.constexpr, GATED: gl.constexpr, RESCALE: gl.constexpr,
-                             TWO_B: gl.constexpr, TILE_N: gl.constexpr, C_SORTED: gl.constexpr,
-                             ROUTER_WEIGHTS: gl.constexpr, OVERLAP: gl.constexpr):
+                             SPLIT: gl.constexpr, TWO_B: gl.constexpr, TILE_N: gl.constexpr,
+                             C_SORTED: gl.constexpr, ROUTER_WEIGHTS: gl.constexpr, OVERLAP: gl.constexpr):
         """C[pair] = (A[sorted position] . B[expert]^T) with block scales, for every real tile.
 
         With GATED, B holds gate rows then up rows (``second_rows`` further on, their scales
         ``second_scale_rows`` further on) and C receives ``silu(gate) * up`` in e4m3 at the sorted rows,
         one scale per row and 128 columns in ``cs`` (transposed: ``[N / 128, rows]``). With RESCALE
         the accumulators are rescaled in place (:func:`fp8_rescaled_mma_partition`); a plain tile is
-        then two B tiles wide (``TILE_N`` = 256, the second ``second_rows`` = 128 rows on)."""
+        then two B tiles wide (``TILE_N`` = 256, the second ``second_rows`` = 128 rows on), and with
+        SPLIT its two MMA warpgroups are two partitions of 4 warps (the kernel's ``num_warps`` is 4)."""
         a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
         as_bufs = gl.allocate_shared_memory(as_desc.dtype, [STAGES] + as_desc.block_type.shape, as_desc.layout)
         b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
@@ -512,15 +519,34 @@ if HAVE_GLUON:
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=1)
+            mbarrier.init(empty.index(i), count=2 if SPLIT else 1)    # each MMA partition frees a stage
         fence_async_shared()
+        BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+        HALF_M: gl.constexpr = BLOCK_M // 2
+        FIRST: gl.constexpr = 0
         # (each branch names the load partition in full: a constexpr passed inside a tuple stops being one)
-        if RESCALE:
+        if RESCALE and SPLIT:
             gl.warp_specialize([
                 (fp8_rescaled_mma_partition, (a_bufs, as_bufs, b_bufs, bu_bufs, ready, empty, b_scale_ptr, c_ptr,
                                               cs_ptr, router_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr, N,
                                               K, num_pairs, second_scale_rows, stride_bse, stride_bsn, stride_bsk,
-                                              stride_cm, stride_csn, group_m, GATED, C_SORTED, ROUTER_WEIGHTS)),
+                                              stride_cm, stride_csn, group_m, GATED, C_SORTED, ROUTER_WEIGHTS,
+                                              FIRST, HALF_M)),
+                (fp8_rescaled_mma_partition, (a_bufs, as_bufs, b_bufs, bu_bufs, ready, empty, b_scale_ptr, c_ptr,
+                                              cs_ptr, router_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr, N,
+                                              K, num_pairs, second_scale_rows, stride_bse, stride_bsn, stride_bsk,
+                                              stride_cm, stride_csn, group_m, GATED, C_SORTED, ROUTER_WEIGHTS,
+                                              HALF_M, HALF_M)),
+                (fp8_load_partition, (a_desc, as_desc, b_desc, a_bufs, as_bufs, b_bufs, bu_bufs, ready, empty,
+                                      expert_ids_ptr, num_post_ptr, N, K, b_rows_per_expert, second_rows, group_m,
+                                      TWO_B, TILE_N))], [4, 1], [232, 40])
+        elif RESCALE:
+            gl.warp_specialize([
+                (fp8_rescaled_mma_partition, (a_bufs, as_bufs, b_bufs, bu_bufs, ready, empty, b_scale_ptr, c_ptr,
+                                              cs_ptr, router_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr, N,
+                                              K, num_pairs, second_scale_rows, stride_bse, stride_bsn, stride_bsk,
+                                              stride_cm, stride_csn, group_m, GATED, C_SORTED, ROUTER_WEIGHTS,
+                                              FIRST, BLOCK_M)),
                 (fp8_load_partition, (a_desc, as_desc, b_desc, a_bufs, as_bufs, b_bufs, bu_bufs, ready, empty,
                                       expert_ids_ptr, num_post_ptr, N, K, b_rows_per_expert, second_rows, group_m,
                                       TWO_B, TILE_N))], [1], [40])
@@ -576,7 +602,8 @@ def launch_gluon_fp8_gemm(a: torch.Tensor, a_scale_t: torch.Tensor, b: torch.Ten
     ``c`` ``[R, I]`` e4m3 receives ``silu(gate) * up`` at the sorted rows and ``c_scale_t``
     ``[ceil(I/128), R]`` its scales. ``config.block_k`` is 128 and ``config.block_n`` (output columns
     per tile) 128, or 256 for a plain GEMM with ``config.rescale``: the accumulators rescaled in place
-    (:func:`fp8_rescaled_mma_partition`), which with ``c_scale_t`` holds gate and up for 128 rows.
+    (:func:`fp8_rescaled_mma_partition`), which with ``c_scale_t`` holds gate and up for 128 rows;
+    such a tile of 128 rows on 4 warps runs as two partitions of one warpgroup each.
     """
     gated = c_scale_t is not None
     tile_n = 2 * BLOCK if config.rescale and not gated else BLOCK
@@ -584,6 +611,12 @@ def launch_gluon_fp8_gemm(a: torch.Tensor, a_scale_t: torch.Tensor, b: torch.Ten
         raise ValueError(f"config: the Gluon FP8 kernel takes block_k = {BLOCK} and block_n = {tile_n} here (one "
                          f"weight scale per 128 columns and step; 256 only for a plain GEMM rescaled in place), "
                          f"got block_n = {config.block_n}, block_k = {config.block_k}")
+    # Rescaled 128-row tiles on 4 warps: the two warpgroups as two partitions (the kernel's 4 warps and
+    # a worker of 4), each on 64 rows, freeing stages alone.
+    split = config.rescale and config.num_warps == 4 and config.block_m == 128
+    if config.rescale and config.num_warps * 16 * (2 if split else 1) != config.block_m:
+        raise ValueError(f"config: the rescaled kernel takes 16 rows a warp (8 warps, or 4 warps split in two "
+                         f"partitions, for 128 rows), got block_m = {config.block_m}, num_warps = {config.num_warps}")
     if UNAVAILABLE:
         raise RuntimeError(UNAVAILABLE)
     sorted_ids, expert_ids, num_post = alignment
@@ -599,7 +632,7 @@ def launch_gluon_fp8_gemm(a: torch.Tensor, a_scale_t: torch.Tensor, b: torch.Ten
         sorted_ids, expert_ids, num_post,
         N, K, num_pairs, rows, second_rows, second_scale_rows,
         b_scale.stride(0), b_scale.stride(1), b_scale.stride(2), c.stride(0), c_scale_t.stride(0) if gated else 0,
-        config.group_m, STAGES=config.num_stages, GATED=gated, RESCALE=config.rescale,
+        config.group_m, STAGES=config.num_stages, GATED=gated, RESCALE=config.rescale, SPLIT=split,
         TWO_B=gated or config.rescale, TILE_N=tile_n, C_SORTED=c_sorted or gated,
         ROUTER_WEIGHTS=router_weights is not None, OVERLAP=overlap, num_warps=config.num_warps)
 
