@@ -415,7 +415,7 @@ if HAVE_GLUON:
         accumulator is *rescaled in place* into that step's units (``acc * old scale / new scale``,
         per row), and one multiply by the last step's scales ends the tile. Two register tiles of 128
         columns instead of three per 128 columns: a tile 256 wide (or gate and up of 128 rows) fits,
-        and every step brings 1.5x the arithmetic per byte of the 128 x 128 tile. While half 1 is
+        and a step brings a third more arithmetic per byte than a 128 x 128 tile. While half 1 is
         rescaled, half 0's MMA runs; half 0 is rescaled while the other warpgroup's MMAs run.
 
         The partition takes the tile's rows ``ROW0 .. ROW0 + ROWS``: all of them, or with SPLIT one
