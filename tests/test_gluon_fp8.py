@@ -219,9 +219,9 @@ def test_the_rescaled_kernel_gives_blocks_of_zeros_stored_with_scale_0_nothing()
     x, w, _, ids = _problem(300, 8, 512, 640, 2)
     x_q, x_s = quantize_rows(x)
     w_q, w_s = quantize_weight(w)
-    x_q[0, :128] = 0
+    x_q.view(torch.uint8)[0, :128] = 0       # e4m3's zero is the byte 0
     x_s[0, 0] = 0.0                          # token 0's first K block: zeros, scale 0
-    w_q[1, 128:256, 256:384] = 0
+    w_q.view(torch.uint8)[1, 128:256, 256:384] = 0
     w_s[1, 1, 2] = 0.0                       # expert 1, rows 128-255, third K block
     out = fp8_moe_matmul(x_q, x_s, w_q, w_s, ids, config=FIRST_CONFIGS["128x256 rescaled"])
     ref = reference_moe_matmul(dequantize_activations(x_q, x_s), dequantize_weight(w_q, w_s), ids)
