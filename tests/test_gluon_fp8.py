@@ -8,10 +8,11 @@ import torch
 
 from moe_tutorial import runtime
 from moe_tutorial.exercises.guard import memory_guard
+from moe_tutorial.experiments.gluon_fp8 import promoted_and_rescaled
 from moe_tutorial.experiments.sm90 import KERNELS, compile_report
 from moe_tutorial.kernels import gluon_fp8_kernel as gk
 from moe_tutorial.kernels.align import align_block_size, sorted_positions
-from moe_tutorial.kernels.configs import KernelConfig
+from moe_tutorial.kernels.configs import KernelConfig, check_fp8_config
 from moe_tutorial.kernels.fp8_layer import fp8_moe_layer, fp8_moe_matmul
 from moe_tutorial.kernels.fp8_quant import quantize_rows, quantize_rows_sorted
 from moe_tutorial.kernels.gluon_kernel import HAVE_GLUON
@@ -246,7 +247,6 @@ def test_the_rescaled_kernel_refuses_rows_its_warps_do_not_hold():
 
 
 def test_only_the_gluon_kernel_rescales():
-    from moe_tutorial.kernels.configs import check_fp8_config
     with pytest.raises(ValueError, match="config.rescale: only the Gluon kernel"):
         check_fp8_config(KernelConfig(block_m=64, block_n=128, block_k=128, rescale=True))
 
@@ -258,7 +258,6 @@ def test_rescaling_in_place_sums_what_promotion_sums(seed):
     """Over a DeepSeek-V3-long K (56 steps) of random products and scales spanning six orders of
     magnitude, the sum kept in the last step's units equals the promoted sum within fp32 rounding,
     both against float64."""
-    from moe_tutorial.experiments.gluon_fp8 import promoted_and_rescaled
     g = torch.Generator().manual_seed(seed)
     products = torch.randn(56, 64, generator=g) * 3e5
     scales = 10 ** (torch.rand(56, 64, generator=g) * 6 - 7)
@@ -268,7 +267,6 @@ def test_rescaling_in_place_sums_what_promotion_sums(seed):
 
 
 def test_rescaling_in_place_keeps_zero_scales_and_nan():
-    from moe_tutorial.experiments.gluon_fp8 import promoted_and_rescaled
     products = torch.tensor([[0.0, 5.0, 2.0], [4.0, 0.0, 1.0], [2.0, 3.0, 7.0]])
     scales = torch.tensor([[0.0, 0.5, 1.0], [2.0, 0.0, 1.0], [0.25, 4.0, float("nan")]])
     promoted, rescaled = promoted_and_rescaled(products, scales)

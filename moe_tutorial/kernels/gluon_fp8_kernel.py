@@ -579,13 +579,13 @@ if HAVE_GLUON:
                                       TWO_B, TILE_N))], [1], [40])
 
 
-def _descriptors(a: torch.Tensor, a_scale_t: torch.Tensor, b: torch.Tensor, block_m: int, block_n: int):
+def _descriptors(a: torch.Tensor, a_scale_t: torch.Tensor, b: torch.Tensor, block_m: int):
     """TMA descriptors: A ``[R, K]`` by ``[block_m, 128]``, its scales ``[K/128, R]`` by ``[1, block_m]``,
-    B ``[E, rows, K]`` viewed as ``[E * rows, K]`` by ``[block_n, 128]``."""
+    B ``[E, rows, K]`` viewed as ``[E * rows, K]`` by ``[128, 128]`` (a 256-wide tile loads two)."""
     def desc(t, box, dtype):
         return GluonDescriptor.from_tensor(t, box, gl.NVMMASharedLayout.get_default_for(box, dtype))
     return (desc(a, [block_m, BLOCK], gl.float8e4nv), desc(a_scale_t, [1, block_m], gl.float32),
-            desc(stacked_rows(b), [block_n, BLOCK], gl.float8e4nv))
+            desc(stacked_rows(b), [BLOCK, BLOCK], gl.float8e4nv))
 
 
 def launch_gluon_fp8_gemm(a: torch.Tensor, a_scale_t: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
@@ -614,7 +614,7 @@ def launch_gluon_fp8_gemm(a: torch.Tensor, a_scale_t: torch.Tensor, b: torch.Ten
     # Rescaled 128-row tiles on 4 warps: the two warpgroups as two partitions (the kernel's 4 warps and
     # a worker of 4), each on 64 rows, freeing stages alone.
     split = config.rescale and config.num_warps == 4 and config.block_m == 128
-    if config.rescale and config.num_warps * 16 * (2 if split else 1) != config.block_m:
+    if config.rescale and not split and config.num_warps * 16 != config.block_m:
         raise ValueError(f"config: the rescaled kernel takes 16 rows a warp (8 warps, or 4 warps split in two "
                          f"partitions, for 128 rows), got block_m = {config.block_m}, num_warps = {config.num_warps}")
     if UNAVAILABLE:
@@ -622,7 +622,7 @@ def launch_gluon_fp8_gemm(a: torch.Tensor, a_scale_t: torch.Tensor, b: torch.Ten
     sorted_ids, expert_ids, num_post = alignment
     E, rows, K = b.shape
     N = c.shape[1]
-    a_desc, as_desc, b_desc = _descriptors(a, a_scale_t, b, config.block_m, BLOCK)
+    a_desc, as_desc, b_desc = _descriptors(a, a_scale_t, b, config.block_m)
     max_tiles = triton.cdiv(sorted_ids.numel(), config.block_m) * triton.cdiv(N, tile_n)
     # The second B tile of a step: the up rows (gated) or the next 128 rows (a 256-wide tile).
     second_rows, second_scale_rows = (N, b_scale.shape[1] // 2) if gated else (BLOCK, 1)
