@@ -12,12 +12,14 @@ from moe_tutorial.experiments.gluon_fp8 import promoted_and_rescaled
 from moe_tutorial.experiments.sm90 import KERNELS, compile_report
 from moe_tutorial.kernels import gluon_fp8_kernel as gk
 from moe_tutorial.kernels.align import align_block_size, sorted_positions
+from moe_tutorial.kernels import configs
 from moe_tutorial.kernels.configs import KernelConfig, check_fp8_config
 from moe_tutorial.kernels.fp8_layer import fp8_moe_layer, fp8_moe_matmul
 from moe_tutorial.kernels.fp8_quant import quantize_rows, quantize_rows_sorted
 from moe_tutorial.kernels.gluon_kernel import HAVE_GLUON
 from moe_tutorial.quant import dequantize_activations, dequantize_weight, quantize_w13, quantize_weight
 from moe_tutorial.reference import FP8_LAYER_TOLERANCE, reference_fp8_moe_layer, reference_moe_matmul, rel_error
+from moe_tutorial.shapes import get_shape
 
 DEV = runtime.DEVICE
 needs_hopper = pytest.mark.skipif(gk.UNAVAILABLE is not None, reason=gk.UNAVAILABLE or "")
@@ -252,6 +254,41 @@ def test_the_rescaled_kernel_refuses_rows_its_warps_do_not_hold():
 def test_only_the_gluon_kernel_rescales():
     with pytest.raises(ValueError, match="config.rescale: only the Gluon kernel"):
         check_fp8_config(KernelConfig(block_m=64, block_n=128, block_k=128, rescale=True))
+
+
+# (model, M) -> (plain GEMM, gate/up, down) as the H100 sweep of 2026-12-06 ranked them: where the
+# rescaled form won ("rescaled") and where the 128-wide Gluon kernel, the tl kernel (under 128 rows an
+# expert) or the fused 64-row layer did. Kimi-K2's first GEMM did not fit the H100 (its entry is the rule's).
+HEURISTIC_CASES = {("Qwen3-30B-A3B", 16384): ("rescaled", "rescaled"),
+                   ("Qwen3-30B-A3B", 4096): ("rescaled", "rescaled"),
+                   ("Qwen3-30B-A3B", 1024): ("tl", "fused"),
+                   ("DeepSeek-V3", 16384): ("128 wide", "rescaled"),
+                   ("DeepSeek-V3", 4096): ("128 wide", "fused"),
+                   ("Kimi-K2", 16384): ("128 wide", "rescaled")}
+
+
+@pytest.mark.parametrize("model,M", HEURISTIC_CASES)
+def test_the_untuned_choice_rescales_where_the_h100_sweep_found_it_faster(monkeypatch, model, M):
+    """Without a tuned entry (any Hopper but the H200, whose table holds its own measurements) the
+    heuristic takes the rescaled form where it won: the plain GEMM where one wave's weights fit the
+    L2, the layer from 256 rows an expert."""
+    monkeypatch.setattr(configs, "gluon_fp8_available", lambda: True)
+    s = get_shape(model)
+    E, topk, H, inter = s.num_experts, s.topk, s.hidden, s.intermediate
+    plain = configs.fp8_heuristic_config(M, topk, E, "plain", N=2 * inter, K=H)
+    up = configs.fp8_heuristic_config(M, topk, E, "gated", N=inter, K=H)
+    down = configs.fp8_heuristic_config(M, topk, E, "down", N=H, K=inter, kernel="gluon")   # as layer_configs
+    want_plain, want_layer = HEURISTIC_CASES[model, M]
+    if want_plain == "tl":
+        assert not plain.gluon
+    else:
+        assert plain == (configs.GLUON_RESCALED_WIDE if want_plain == "rescaled" else configs.GLUON_PLAIN)
+    if want_layer == "rescaled":
+        assert (up, down) == (configs.GLUON_RESCALED, configs.GLUON_RESCALED_WIDE)
+    else:
+        assert (up, down) == (configs.GLUON_FUSED_UP, configs.GLUON_FUSED_DOWN)
+    for config in (plain, up, down):
+        check_fp8_config(config)
 
 
 # ------------------------------------------------------------------ rescaling in place, the arithmetic

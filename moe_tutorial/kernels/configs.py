@@ -286,10 +286,32 @@ GLUON_PLAIN = KernelConfig(block_m=128, block_n=128, block_k=128, group_m=8, num
                            short_tails=False, gluon=True)
 GLUON_FUSED_UP = replace(GLUON_PLAIN, block_m=64)
 GLUON_FUSED_DOWN = replace(GLUON_PLAIN, block_m=64, num_warps=4, num_stages=6)
+#: The sums rescaled in place (``rescale``): one fp32 tile per 128 columns, so the gate/up tile holds
+#: gate and up for 128 rows with its quantising epilogue, and a plain or down tile is 256 wide; each
+#: warpgroup is its own partition (``num_warps`` 4, the split form: the faster of the two measured).
+GLUON_RESCALED = replace(GLUON_PLAIN, num_warps=4, rescale=True)
+GLUON_RESCALED_WIDE = replace(GLUON_RESCALED, block_n=256)
 #: Where the heuristic takes the Gluon kernel, in an expert's average rows (measured: the first GEMM
-#: gains from 128 rows on, the layer from 32; the layer's unfused gate/up GEMM wins from 256).
+#: gains from 128 rows on, the layer from 32; from 256 the layer takes the rescaled form, which won
+#: there on all three FP8 models on an H100, and lost under 256 rows to the fused 64-row form).
 GLUON_MIN_ROWS = {"plain": 128, "gated": 32}
 GLUON_UNFUSED_ROWS = 256
+#: The most weight bytes one wave of 256-wide plain tiles may stream at once and still find them in
+#: the L2 (50 MB on an H100 or H200) beside the activations: see :func:`wave_weight_bytes`.
+RESCALED_WAVE_BYTES = 40 << 20
+
+
+def wave_weight_bytes(rows_per_expert: int, K: int, block_n: int = 256, block_m: int = 128) -> int:
+    """The e4m3 weight bytes that one wave of tiles (one program per SM) reads at once.
+
+    In the grouped order the tiles of one weight column block run side by side, one per row block
+    of its expert; a wave of ``sm_count()`` tiles then covers ``SMs / row blocks`` column blocks of
+    ``block_n x K`` bytes each. On an H100 the 256-wide tile won where this stayed under the L2
+    (Qwen3-30B-A3B, 9 and 35 MB) and lost where it did not (DeepSeek-V3 at M = 16384, 60 MB: the L2
+    at 100% of its peak and DRAM at 2.7 TB/s in Nsight Compute; Qwen3 at M = 1024, 69 MB).
+    """
+    row_blocks = max(1.0, rows_per_expert / block_m)
+    return int(runtime.sm_count() / row_blocks * block_n * K)
 
 
 def gluon_fp8_available() -> bool:
@@ -298,7 +320,7 @@ def gluon_fp8_available() -> bool:
 
 
 def fp8_heuristic_config(M: int, topk: int, E: int, variant: str = "plain", *, N: int | None = None,
-                         kernel: str | None = None) -> KernelConfig:
+                         K: int | None = None, kernel: str | None = None) -> KernelConfig:
     """An untuned choice for Part 7's FP8 GEMMs on a GPU: ``kernel`` "tl" (:mod:`.fp8_kernel`'s
     kernel), "gluon" (:mod:`.gluon_fp8_kernel`'s) or None (Gluon where it ran faster, on Hopper).
 
@@ -307,18 +329,20 @@ def fp8_heuristic_config(M: int, topk: int, E: int, variant: str = "plain", *, N
     kernel, row blocks follow the bf16 heuristic (about twice an expert's rows); under 64 rows the
     operands are swapped, so the weights' 128 rows fill the tensor cores' 64-row tile instead of 16
     tokens. The Gluon kernel takes the configurations above once an expert has enough rows
-    (:data:`GLUON_MIN_ROWS`); the down GEMM follows the gate/up GEMM's choice (the layer's).
+    (:data:`GLUON_MIN_ROWS`); the down GEMM follows the gate/up GEMM's choice (the layer's). From
+    :data:`GLUON_UNFUSED_ROWS` the layer rescales its sums in place, and so does the plain GEMM where
+    one wave's weights fit the L2 (``K`` given, :func:`wave_weight_bytes`).
     """
     rows_per_expert = max(1, M * topk // E)
     gated = variant == "gated"
     if kernel == "gluon" or (kernel is None and variant in GLUON_MIN_ROWS and gluon_fp8_available()
                              and rows_per_expert >= GLUON_MIN_ROWS[variant]):
         if variant == "plain":
-            return GLUON_PLAIN
-        unfused = rows_per_expert >= GLUON_UNFUSED_ROWS
-        if variant == "gated":
-            return GLUON_PLAIN if unfused else GLUON_FUSED_UP
-        return GLUON_PLAIN if unfused else GLUON_FUSED_DOWN
+            fits = K is not None and wave_weight_bytes(rows_per_expert, K) <= RESCALED_WAVE_BYTES
+            return GLUON_RESCALED_WIDE if fits else GLUON_PLAIN
+        if rows_per_expert >= GLUON_UNFUSED_ROWS:
+            return GLUON_RESCALED if variant == "gated" else GLUON_RESCALED_WIDE
+        return GLUON_FUSED_UP if variant == "gated" else GLUON_FUSED_DOWN
     if rows_per_expert <= 4:
         cfg = KernelConfig(block_m=16, block_n=128, block_k=128, num_warps=4, num_stages=4, use_tma=True,
                            short_tails=False, swap_ab=True)
@@ -351,5 +375,5 @@ def fp8_config(M: int, E: int, N: int, K: int, topk: int, variant: str, kernel: 
     if tuned is not None and (kernel is None or tuned.gluon == (kernel == "gluon")):
         if not tuned.gluon or gluon_fp8_available():
             return tuned
-    return fp8_heuristic_config(M, topk, E, variant, N=N, kernel=kernel or ("tl" if not gluon_fp8_available()
-                                                                            else None))
+    return fp8_heuristic_config(M, topk, E, variant, N=N, K=K, kernel=kernel or ("tl" if not gluon_fp8_available()
+                                                                                 else None))
