@@ -305,3 +305,55 @@ def test_the_decode_experiment():
                     "Qwen3-30B-A3B", *(f"{bf16[m]:.2f}" for m in ("DeepSeek-V3", "Kimi-K2", "Qwen3-30B-A3B")))
     gains = [speed["Qwen3-30B-A3B", M] - 1 for M in (1, 2, 4, 8) if speed["Qwen3-30B-A3B", M] > 1]
     assert_says(P7, "a second path for a gain of {:.0%} to {:.0%} on one model", min(gains), max(gains))
+
+
+def test_the_rescaled_form():
+    """Appendix A's sums rescaled in place, measured on an H100 (``data/h100_fp8_rescaled.csv`` and its
+    profile), and the rule the untuned choice follows from them."""
+    from moe_tutorial.experiments import gluon_fp8
+    from moe_tutorial.kernels import configs
+
+    rows = gluon_fp8.load_rescaled()
+    assert {r["gpu"] for r in rows} == {"NVIDIA H100 80GB HBM3"}
+    gains = {(g["model"], g["M"]): g for g in gluon_fp8.rescaled_gains(rows)}
+
+    def first(model, M):
+        return gains[model, M]["first"] / gains[model, M]["first_rescaled"]
+    assert_says(P7, "Qwen3-30B-A3B's first GEMM gains {} at M = 16384 and {} at 4096; DeepSeek-V3's loses ({} at "
+                    "M = 4096)", x(first("Qwen3-30B-A3B", 16384)), x(first("Qwen3-30B-A3B", 4096)),
+                x(first("DeepSeek-V3", 4096)))
+    assert first("DeepSeek-V3", 4096) < 1 < first("Qwen3-30B-A3B", 4096)
+    profile = gluon_fp8.load_rescaled_profile()
+    wide, narrow = profile["DeepSeek-V3", gluon_fp8.RESCALED], profile["DeepSeek-V3", gluon_fp8.SHIPPED]
+    assert_says(P7, "reads {:.2f} TB/s from DRAM where the 128-wide tile reads {:.2f}, and the L2 runs at {:.0%} of",
+                wide["dram_read_tbps"], narrow["dram_read_tbps"], wide["l2_throughput"])
+    assert wide["duration_ms"] > narrow["duration_ms"]
+    sms = 132                                                   # an H100's, as the CPU plans with
+    assert runtime.sm_count() == sms
+    deepseek, qwen = get_shape("DeepSeek-V3"), get_shape("Qwen3-30B-A3B")
+    wave = configs.wave_weight_bytes(gains["DeepSeek-V3", 16384]["rows"], deepseek.hidden)
+    assert_says(P7, "a wave of {} tiles covers {} of the expert's column blocks, {:.0f} MB of", sms,
+                sms // (gains["DeepSeek-V3", 16384]["rows"] // 128), wave / 1e6)
+    assert_says(P7, "Qwen3-30B-A3B's wave at M = 16384 needs {:.0f} MB",
+                configs.wave_weight_bytes(gains["Qwen3-30B-A3B", 16384]["rows"], qwen.hidden) / 1e6)
+    assert wave > configs.RESCALED_WAVE_BYTES
+    # the layer: from 256 rows an expert the rescaled form won every case, under 256 it lost every case
+    big = [g for g in gains.values() if g["rows"] >= configs.GLUON_UNFUSED_ROWS]
+    small = [g for g in gains.values() if g["rows"] < configs.GLUON_UNFUSED_ROWS]
+    assert len(big) == 4 and all(g["layer_rescaled"] < g["layer"] for g in big)
+    assert small and all(g["layer_rescaled"] > g["layer"] for g in small)
+    ratio = [g["layer"] / g["layer_rescaled"] for g in big]
+    spread = max(r["noise"] for r in rows for g in big if g["model"] in ("DeepSeek-V3", "Kimi-K2")
+                 and (r["model"], r["M"], r["gemm"]) == (g["model"], g["M"], "layer")
+                 and r["impl"] in (gluon_fp8.RESCALED_LAYER, g["layer_form"]))
+    assert_says(P7, "the fastest form on all three models, {} to {} over the best earlier one (on DeepSeek-V3 and "
+                    "Kimi-K2 within the spread of the two orders' timings, up to {:.0%})", x(min(ratio)), x(max(ratio)),
+                spread)
+    assert all(g["layer"] / g["layer_rescaled"] - 1 < spread for g in big if g["model"] != "Qwen3-30B-A3B")
+    q = next(r for r in rows if (r["model"], r["M"], r["impl"]) == ("Qwen3-30B-A3B", 16384, gluon_fp8.RESCALED))
+    best = max(r["fp8_rate_fraction"] for r in rows if r["gemm"] == "first" and r["impl"] == gluon_fp8.RESCALED)
+    assert q["fp8_rate_fraction"] == best
+    p = profile["Qwen3-30B-A3B", gluon_fp8.RESCALED]
+    assert_says(P7, "still runs at {:.2f} of the FP8 rate (Qwen3-30B-A3B, M = 16384): its tensor pipe is busy {:.0%} "
+                    "of the time, the L2 at {:.0%}", best, p["tensor_pipe_active"], p["l2_throughput"])
+    assert p["stall_barrier"] > p["stall_long_scoreboard"]                # "its warps wait most at barriers"

@@ -125,3 +125,17 @@ def test_results_what_the_block_scales_still_cost():
     sentence = (f"is {min(saved):.0%} to {max(saved):.0%} faster than the block-scaled kernel at M = 16384 and reaches "
                 f"{min(rates):.2f} to {max(rates):.2f} of the FP8 rate on DeepSeek-V3, Qwen3-30B-A3B and Kimi-K2")
     assert sentence in " ".join(RESULTS.read_text().split()), sentence
+
+
+def test_results_the_rescaled_form():
+    from moe_tutorial.experiments import gluon_fp8
+
+    gains = {(g["model"], g["M"]): g for g in gluon_fp8.rescaled_gains(gluon_fp8.load_rescaled())}
+    qwen, deepseek = gains["Qwen3-30B-A3B", 16384], gains["DeepSeek-V3", 4096]
+    layer = [g["layer"] / g["layer_rescaled"] for g in gains.values() if g["rows"] >= 256]
+    sentence = (f"Qwen3-30B-A3B's first GEMM {qwen['first'] / qwen['first_rescaled']:.2f}x faster at M = 16384, "
+                f"DeepSeek-V3's {deepseek['first'] / deepseek['first_rescaled']:.2f}x at M = 4096")
+    assert sentence in " ".join(RESULTS.read_text().split()), sentence
+    sentence = f"the layer {min(layer):.2f}x to {max(layer):.2f}x faster from 256 rows an expert on all three models"
+    assert sentence in " ".join(RESULTS.read_text().split()), sentence
+    assert all(g["layer"] < g["layer_rescaled"] for g in gains.values() if g["rows"] < 256)     # "slower under that"

@@ -4,8 +4,9 @@ what Nsight Compute saw (notebook 07).
 The rows come from ``measurements/scripts/h200_gluon_fp8.py sweep`` (``data/h200_gluon_fp8_levers.csv``:
 every variant of one case timed in forward, then in reverse order, cold-l2; ``h200_fp8_scale_cost.csv``:
 the shipped kernel against the same pipeline with one scale per tensor; ``h200_fp8_quantiser.csv``: the
-layer's first step both ways) and from Nsight
-Compute on the ``tl`` and Gluon kernels at DeepSeek-V3, M = 16384 (``data/h200_fp8_profile.csv``).
+layer's first step both ways; ``h100_fp8_rescaled.csv``: the sums rescaled in place, on an H100) and
+from Nsight Compute on the ``tl`` and Gluon kernels at DeepSeek-V3, M = 16384 (``data/h200_fp8_profile.csv``,
+and ``h100_fp8_rescaled_profile.csv`` for the rescaled form).
 """
 from __future__ import annotations
 
@@ -122,6 +123,47 @@ def load_profile(path: Path | None = None) -> dict[tuple[str, int], dict]:
             row = {k: (v if k in text else float(v)) for k, v in r.items()}
             out[row["kernel"], int(row["M"])] = row
         return out
+
+
+#: The sums rescaled in place (``config.rescale``), measured on an H100 (``data/h100_fp8_rescaled.csv``):
+#: the split form's 256-wide first GEMM and its layer (gate and up of 128 rows, a 256-wide down GEMM)
+#: against the shipped kernel and the layer's two earlier forms, cold-l2, each the faster of two orders.
+RESCALED = "gluon-128x256-rescaled-split-s4-g8"
+RESCALED_LAYER = "gluon-rescaled-split-128"
+EARLIER_LAYERS = ("gluon-fused-s4-d64s6", "gluon-unfused-128")
+
+
+def load_rescaled(path: Path | None = None) -> list[dict]:
+    """The H100 sweep of the rescaled forms (``data/h100_fp8_rescaled.csv``)."""
+    return _load(path or DATA / "h100_fp8_rescaled.csv", ("ms", "noise", "fp8_rate_fraction"))
+
+
+def rescaled_gains(rows: list[dict]) -> list[dict]:
+    """Per model and M, in the order measured: the first GEMM's time, shipped (``first``) and rescaled
+    (``first_rescaled``; None where the case did not fit the card), the layer's best earlier form
+    (``layer``, named in ``layer_form``) and the rescaled layer (``layer_rescaled``), the bf16 layer
+    (``bf16``), in ms, and the expert's average rows (``rows``)."""
+    out = []
+    for model, M in dict.fromkeys((r["model"], r["M"]) for r in rows):
+        t = {(r["gemm"], r["impl"]): r for r in rows if (r["model"], r["M"]) == (model, M)}
+        first = t.get(("first", SHIPPED))
+        rescaled = t.get(("first", RESCALED))
+        form = min(EARLIER_LAYERS, key=lambda f: t["layer", f]["ms"])
+        r0 = t["layer", form]
+        out.append(dict(model=model, M=M, rows=M * int(r0["topk"]) // int(r0["E"]),
+                        first=first["ms"] if first else None, first_rescaled=rescaled["ms"] if rescaled else None,
+                        layer=r0["ms"], layer_form=form, layer_rescaled=t["layer", RESCALED_LAYER]["ms"],
+                        bf16=t["layer", "bf16-sorted"]["ms"]))
+    return out
+
+
+def load_rescaled_profile(path: Path | None = None) -> dict[tuple[str, str], dict]:
+    """``{(model, kernel): metrics}`` of Nsight Compute on the H100 at M = 16384
+    (``data/h100_fp8_rescaled_profile.csv``: fractions in [0, 1], times in ms, DRAM reads in TB/s)."""
+    text = ("gpu", "torch", "triton", "date", "tool", "model", "gemm", "kernel")
+    with open(path or DATA / "h100_fp8_rescaled_profile.csv") as f:
+        return {(r["model"], r["kernel"]): {k: (v if k in text else float(v)) for k, v in r.items()}
+                for r in csv.DictReader(f)}
 
 
 def promoted_and_rescaled(products: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
