@@ -1,6 +1,6 @@
-# The next GPU call (written in the fifteenth session, not run: no machine was lent after call u).
-# The decode experiment's GPU tests as committed (its own input checks, the measured defaults; its
-# kernels are call u's) and notebook 07, with Appendix A's decode section, under nbval-lax.
+# The next GPU call (written in the fifteenth session): the decode experiment's GPU tests as committed
+# (its own input checks, the measured defaults; its kernels are call u's). Notebook 07 itself passed
+# under nbval-lax on an H100 in the seventeenth session's call y (35 passed), so that part repeats it.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=$PWD:/tmp/site || exit 1
 export PYTHONUNBUFFERED=1
