@@ -1,6 +1,7 @@
-# The rescaled forms on an H200 (the seventeenth session's call y ran on an H100, where DeepSeek-V3's
-# and Kimi-K2's first GEMMs did not fit beside their float64 check): the shipped kernel, the rescaled
-# split and 3-stage forms, the layer's forms and the package's layer (the H200 table's choice).
+# The rescaled forms on an H200 (not run: in the seventeenth session no H200 came, and call y ran on an
+# H100, where DeepSeek-V3's and Kimi-K2's first GEMMs did not fit beside their float64 check): the
+# shipped kernel, the rescaled split and 3-stage forms, the layer's forms and the package's layer (the
+# H200 table's choice). If the rescaled forms win, gluon_fp8_table.py writes them into the H200 table.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=$PWD:/tmp/site || exit 1
 export PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True

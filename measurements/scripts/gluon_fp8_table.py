@@ -6,7 +6,8 @@ For each model, GEMM and M that ``h200_gluon_fp8.py sweep`` measured, the fastes
 replaces the ``tl`` kernel's entry where it ran faster (the least of each variant's two timings);
 the displaced ``tl`` entries move to the variant ``<variant>-tl`` (what ``fp8_config(...,
 kernel="tl")`` reads). The layer's winner sets both its GEMMs: the fused quantising epilogue
-(64-row tiles) or the plain gate/up GEMM with a separate SiLU-and-quantise pass (128-row tiles).
+(64-row tiles), the plain gate/up GEMM with a separate SiLU-and-quantise pass (128-row tiles), or
+the rescaled form (128-row gate/up tiles with the epilogue, a 256-wide down GEMM).
 ``EXTRA`` names entries no sweep measured, each with its reason.
 """
 from __future__ import annotations
@@ -16,7 +17,15 @@ import json
 import sys
 from dataclasses import asdict
 
-from moe_tutorial.kernels.configs import GLUON_FUSED_DOWN, GLUON_FUSED_UP, GLUON_PLAIN, SHIPPED_DIR, problem_key
+from moe_tutorial.kernels.configs import (
+    GLUON_FUSED_DOWN,
+    GLUON_FUSED_UP,
+    GLUON_PLAIN,
+    GLUON_RESCALED,
+    GLUON_RESCALED_WIDE,
+    SHIPPED_DIR,
+    problem_key,
+)
 from moe_tutorial.shapes import MODEL_SHAPES
 
 import torch
@@ -24,8 +33,9 @@ import torch
 TABLE = SHIPPED_DIR / "tuned_configs_h200.json"
 GPU = "NVIDIA H200"
 #: The sweeps' variant names and the configurations they ran (h200_gluon_fp8.py's).
-FIRST = {"gluon-128x8-s4": GLUON_PLAIN}
-LAYER = {"gluon-fused-s4-d64s6": (GLUON_FUSED_UP, GLUON_FUSED_DOWN), "gluon-unfused-128": (GLUON_PLAIN, GLUON_PLAIN)}
+FIRST = {"gluon-128x8-s4": GLUON_PLAIN, "gluon-128x256-rescaled-split-s4-g8": GLUON_RESCALED_WIDE}
+LAYER = {"gluon-fused-s4-d64s6": (GLUON_FUSED_UP, GLUON_FUSED_DOWN), "gluon-unfused-128": (GLUON_PLAIN, GLUON_PLAIN),
+         "gluon-rescaled-split-128": (GLUON_RESCALED, GLUON_RESCALED_WIDE)}
 #: Kimi-K2's first GEMM was not measured by the sweeps (its float64 check ran out of memory); it has
 #: DeepSeek-V3's N and K and two thirds of its rows per expert, where Gluon won from M = 4096.
 EXTRA = {("Kimi-K2", "first", 4096): "gluon-128x8-s4", ("Kimi-K2", "first", 16384): "gluon-128x8-s4"}

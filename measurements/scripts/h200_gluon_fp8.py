@@ -30,7 +30,7 @@ import moe_tutorial  # noqa: F401  (first: picks the runtime)
 from moe_tutorial import runtime
 from moe_tutorial.kernels import gluon_fp8_kernel as gk
 from moe_tutorial.kernels.align import align_block_size, sorted_positions
-from moe_tutorial.kernels.configs import KernelConfig, fp8_config
+from moe_tutorial.kernels.configs import GLUON_RESCALED, GLUON_RESCALED_WIDE, KernelConfig, fp8_config
 from moe_tutorial.kernels.fp8_layer import fp8_moe_layer, launch_fp8_gemm
 from moe_tutorial.kernels.fp8_quant import launch_quantize_rows, quantize_rows, quantize_rows_sorted
 from moe_tutorial.kernels.gluon_kernel import launch_gluon_gemm
@@ -70,8 +70,8 @@ def gluon_variants() -> dict:
         **{f"gluon-128x256-rescaled-s{stages}-g{group}": (replace(cfg(128, 8, stages, group), block_n=256,
                                                                   rescale=True), True)
            for stages, group in ((4, 8), (3, 8), (4, 4), (4, 16), (4, 1))},
-        # the same with its two warpgroups as two partitions, each freeing stages alone
-        "gluon-128x256-rescaled-split-s4-g8": (replace(cfg(128, 4, 4), block_n=256, rescale=True), True),
+        # the same with its two warpgroups as two partitions, each freeing stages alone (the package's form)
+        "gluon-128x256-rescaled-split-s4-g8": (GLUON_RESCALED_WIDE, True),
     }
 
 
@@ -103,7 +103,7 @@ def layer_variants() -> dict:
         # gate and up of 128 rows rescaled in place (quantising epilogue), the down GEMM 256 wide or 128
         "gluon-rescaled-128": (rescaled, replace(rescaled, block_n=256), True),
         "gluon-rescaled-up-d128": (rescaled, cfg(128, 8, 4), True),
-        "gluon-rescaled-split-128": (replace(rescaled, num_warps=4), replace(rescaled, num_warps=4, block_n=256), True),
+        "gluon-rescaled-split-128": (GLUON_RESCALED, GLUON_RESCALED_WIDE, True),
     }
 
 
