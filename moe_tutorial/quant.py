@@ -32,6 +32,10 @@ __all__ = ["FP8_DTYPE", "E4M3_MAX", "BLOCK", "MIN_AMAX", "scale_shape", "check_f
            "quantize_w13", "quantize_activations", "dequantize_weight", "dequantize_activations"]
 
 
+#: Elements handled at once where a whole layer's experts would need a temporary copy of every weight.
+_CHUNK = 1 << 26
+
+
 def _block_amax(t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     """Largest magnitude of each ``rows x cols`` block of the last two dims, float64, the last
     blocks partial; shape ``[..., ceil(R/rows), ceil(C/cols)]``."""
@@ -54,9 +58,9 @@ def _quantize(t: torch.Tensor, rows: int, cols: int) -> tuple[torch.Tensor, torc
     if t.numel() == 0:                  # no experts, rows or columns: nothing to scale
         return (torch.empty(t.shape, dtype=FP8_DTYPE, device=t.device),
                 torch.empty(scale_shape(t.shape, rows), dtype=torch.float32, device=t.device))
-    if t.dim() >= 3 and t[0].numel() * 8 < t.numel() and t.numel() > 1 << 26:
+    if t.dim() >= 3 and t[0].numel() * 8 < t.numel() and t.numel() > _CHUNK:
         # A layer's experts in float64 would take 8 bytes per weight at once: a few at a time.
-        step = max(1, (1 << 26) // t[0].numel())
+        step = max(1, _CHUNK // t[0].numel())
         parts = [_quantize(t[i:i + step], rows, cols) for i in range(0, t.shape[0], step)]
         return torch.cat([q for q, _ in parts]), torch.cat([s for _, s in parts])
     scale = (_block_amax(t, rows, cols).clamp_min(MIN_AMAX) / E4M3_MAX).float()
@@ -72,7 +76,10 @@ def _check_float(name: str, t, min_dim: int) -> None:
         fail(ValueError, name, f"a tensor of at least {min_dim} dims", f"shape {tuple(t.shape)}")
     if not t.is_floating_point() or t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
         fail(TypeError, name, "an fp32, fp16, bf16 or fp64 tensor to quantise", t.dtype)
-    if not torch.isfinite(t).all():
+    # along the first dim, _CHUNK elements at a time: DeepSeek-V3's w13 in one piece would need a 7 GB
+    # bool copy, more than an 80 GB card has beside the layer's weights
+    step = max(1, _CHUNK * max(1, t.shape[0]) // max(1, t.numel()))
+    if not all(bool(torch.isfinite(t[i:i + step]).all()) for i in range(0, t.shape[0], step)):
         fail(ValueError, name, "finite values (NaN or Inf has no e4m3 block scale)", "NaN or Inf")
 
 

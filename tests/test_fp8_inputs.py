@@ -55,6 +55,21 @@ def test_quantize_rows_refuses_nan_and_inf_naming_the_element(bad, shown):
         quant.quantize_activations(x)                      # the float64 reference refuses it too
 
 
+@pytest.mark.parametrize("where", [(0, 0, 0), (6, 3, 17), (11, 7, 31)])
+def test_the_weight_quantisers_find_nan_in_any_piece_they_check(monkeypatch, where):
+    """The finiteness check walks a layer's experts a piece at a time (a whole DeepSeek-V3 w13 at
+    once would need a 7 GB bool copy): with pieces of two experts, a NaN in the first, a middle or
+    the last piece is refused all the same, and an empty or a finite layer is not."""
+    monkeypatch.setattr(quant, "_CHUNK", 2 * 8 * 32)
+    w = torch.randn(12, 8, 32)
+    quant.quantize_weight(w)
+    quant.quantize_w13(torch.empty(0, 8, 32))
+    w[where] = float("nan")
+    for quantise in (quant.quantize_weight, quant.quantize_w13):
+        with pytest.raises(ValueError, match=r"expected finite values"):
+            quantise(w)
+
+
 def test_the_quantiser_gives_a_group_with_nan_or_inf_a_nan_scale():
     """Where the values are not read back (a CUDA graph), the kernel itself marks the group: its
     scale is NaN, where tl.max alone would skip a NaN (stored as -448) and an Inf made the scale Inf."""

@@ -338,8 +338,8 @@ def test_the_rescaled_form():
                 configs.wave_weight_bytes(gains["Qwen3-30B-A3B", 16384]["rows"], qwen.hidden) / 1e6)
     assert wave > configs.RESCALED_WAVE_BYTES
     # the layer: from 256 rows an expert the rescaled form won every case, under 256 it lost every case
-    big = [g for g in gains.values() if g["rows"] >= configs.GLUON_UNFUSED_ROWS]
-    small = [g for g in gains.values() if g["rows"] < configs.GLUON_UNFUSED_ROWS]
+    big = [g for g in gains.values() if g["rows"] >= configs.GLUON_RESCALED_ROWS]
+    small = [g for g in gains.values() if g["rows"] < configs.GLUON_RESCALED_ROWS]
     assert len(big) == 4 and all(g["layer_rescaled"] < g["layer"] for g in big)
     assert small and all(g["layer_rescaled"] > g["layer"] for g in small)
     ratio = [g["layer"] / g["layer_rescaled"] for g in big]

@@ -201,14 +201,7 @@ class Case:
 
 def model_weights(shape: ModelShape):
     w13, w2 = bench.make_weights(shape, runtime.DEFAULT_DTYPE, with_w2=True)
-    return w13, w2, by_experts(quantize_w13, w13), by_experts(quantize_weight, w2), by_experts(quantize_weight, w13)
-
-
-def by_experts(quantise, w, chunk: int = 32):
-    """``quantise(w)``, 32 experts at a time: its float temporaries of all 256 or 384 experts at once
-    do not fit an 80 GB card beside the weights (DeepSeek-V3 ran out of memory on an H100)."""
-    parts = [quantise(w[e:e + chunk]) for e in range(0, w.shape[0], chunk)]
-    return torch.cat([q for q, _ in parts]), torch.cat([s for _, s in parts])
+    return w13, w2, quantize_w13(w13), quantize_weight(w2), quantize_weight(w13)
 
 
 def sync() -> None:

@@ -141,8 +141,8 @@ def load_rescaled(path: Path | None = None) -> list[dict]:
 def rescaled_gains(rows: list[dict]) -> list[dict]:
     """Per model and M, in the order measured: the first GEMM's time, shipped (``first``) and rescaled
     (``first_rescaled``; None where the case did not fit the card), the layer's best earlier form
-    (``layer``, named in ``layer_form``) and the rescaled layer (``layer_rescaled``), the bf16 layer
-    (``bf16``), in ms, and the expert's average rows (``rows``)."""
+    (``layer``, named in ``layer_form``) and the rescaled layer (``layer_rescaled``), in ms, and the
+    expert's average rows (``rows``)."""
     out = []
     for model, M in dict.fromkeys((r["model"], r["M"]) for r in rows):
         t = {(r["gemm"], r["impl"]): r for r in rows if (r["model"], r["M"]) == (model, M)}
@@ -152,8 +152,7 @@ def rescaled_gains(rows: list[dict]) -> list[dict]:
         r0 = t["layer", form]
         out.append(dict(model=model, M=M, rows=M * int(r0["topk"]) // int(r0["E"]),
                         first=first["ms"] if first else None, first_rescaled=rescaled["ms"] if rescaled else None,
-                        layer=r0["ms"], layer_form=form, layer_rescaled=t["layer", RESCALED_LAYER]["ms"],
-                        bf16=t["layer", "bf16-sorted"]["ms"]))
+                        layer=r0["ms"], layer_form=form, layer_rescaled=t["layer", RESCALED_LAYER]["ms"]))
     return out
 
 

@@ -295,7 +295,7 @@ GLUON_RESCALED_WIDE = replace(GLUON_RESCALED, block_n=256)
 #: gains from 128 rows on, the layer from 32; from 256 the layer takes the rescaled form, which won
 #: there on all three FP8 models on an H100, and lost under 256 rows to the fused 64-row form).
 GLUON_MIN_ROWS = {"plain": 128, "gated": 32}
-GLUON_UNFUSED_ROWS = 256
+GLUON_RESCALED_ROWS = 256
 #: The most weight bytes one wave of 256-wide plain tiles may stream at once and still find them in
 #: the L2 (50 MB on an H100 or H200) beside the activations: see :func:`wave_weight_bytes`.
 RESCALED_WAVE_BYTES = 40 << 20
@@ -330,7 +330,7 @@ def fp8_heuristic_config(M: int, topk: int, E: int, variant: str = "plain", *, N
     operands are swapped, so the weights' 128 rows fill the tensor cores' 64-row tile instead of 16
     tokens. The Gluon kernel takes the configurations above once an expert has enough rows
     (:data:`GLUON_MIN_ROWS`); the down GEMM follows the gate/up GEMM's choice (the layer's). From
-    :data:`GLUON_UNFUSED_ROWS` the layer rescales its sums in place, and so does the plain GEMM where
+    :data:`GLUON_RESCALED_ROWS` the layer rescales its sums in place, and so does the plain GEMM where
     one wave's weights fit the L2 (``K`` given, :func:`wave_weight_bytes`).
     """
     rows_per_expert = max(1, M * topk // E)
@@ -340,7 +340,7 @@ def fp8_heuristic_config(M: int, topk: int, E: int, variant: str = "plain", *, N
         if variant == "plain":
             fits = K is not None and wave_weight_bytes(rows_per_expert, K) <= RESCALED_WAVE_BYTES
             return GLUON_RESCALED_WIDE if fits else GLUON_PLAIN
-        if rows_per_expert >= GLUON_UNFUSED_ROWS:
+        if rows_per_expert >= GLUON_RESCALED_ROWS:
             return GLUON_RESCALED if variant == "gated" else GLUON_RESCALED_WIDE
         return GLUON_FUSED_UP if variant == "gated" else GLUON_FUSED_DOWN
     if rows_per_expert <= 4:
