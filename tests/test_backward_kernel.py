@@ -11,6 +11,7 @@ import moe_tutorial  # noqa: F401,I001  (first: picks the runtime before triton 
 import dataclasses
 import functools
 import math
+import re
 
 import pytest
 import torch
@@ -18,7 +19,8 @@ import triton
 import triton.language as tl
 
 from moe_tutorial import runtime
-from moe_tutorial.kernels import backward_kernel
+from moe_tutorial.experiments.sm90 import compile_report
+from moe_tutorial.kernels import backward_kernel, gluon_grad_kernel, gluon_kernel
 from moe_tutorial.kernels.align import align_block_size
 from moe_tutorial.kernels.stable_align import expert_rows, stable_align_block_size
 from moe_tutorial.kernels.trainable_layer import trainable_moe_layer
@@ -377,6 +379,86 @@ def test_bf16_gradients_near_1e_5_by_relative_error():
     errs = errors(p, grads)
     assert all(e < BF16_GRAD_TOLERANCE for e in errs.values()), errs
     assert math.isfinite(sum(errs.values()))
+
+
+# ------------------------------------------------------------------ the dW GEMMs in Gluon (Hopper)
+
+#: The Gluon dW kernel's tile as the H200 sweep's first candidate: 128 x 256 of dW, 64 rows a step.
+GLUON_DW = dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, gluon=True)
+
+
+def with_gluon_dw(p: dict, which=("dw2", "dw13")):
+    """The layer of problem ``p`` with the GEMMs ``which`` on the Gluon dW kernel."""
+    M, E = p["x"].shape[0], p["w13"].shape[0]
+    cfg = training_configs(M, E, p["x"].shape[1], p["w2"].shape[2], p["topk_ids"].shape[1], p["x"].dtype)
+    gluon = {name: dataclasses.replace(getattr(cfg, name), **GLUON_DW) for name in which}
+    return functools.partial(trainable_moe_layer, configs=dataclasses.replace(cfg, **gluon))
+
+
+def test_gluon_is_for_the_dw_gemms_only_and_needs_the_sorted_copies():
+    cfg = heuristic_training_configs(4096, 8, 2)
+    with pytest.raises(ValueError, match=r"^configs\.dact\.gluon: only the dW GEMMs"):
+        dataclasses.replace(cfg, dact=dataclasses.replace(cfg.dact, gluon=True)).checked()
+    gluon = dataclasses.replace(cfg, dw2=dataclasses.replace(cfg.dw2, **GLUON_DW))
+    assert gluon.checked().dw2.gluon
+    with pytest.raises(ValueError, match="sorted_copies=True"):
+        dataclasses.replace(gluon, sorted_copies=False).checked()
+
+
+@pytest.mark.skipif(runtime.ON_GPU, reason="off Hopper the layer must say why; on a GPU the GPU tests run it")
+def test_the_gluon_dw_kernel_says_why_it_cannot_run_here():
+    p = random_layer_problem(*CPU_CASES["ragged K and N"], device=DEV, seed=3)
+    with pytest.raises(ValueError, match="the Gluon dW kernel: .*needs a Hopper GPU"):
+        run_layer(p, with_gluon_dw(p, ("dw2",)))
+
+
+@pytest.mark.skipif(not gluon_kernel.HAVE_GLUON, reason="this Triton has no Gluon")
+def test_the_gluon_dw_kernel_keeps_one_mma_in_flight_on_transposed_operands():
+    """Compiled for sm90 on any machine: each step waits with one wgmma group outstanding (the step
+    before has finished, its buffer goes back), ptxas kept it, the MMA reads both operands as they
+    lie in shared memory (L transposed: ``imm-trans-a`` 1), the tile goes out through TMA's bulk
+    store, and three stages of 64 rows plus the 128 x 256 store buffer fit Hopper's 227 KB."""
+    from moe_tutorial.kernels.configs import SMEM_LIMIT
+
+    r = compile_report("gluon-bf16-dw")
+    assert 1 in r["wait_groups"] and r["spill_bytes"] == 0 and r["serialised"] == ""
+    mma = re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.bf16\.bf16 [^;]*, (\d), (\d);", r["ptx"])
+    assert mma and mma.groups() == ("1", "1")          # both operands MN-major: L^T and R as they lie
+    assert "cp.async.bulk.tensor.2d.global.shared::cta" in r["ptx"]
+    assert 3 * (64 * 128 + 64 * 256) * 2 + 128 * 256 * 2 <= r["shared"] <= SMEM_LIMIT
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(gluon_grad_kernel.UNAVAILABLE is not None, reason="needs a Hopper GPU")
+@pytest.mark.parametrize("case", GPU_SHAPES)
+def test_bf16_the_gluon_dw_kernel_on_real_shapes(case):
+    """dW2 and dW13 by the Gluon kernel within bf16 tolerance of float64, an idle expert's exactly
+    zero (its empty run stores a tile of zeros), and two runs bitwise equal."""
+    p, used = real_shape_problem(case)
+    layer = with_gluon_dw(p)
+    _, grads = run_layer(p, layer)
+    ref = reference_layer_grads(p["x"], p["w13"][:used], p["w2"][:used], p["topk_weights"], p["topk_ids"],
+                                p["d_out"])
+    errs = {k: rel_error(grads[k][:used], ref[k]) for k in ("w13", "w2")}
+    assert all(e < BF16_GRAD_TOLERANCE for e in errs.values()), errs
+    assert bool((grads["w13"][used:] == 0).all()) and bool((grads["w2"][used:] == 0).all())
+    assert_same_bits(p, layer, layer)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(gluon_grad_kernel.UNAVAILABLE is not None, reason="needs a Hopper GPU")
+def test_bf16_the_gluon_dw_kernel_with_ragged_columns_and_long_runs():
+    """dW2 ``[E, 384, 200]``: the last column tile is cut by TMA's bounds (loads read zeros, the
+    store writes only what lies inside); 1500 tokens over 6 experts, runs of about 500 rows. dW13's
+    400 rows an expert are no multiple of 128: refused, with the reason."""
+    p = random_layer_problem(1500, 384, 200, 6, 2, device=DEV, dtype=torch.bfloat16, seed=5)
+    _, grads = run_layer(p, with_gluon_dw(p, ("dw2",)))
+    _, tl_grads = run_layer(p)
+    ref = reference_layer_grads(*(p[k] for k in LAYER_ARGS), p["d_out"])
+    assert rel_error(grads["w2"], ref["w2"]) < BF16_GRAD_TOLERANCE
+    assert rel_error(grads["w2"], tl_grads["w2"]) < 1e-2
+    with pytest.raises(ValueError, match=r"400 rows an expert must be a multiple of block_m \(128\)"):
+        run_layer(p, with_gluon_dw(p, ("dw13",)))
 
 
 def test_expert_tile_is_the_tile_each_program_of_the_kernel_stores():

@@ -359,8 +359,13 @@ def tile_candidates(gemm: str, base: KernelConfig) -> list[KernelConfig]:
                   # Two stages and fewer registers: for short runs (a few hundred rows per expert, a K
                   # loop of a few steps) two or three programs share an SM, one storing while one loads.
                   (128, 128, 64, 4, 2), (128, 128, 64, 8, 2), (128, 256, 64, 8, 2), (64, 256, 64, 4, 2)]
-        return [replace(base, block_m=p, block_n=q, block_k=min(r, bm), num_warps=w, num_stages=s)
-                for p, q, r, w, s in shapes]
+        # The Gluon kernel (kernels/gluon_grad_kernel.py): a persistent grid whose load warp fetches the
+        # next tile's rows while a tile is stored; 128 rows of dW, two consumer warpgroups.
+        gluon = [(128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (128, 256, 32, 8, 5), (128, 128, 32, 8, 6)]
+        return ([replace(base, block_m=p, block_n=q, block_k=min(r, bm), num_warps=w, num_stages=s)
+                 for p, q, r, w, s in shapes]
+                + [replace(base, block_m=p, block_n=q, block_k=min(r, bm), num_warps=w, num_stages=s, gluon=True)
+                   for p, q, r, w, s in gluon])
     shapes = [(128, 64, 8, 3), (128, 64, 8, 4), (256, 64, 8, 3), (64, 128, 4, 4), (128, 128, 8, 3), (64, 64, 4, 4)]
     if gemm == "up":
         shapes = [(128, 64, 8, 4), (128, 64, 8, 3), (64, 64, 4, 4), (64, 128, 4, 3), (128, 32, 8, 4)]
@@ -467,7 +472,7 @@ def sweep_tiles(shape: ModelShape, T: int, dtype, machine, started, args, log) -
             log(f"  {gemm:5s} best {cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}: "
                 f"{ms:.3f} ms ({row['tflops']:.0f} TFLOP/s); heuristic's: "
                 + next((f"{r['ms']:.3f} ms" for r in rows if r["gemm"] == gemm and r.get("ms")), "-"))
-            if gemm != "dx":
+            if gemm != "dx" and not cfg.gluon:       # the Gluon kernel reads sorted copies only
                 fn = out = None
                 fn, out = launcher(gemm, cfg, other_rows=True)
                 fn()

@@ -39,6 +39,11 @@ KERNELS = ("tl-plain", "gluon-plain", "gluon-plain-nooverlap", "gluon-gated", "g
 BF16_KERNELS = {"gluon-bf16-gated": (128, 4), "gluon-bf16-plain": (128, 4), "gluon-bf16-plain-256": (256, 3)}
 KERNELS += tuple(BF16_KERNELS)
 
+#: Part 8's K-grouped dW GEMM in Gluon (:mod:`moe_tutorial.kernels.gluon_grad_kernel`), dW13's shape:
+#: name -> (block_n, rows a step, stages); 128 rows of dW, 8 warps.
+GRAD_KERNELS = {"gluon-bf16-dw": (256, 64, 3), "gluon-bf16-dw-128": (128, 64, 4)}
+KERNELS += tuple(GRAD_KERNELS)
+
 #: The same Gluon kernel on e4m3 operands (FP8 with one scale per tensor: the tensor cores
 #: accumulate, nothing is promoted), the first GEMM's shape: name -> (block_n, stages), 128 rows,
 #: 128 of K, 8 warps. What Part 7's block scales cost is the gap to it.
@@ -130,6 +135,8 @@ def _compile(kernel: str):
     pairs = M * topk
     if kernel in BF16_KERNELS:
         return _compile_bf16(kernel, gluon_kernel, align_block_size(ids, 128, E), pairs, E, inter, K)
+    if kernel in GRAD_KERNELS:
+        return _compile_grad(kernel, E, 2 * inter, K, max_padded_rows(pairs, 128, E))
     if kernel in PER_TENSOR_KERNELS:
         block_n, stages = PER_TENSOR_KERNELS[kernel]
         config = KernelConfig(block_m=128, block_n=block_n, block_k=128, num_warps=8, num_stages=stages,
@@ -189,6 +196,26 @@ def _compile_bf16(kernel: str, gluon_kernel, alignment, pairs: int, E: int, inte
             act, w2 = torch.zeros(rows, inter, dtype=torch.bfloat16), torch.zeros(E, K, inter, dtype=torch.bfloat16)
             out = torch.empty(pairs, K, dtype=torch.bfloat16)
             gluon_kernel.launch_gluon_gemm(act, w2, out, torch.ones(pairs), alignment, pairs, config)
+    return cap.compiled[0]
+
+
+def _compile_grad(kernel: str, E: int, P: int, Q: int, rows: int):
+    """dW13's K-grouped GEMM: ``dW [E, P, Q]`` from dH ``[rows, P]`` and x ``[rows, Q]`` in sorted order."""
+    import torch
+
+    from ..kernels import gluon_grad_kernel
+    from ..kernels.configs import KernelConfig
+
+    block_n, block_r, stages = GRAD_KERNELS[kernel]
+    config = KernelConfig(block_m=128, block_n=block_n, block_k=block_r, num_warps=8, num_stages=stages,
+                          short_tails=False, gluon=True)
+    left, right = torch.zeros(rows, P, dtype=torch.bfloat16), torch.zeros(rows, Q, dtype=torch.bfloat16)
+    out = torch.empty(E, P, Q, dtype=torch.bfloat16)
+    run_rows = torch.arange(E + 1, dtype=torch.int32) * (rows // E)
+    gluon_grad_kernel.UNAVAILABLE = None             # compiling, not running
+    gluon_grad_kernel.tma_can_read = lambda t: True  # CPU tensors: TMA's rules are the GPU's to check
+    with _captured(gluon_grad_kernel, "gluon_expert_grad_kernel") as cap:
+        gluon_grad_kernel.launch_gluon_expert_grad(left, right, out, run_rows, block_r, config)
     return cap.compiled[0]
 
 

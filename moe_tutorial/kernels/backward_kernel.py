@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from .configs import KernelConfig
+from .gluon_grad_kernel import launch_gluon_expert_grad
 from .persistent_kernel import persistent_grid
 from .sorted_kernel import grouped_tile, load_weight_tile, pid_to_tile
 from .tma import rows_descriptor, weight_descriptor
@@ -403,11 +404,17 @@ def launch_expert_grad(left, right, out, alignment, rows, num_pairs: int, row_di
     ``config.block_m`` x ``config.block_n`` is the output tile, ``config.block_k`` the rows per step
     (at most the alignment's block_m, of which it is a divisor). One program per tile: the
     persistent grid does not help here (its run loop has each expert's own length, so Triton
-    keeps it nested and pipelines no load of the next tile under this one's store).
+    keeps it nested and pipelines no load of the next tile under this one's store). With
+    ``config.gluon`` the Gluon kernel of :mod:`moe_tutorial.kernels.gluon_grad_kernel` runs
+    instead, whose load warp does just that (both operands sorted; Hopper only).
     """
     sorted_ids = alignment[0]
     E, P, Q = out.shape
     block_r = min(config.block_k, alignment.block_m)
+    if config.gluon:
+        if not (left_sorted and right_sorted):
+            raise ValueError("config.gluon: the Gluon dW kernel reads both operands in sorted order (TMA tiles)")
+        return launch_gluon_expert_grad(left, right, out, rows, block_r, config)
     tma = config.use_tma and block_r >= 16
 
     def operand(t, sorted_rows: bool, cols: int):

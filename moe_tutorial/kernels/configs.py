@@ -35,7 +35,7 @@ class KernelConfig:
     short_tails: bool = True   # blocks at most half full multiply half as many rows (BLOCK_M >= 32)
     swap_ab: bool = False      # FP8 kernel only: small row blocks computed transposed (C^T = B^T A^T)
     persistent: bool = False   # one program per SM walks the tiles (kernels/persistent_kernel.py); no short tails
-    gluon: bool = False        # FP8 only: the Gluon kernel (kernels/gluon_fp8_kernel.py; Hopper only)
+    gluon: bool = False        # FP8 and Part 8's dW GEMMs: the Gluon kernel (gluon_fp8_kernel.py, gluon_grad_kernel.py)
     rescale: bool = False      # Gluon FP8 only: accumulators rescaled in place, no raw products (256-wide tiles)
 
     def as_dict(self) -> dict:

@@ -52,14 +52,13 @@ if HAVE_GLUON:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (
-        fence_async_shared,
         mbarrier,
         warpgroup_mma,
         warpgroup_mma_wait,
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
-    from .gluon_kernel import mma_layout, silu_mul, store_rows, tile_of, tma_load
+    from .gluon_kernel import mma_layout, ring_barriers, silu_mul, store_rows, tile_of, tma_load
 
 #: Why the Gluon FP8 kernel cannot run here, or None where it can.
 UNAVAILABLE = (None if HAVE_GLUON and runtime.ON_GPU and torch.cuda.get_device_capability()[0] == 9
@@ -515,12 +514,7 @@ if HAVE_GLUON:
             bu_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
         else:
             bu_bufs = b_bufs
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=2 if SPLIT else 1)    # each MMA partition frees a stage
-        fence_async_shared()
+        ready, empty = ring_barriers(STAGES, 2 if SPLIT else 1)     # each MMA partition frees a stage
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
         HALF_M: gl.constexpr = BLOCK_M // 2
         FIRST: gl.constexpr = 0

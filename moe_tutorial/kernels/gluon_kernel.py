@@ -116,6 +116,19 @@ if HAVE_GLUON:
         return gate / (1.0 + gl.exp(-gate)) * up
 
     @gluon.jit
+    def ring_barriers(STAGES: gl.constexpr, EMPTY_ARRIVALS: gl.constexpr = 1):
+        """The ring's two rows of mbarriers, ``(ready, empty)``, one of each per stage: a stage is
+        *ready* when its TMA copies have landed (one arrival, the load warp's ``expect``) and *empty*
+        once ``EMPTY_ARRIVALS`` consumers have released it."""
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=EMPTY_ARRIVALS)
+        fence_async_shared()
+        return ready, empty
+
+    @gluon.jit
     def load_partition(a_desc, b_desc, a_bufs, b_bufs, bu_bufs, ready, empty, expert_ids_ptr, num_post_ptr,
                        N, K, b_rows_per_expert, up_rows, group_m, GATED: gl.constexpr):
         """One warp: TMA copies of A's and B's tiles (with GATED, also the up rows' tile, ``up_rows``
@@ -203,12 +216,7 @@ if HAVE_GLUON:
             bu_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
         else:
             bu_bufs = b_bufs
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=1)
-        fence_async_shared()
+        ready, empty = ring_barriers(STAGES)
         gl.warp_specialize([
             (mma_partition, (a_desc, b_desc, a_bufs, b_bufs, bu_bufs, ready, empty, num_post_ptr, N, K, group_m,
                              c_ptr, router_w_ptr, sorted_ids_ptr, num_pairs, stride_cm, GATED, C_SORTED,
