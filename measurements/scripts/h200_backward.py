@@ -56,7 +56,7 @@ from moe_tutorial.kernels.backward_kernel import launch_expert_grad, launch_rows
 from moe_tutorial.kernels.configs import KernelConfig, gpu_name, problem_key
 from moe_tutorial.kernels.stable_align import expert_rows, stable_align_block_size
 from moe_tutorial.kernels.trainable_layer import trainable_moe_layer
-from moe_tutorial.kernels.training_configs import VARIANTS, training_configs
+from moe_tutorial.kernels.training_configs import VARIANTS, heuristic_training_configs, training_configs
 from moe_tutorial.layer import moe_layer
 from moe_tutorial.perf import impls, timing
 from moe_tutorial.perf.results import write_csv
@@ -83,11 +83,24 @@ def ours(x, w13, w2, topk_weights, topk_ids):
     return moe_layer(x, w13, w2, topk_weights, topk_ids, impl="sorted")
 
 
-def ours_gathered(x, w13, w2, topk_weights, topk_ids):
-    """Ours without the backward's sorted copies of dO and x (the kernels gather their rows): the
-    lever's measured gain is ``ours`` against this, in the same run."""
+def tl_dw_configs(x, w13, w2, topk_ids):
+    """The package's configs with the dW GEMMs in ``tl``: where the table chose the Gluon dW kernel,
+    the heuristic's ``tl`` tile (the step as it ran before that kernel)."""
     (M, K), E, inter, topk = x.shape, w13.shape[0], w2.shape[2], topk_ids.shape[1]
-    cfg = replace(training_configs(M, E, K, inter, topk, x.dtype), sorted_copies=False)
+    cfg = training_configs(M, E, K, inter, topk, x.dtype)
+    guess = heuristic_training_configs(M, E, topk)
+    return replace(cfg, **{g: getattr(guess, g) for g in ("dw2", "dw13") if getattr(cfg, g).gluon})
+
+
+def ours_tl_dw(x, w13, w2, topk_weights, topk_ids):
+    """Ours with the dW GEMMs in ``tl``: the Gluon dW kernel's gain is ``ours`` against this, in the same run."""
+    return trainable_moe_layer(x, w13, w2, topk_weights, topk_ids, configs=tl_dw_configs(x, w13, w2, topk_ids))
+
+
+def ours_gathered(x, w13, w2, topk_weights, topk_ids):
+    """Ours without the backward's sorted copies of dO and x (the kernels gather their rows), dW in
+    ``tl``: the copies' measured gain is ``ours-tl-dw`` against this, in the same run."""
+    cfg = replace(tl_dw_configs(x, w13, w2, topk_ids), sorted_copies=False)
     return trainable_moe_layer(x, w13, w2, topk_weights, topk_ids, configs=cfg)
 
 
@@ -102,7 +115,7 @@ def grouped_mm_schema() -> str:
 
 def available_impls(dry_run: bool) -> dict:
     """The implementations that run here, and why the others do not."""
-    found, skipped = {"ours": ours, "ours-gathered": ours_gathered}, {}
+    found, skipped = {"ours": ours, "ours-tl-dw": ours_tl_dw, "ours-gathered": ours_gathered}, {}
     reason = impls.grouped_mm_support(torch.bfloat16)
     if reason:
         skipped["grouped_mm"] = reason
