@@ -375,10 +375,11 @@ def tile_candidates(gemm: str, base: KernelConfig) -> list[KernelConfig]:
         # The Gluon kernel (kernels/gluon_grad_kernel.py): a persistent grid whose load warp fetches the
         # next tile's rows while a tile is stored; 128 rows of dW, two consumer warpgroups.
         gluon = [(128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (128, 256, 32, 8, 5), (128, 128, 32, 8, 6)]
-        return ([replace(base, block_m=p, block_n=q, block_k=min(r, bm), num_warps=w, num_stages=s)
-                 for p, q, r, w, s in shapes]
-                + [replace(base, block_m=p, block_n=q, block_k=min(r, bm), num_warps=w, num_stages=s, gluon=True)
-                   for p, q, r, w, s in gluon])
+        # (first: a sweep cut short by its time budget still measures them)
+        return ([replace(base, block_m=p, block_n=q, block_k=min(r, bm), num_warps=w, num_stages=s, gluon=True)
+                 for p, q, r, w, s in gluon]
+                + [replace(base, block_m=p, block_n=q, block_k=min(r, bm), num_warps=w, num_stages=s)
+                   for p, q, r, w, s in shapes])
     shapes = [(128, 64, 8, 3), (128, 64, 8, 4), (256, 64, 8, 3), (64, 128, 4, 4), (128, 128, 8, 3), (64, 64, 4, 4)]
     if gemm == "up":
         shapes = [(128, 64, 8, 4), (128, 64, 8, 3), (64, 64, 4, 4), (64, 128, 4, 3), (128, 32, 8, 4)]
