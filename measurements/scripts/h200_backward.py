@@ -417,10 +417,15 @@ def sweep_tiles(shape: ModelShape, T: int, dtype, machine, started, args, log) -
             log(f"  the sorted copy of {what}: " + (f"{ms:.3f} ms" if ms else how))
     launch_rows_gemm(d_rows, w2, alignment, pairs, topk, heur.dact, epilogue="dswiglu", b_layout="kn",
                      a_sorted=copies, out=dh, h=h, act=s_act, router_weights=router, ds_partial=ds0)
-    dx_rows, dw2, dw13 = x.new_empty(pairs, H), torch.empty_like(w2), torch.empty_like(w13)
+    gemms = args.tile_gemms.split(",")
+    # Buffers only for the GEMMs swept, and none of the weights for a sweep of the dW GEMMs alone
+    # (DeepSeek-V3's weights are 22.5 GB and its dW13 14 GB: a full sweep does not fit an 80 GB card).
+    if not set(gemms) - {"dw2", "dw13"}:
+        del w13, w2, p["w13"], p["w2"], h, act
+    dx_shape, dw2_shape, dw13_shape = (pairs, H), (E, H, inter), (E, 2 * inter, H)
     # Zeros: the rows past the alignment's used rows are never written, and the check compares whole buffers.
-    h_try, act_try = torch.zeros_like(h), torch.zeros_like(act)
-    dh_try, sa_try = torch.zeros_like(dh), torch.zeros_like(s_act)
+    h_try, act_try = (torch.zeros_like(h), torch.zeros_like(act)) if "up" in gemms else (None, None)
+    dh_try, sa_try = (torch.zeros_like(dh), torch.zeros_like(s_act)) if "dact" in gemms else (None, None)
 
     def launcher(gemm, cfg, other_rows=False):
         """The launch of one GEMM with ``cfg``, and its output. dO and x are read as the package
@@ -437,14 +442,14 @@ def sweep_tiles(shape: ModelShape, T: int, dtype, machine, started, args, log) -
                                             a_sorted=sorted_in, out=dh_try, h=h, act=sa_try, router_weights=router,
                                             ds_partial=ds), dh_try
         if gemm == "dx":
-            out = torch.empty_like(dx_rows)
+            out = x.new_empty(dx_shape)
             return lambda: launch_rows_gemm(dh, w13, alignment, pairs, 1, cfg, epilogue="scatter", b_layout="kn",
                                             a_sorted=True, out=out), out
         if gemm == "dw2":
-            out = torch.empty_like(dw2)
+            out = x.new_empty(dw2_shape)
             return lambda: launch_expert_grad(d_in, s_act, out, alignment, rows_of, pairs, topk, cfg,
                                               left_sorted=sorted_in, right_sorted=True), out
-        out = torch.empty_like(dw13)
+        out = x.new_empty(dw13_shape)
         return lambda: launch_expert_grad(dh, x_in, out, alignment, rows_of, pairs, topk, cfg, left_sorted=True,
                                           right_sorted=sorted_in), out
 
@@ -452,10 +457,12 @@ def sweep_tiles(shape: ModelShape, T: int, dtype, machine, started, args, log) -
              "dw2": 2 * pairs * inter * H, "dw13": 2 * pairs * 2 * inter * H}
     base_row = {**machine, "protocol": "cold-l2" if runtime.ON_GPU else "perf_counter", "model": shape.name, "T": T}
     rows, best = [], {}
-    for gemm in args.tile_gemms.split(","):
-        ref_fn, ref_out = launcher(gemm, getattr(heur, gemm))
+    for gemm in gemms:
+        ref_fn, reference = launcher(gemm, getattr(heur, gemm))
         ref_fn()
-        reference = ref_out.clone()
+        # The gate/up and dA' candidates write into one shared buffer: their reference is a copy.
+        # The others' outputs are their own (one less 14 GB dW13 alive at a time).
+        ref_fn, reference = None, reference.clone() if gemm in ("up", "dact") else reference
         candidates = [getattr(heur, gemm)] + [c for c in tile_candidates(gemm, getattr(heur, gemm))
                                               if c != getattr(heur, gemm)]
         if not runtime.ON_GPU:
@@ -467,6 +474,7 @@ def sweep_tiles(shape: ModelShape, T: int, dtype, machine, started, args, log) -
                              "status": "skipped: over the --max-minutes budget"})
                 continue
             row = {**base_row, "gemm": gemm, "config": json.dumps(asdict(cfg))}
+            fn = out = None
             try:
                 fn, out = launcher(gemm, cfg)
                 fn()
