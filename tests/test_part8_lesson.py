@@ -9,6 +9,7 @@ import re
 
 import torch
 from prose import NOTEBOOKS, assert_says
+from reading import split
 
 from moe_tutorial import training
 from moe_tutorial.experiments import backward
@@ -23,11 +24,13 @@ def cells():
 
 
 def test_objectives_first_recap_and_chinese_summary_last_headings_in_both_languages():
-    texts = ["".join(c["source"]) for c in cells() if c["cell_type"] == "markdown"]
+    lesson, appendix = split(NOTEBOOK)
+    texts = ["".join(c["source"]) for c in lesson if c["cell_type"] == "markdown"]
+    assert "".join(appendix[0]["source"]).startswith("## Appendix: ")     # the lesson ends, then the appendix
     assert "**What you will learn**" in texts[0] and "../docs/seed-article.md" in texts[0]
     assert texts[-2].startswith("## Recap / 回顾") and texts[-1].startswith("## 中文小结")
     assert len(CJK.findall(texts[-1])) > 150 and "../docs/seed-article.md" in texts[-1]
-    for text in texts:
+    for text in texts + ["".join(c["source"]) for c in appendix if c["cell_type"] == "markdown"]:
         for line in text.splitlines():
             if re.match(r"#{1,3} ", line):
                 assert CJK.search(line) and (line.startswith("## 中文小结") or re.search(r"[A-Za-z]{3}", line)), line
@@ -125,3 +128,33 @@ def test_what_the_sorted_copies_gain():
                 "memory, the copy alive at that moment, is at most {:.2f} GB.",
                 min(g["speedup"] for g in gains), max(g["speedup"] for g in gains),
                 max(g["extra_peak_bytes"] for g in gains) / 1e9)
+
+
+def test_what_the_gluon_dw_kernel_gains():
+    """The appendix's reading of the H100 sweep and step (data/h100_dw_tiles.csv, data/h100_backward.csv)."""
+    gains = {(g["T"], g["gemm"]): g for g in backward.gluon_dw_gains(backward.load_dw_tiles())}
+    short, long_ = gains[(4096, "dw13")], [gains[(T, m)]["speedup"] for T in (16384, 32768) for m in ("dw2", "dw13")]
+    assert abs(short["speedup"] - 1) < 0.01                                 # "gains nothing"
+    assert min(long_) > gains[(4096, "dw13")]["speedup"]                    # "not where the prediction points"
+    assert all(gains[(T, m)]["gluon_tile"].startswith("128x256") for T in (16384, 32768) for m in ("dw2", "dw13"))
+    assert_says(NOTEBOOK, "at T = 4096 dW13 gains nothing ({:.2f} ms in `tl`, {:.2f} in Gluon) and dW2 {:.2f}x; "
+                "at 16384 and 32768 the Gluon kernel is {:.2f}x to {:.2f}x faster on both, with a 128 x 256 tile.",
+                short["tl_ms"], short["gluon_ms"], gains[(4096, "dw2")]["speedup"], min(long_), max(long_))
+    same = {r["tile"]["gluon"]: r["ms"] for r in backward.load_dw_tiles() if r["T"] == 16384 and r["gemm"] == "dw2"
+            and backward.tile_name(r["tile"]) == "128x256x64 w8 s3"}
+    assert same[True] < same[False]
+    assert_says(NOTEBOOK, "128 x 256 x 64 tile with 8 warps and 3 stages takes {:.2f} ms in `tl` and {:.2f} in Gluon",
+                same[False], same[True])
+    steps = {s["T"]: s for s in backward.gluon_dw_step(backward.load_backward(backward.H100_BACKWARD))}
+    target = backward.STEP_SPEEDUP_TARGET
+    assert steps[16384]["speedup"] >= target and steps[32768]["speedup"] >= target > steps[4096]["speedup"]
+    assert all(s["speedup"] > s["tl_dw_speedup"] for s in steps.values())
+    assert_says(NOTEBOOK, "takes DeepSeek-V3's step from {:.3f}x to {:.3f}x the faster anchor at T = 16384 and from "
+                "{:.3f}x to {:.3f}x at 32768, both over section 10's aim of {}x; at 4096 from {:.3f}x to {:.3f}x, "
+                "under it.",
+                steps[16384]["tl_dw_speedup"], steps[16384]["speedup"], steps[32768]["tl_dw_speedup"],
+                steps[32768]["speedup"], target, steps[4096]["tl_dw_speedup"], steps[4096]["speedup"])
+    gpus = ({r["gpu"] for r in backward.load_backward(backward.H100_BACKWARD)}
+            | {r["gpu"] for r in backward.load_dw_tiles()})
+    assert gpus == {"NVIDIA H100 80GB HBM3"}
+    assert_says(NOTEBOOK, "Measured on one H100")

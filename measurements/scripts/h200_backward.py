@@ -51,6 +51,7 @@ from pathlib import Path
 import moe_tutorial  # noqa: F401,I001  (first: picks the runtime before triton is imported)
 from moe_tutorial import runtime
 from moe_tutorial.experiments.backward import FIELDS, step_flops
+from moe_tutorial.kernels import gluon_grad_kernel
 from moe_tutorial.kernels.align import gather_sorted_rows
 from moe_tutorial.kernels.backward_kernel import launch_expert_grad, launch_rows_gemm
 from moe_tutorial.kernels.configs import KernelConfig, gpu_name, problem_key
@@ -465,6 +466,8 @@ def sweep_tiles(shape: ModelShape, T: int, dtype, machine, started, args, log) -
         ref_fn, reference = None, reference.clone() if gemm in ("up", "dact") else reference
         candidates = [getattr(heur, gemm)] + [c for c in tile_candidates(gemm, getattr(heur, gemm))
                                               if c != getattr(heur, gemm)]
+        if gluon_grad_kernel.UNAVAILABLE:          # no Gluon dW kernel here (the interpreter's dry run)
+            candidates = [c for c in candidates if not c.gluon]
         if not runtime.ON_GPU:
             candidates = candidates[:2]
         results = []

@@ -11,6 +11,7 @@ until that run is committed, and every reader here says so instead of inventing 
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ..perf.report import format_table
@@ -111,6 +112,11 @@ def summary_table(rows: list[dict], markdown: bool = False) -> str:
         cells.append(f"{v['backward_fraction']:.2f}" if v["backward_fraction"] else "-")
         lines.append(cells)
     header = ["model", "T"] + [f"{i} fwd+bwd ms" for i in impls] + ["ours vs faster anchor", "ours bwd / matmul"]
+    return _table(header, lines, markdown)
+
+
+def _table(header: list[str], lines: list[list[str]], markdown: bool) -> str:
+    """Aligned text, or with ``markdown`` a Markdown table (docs/results.md pastes them)."""
     if markdown:
         return "\n".join(["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
                          + ["| " + " | ".join(c) + " |" for c in lines])
@@ -143,3 +149,70 @@ def sorted_copies_table(rows: list[dict]) -> str:
     return format_table(["model", "T", "bwd ms, gathered", "bwd ms, sorted copies", "speed-up", "extra peak GB"],
                         [[g["model"], str(g["T"]), f"{g['gathered_ms']:.2f}", f"{g['sorted_ms']:.2f}",
                           f"{g['speedup']:.2f}x", f"{g['extra_peak_bytes'] / 1e9:+.2f}"] for g in gains])
+
+
+# ------------------------------------------------- the dW GEMMs in Gluon, measured on an H100
+
+#: The step with the Gluon dW kernel (``ours``) beside the same step with the dW GEMMs in ``tl``
+#: (:data:`TL_DW`), DeepSeek-V3 on one H100 (the script's step 1; the seventeenth and eighteenth
+#: sessions found no H200 to lend).
+H100_BACKWARD = DATA_DIR / "h100_backward.csv"
+#: The dW tile sweep of that run (the script's step 3): one row per (T, GEMM, tile), each GEMM alone.
+H100_DW_TILES = DATA_DIR / "h100_dw_tiles.csv"
+
+
+def load_dw_tiles(path: Path | str = H100_DW_TILES) -> list[dict]:
+    """The rows of a dW tile sweep, each with its ``tile`` parsed from the JSON config."""
+    rows = read_csv(path, {"T"}, {"ms", "tflops", "rel_error"})
+    for r in rows:
+        r["tile"] = json.loads(r["config"])
+    return rows
+
+
+def tile_name(tile: dict) -> str:
+    """``"128x256x64 w8 s3"``: dW rows x columns x run rows a step, warps, stages."""
+    return f"{tile['block_m']}x{tile['block_n']}x{tile['block_k']} w{tile['num_warps']} s{tile['num_stages']}"
+
+
+def gluon_dw_gains(rows: list[dict]) -> list[dict]:
+    """Per (model, T, GEMM) of a sweep: the fastest ``tl`` tile and the fastest Gluon tile, their ms,
+    and ``speedup`` (tl's time over Gluon's: above 1 the Gluon kernel is faster)."""
+    out = []
+    for key in sorted({(r["model"], r["T"], r["gemm"]) for r in rows}, key=lambda k: (k[0], k[1], k[2] != "dw2")):
+        ok = [r for r in rows if (r["model"], r["T"], r["gemm"]) == key and r["status"] == "ok"]
+        tl = min((r for r in ok if not r["tile"]["gluon"]), key=lambda r: r["ms"])
+        gl = min((r for r in ok if r["tile"]["gluon"]), key=lambda r: r["ms"])
+        out.append({"model": key[0], "T": key[1], "gemm": key[2], "tl_ms": tl["ms"], "tl_tile": tile_name(tl["tile"]),
+                    "gluon_ms": gl["ms"], "gluon_tile": tile_name(gl["tile"]), "speedup": tl["ms"] / gl["ms"]})
+    return out
+
+
+def gluon_dw_table(gains: list[dict]) -> str:
+    """:func:`gluon_dw_gains` as a table."""
+    return format_table(["T", "GEMM", "tl ms", "tl's fastest tile", "Gluon ms", "Gluon's fastest tile", "speed-up"],
+                        [[str(g["T"]), g["gemm"], f"{g['tl_ms']:.2f}", g["tl_tile"], f"{g['gluon_ms']:.2f}",
+                          g["gluon_tile"], f"{g['speedup']:.2f}x"] for g in gains])
+
+
+def gluon_dw_step(rows: list[dict]) -> list[dict]:
+    """Per (model, T) of a run with :data:`TL_DW` rows: the step (forward + backward) with the Gluon
+    dW kernel and with ``tl``'s, and each against the faster anchor."""
+    out = []
+    for (model, T) in sorted({(r["model"], r["T"]) for r in rows}):
+        case = {r["impl"]: r for r in rows if r["model"] == model and r["T"] == T and r["status"] == "ok"}
+        anchors = {k: case[k]["step_ms"] for k in ANCHORS if k in case}
+        if "ours" not in case or TL_DW not in case or not anchors:
+            continue
+        anchor = min(anchors.values())
+        ours, tl = case["ours"]["step_ms"], case[TL_DW]["step_ms"]
+        out.append({"model": model, "T": T, "ours_ms": ours, "tl_dw_ms": tl, "anchor_ms": anchor,
+                    "speedup": anchor / ours, "tl_dw_speedup": anchor / tl, "gain": tl / ours})
+    return out
+
+
+def gluon_dw_step_table(steps: list[dict], markdown: bool = False) -> str:
+    """:func:`gluon_dw_step` as a table."""
+    return _table(["model", "T", "step ms, Gluon dW", "step ms, tl dW", "faster anchor ms", "vs anchor, Gluon dW",
+                   "vs anchor, tl dW"],
+                  [[s["model"], str(s["T"]), f"{s['ours_ms']:.2f}", f"{s['tl_dw_ms']:.2f}", f"{s['anchor_ms']:.2f}",
+                    f"{s['speedup']:.3f}x", f"{s['tl_dw_speedup']:.3f}x"] for s in steps], markdown)

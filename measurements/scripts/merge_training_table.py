@@ -1,0 +1,54 @@
+"""Merge the winners of Part 8's tile sweeps into a training table, on the GPU that measured them.
+
+    python3 measurements/scripts/merge_training_table.py SWEEP/tuned_configs_training.json ... --copy table.json
+
+Each argument is the ``tuned_configs_training.json`` a sweep of ``h200_backward.py`` wrote (missing
+files are skipped: a sweep cut short). On an H200 the entries go into the shipped table,
+``moe_tutorial/data/tuned_configs_training_h200.json`` (commit it); on any other GPU into the user's
+table (:func:`moe_tutorial.kernels.configs.user_table_path`), which the package reads first, so that a
+step timed next in the same call runs them. ``--copy`` writes the merged table there as well.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import moe_tutorial  # noqa: F401,I001  (first: picks the runtime before triton is imported)
+from moe_tutorial.kernels.configs import SHIPPED_DIR, gpu_name, user_table_path
+
+SHIPPED_H200 = SHIPPED_DIR / "tuned_configs_training_h200.json"
+
+
+def merge(sweeps: list[Path], gpu: str, path: Path) -> dict:
+    """The table at ``path`` (empty if none) with every sweep's entries for ``gpu`` added, M by M."""
+    table = json.loads(path.read_text()) if path.exists() else {}
+    for sweep in sweeps:
+        if not sweep.exists():
+            print(f"skipped (no such file): {sweep}")
+            continue
+        for key, by_m in json.loads(sweep.read_text()).get(gpu, {}).items():
+            table.setdefault(gpu, {}).setdefault(key, {}).update(by_m)
+            print(f"merged: {key} {sorted(by_m, key=int)}")
+    table[gpu] = dict(sorted(table.get(gpu, {}).items()))
+    return table
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("sweeps", nargs="+", type=Path)
+    ap.add_argument("--copy", type=Path, help="also write the merged table here")
+    args = ap.parse_args(argv)
+    gpu = gpu_name()
+    path = SHIPPED_H200 if gpu == "NVIDIA H200" else user_table_path()
+    print(f"{gpu}: merging into {path}")
+    text = json.dumps(merge(args.sweeps, gpu, path), indent=1) + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for out in (path, args.copy) if args.copy else (path,):
+        out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
