@@ -83,7 +83,7 @@ def test_what_the_h200_run_shows():
 
     Ts = (4096, 16384, T)
     assert all(v["faster_anchor"] == "grouped_mm" for v in verdict.values())
-    assert {k for k, v in verdict.items() if v["step_ok"]} == {(qwen, t) for t in Ts} | {(ds, 4096)}
+    assert {k for k, v in verdict.items() if v["step_ok"]} == {(qwen, t) for t in Ts} | {(ds, 4096), (ds, T)}
     assert_says(NOTEBOOK, "The aim was a training step {}x as fast as the faster anchor at every T, with the backward "
                 "at {} of the matmul rate at T = {}.", backward.STEP_SPEEDUP_TARGET,
                 backward.BACKWARD_MATMUL_TARGET, T)
@@ -91,13 +91,17 @@ def test_what_the_h200_run_shows():
                 "fast as the faster anchor at T = 4096, 16384 and {}.", MODEL_SHAPES[qwen].intermediate,
                 *(speed(qwen, t) for t in Ts), T)
     # "just under": three digits, so that a speed-up a hair from the aim does not read as the aim itself.
-    assert all(verdict[(ds, t)]["step_speedup"] < backward.STEP_SPEEDUP_TARGET for t in Ts[1:])
-    over = verdict[(ds, 4096)]["step_speedup"] / backward.STEP_SPEEDUP_TARGET - 1
-    assert 0 < over < 0.01                                              # "by a hair", within a run's move
-    assert_says(NOTEBOOK, "DeepSeek-V3 reaches it at T = 4096 by a hair ({}x, {:.1%} over; runs of one case move by "
-                "about 1%) and stays just under it at 16384 and {} ({}x and {}x), and Mixtral-8x7B's eight large "
-                "experts further under ({}x, {}x and {}x)", speed(ds, 4096, 3), over, T,
-                *(speed(ds, t, 3) for t in Ts[1:]), *(speed(mixtral, t) for t in Ts))
+    short = 1 - verdict[(ds, 16384)]["step_speedup"] / backward.STEP_SPEEDUP_TARGET
+    assert 0 < short < 0.015                                          # "just under", about a run's move
+    ds_rows = [r for r in rows if r["model"] == ds]
+    ours_dates = {r["date"] for r in ds_rows if r["impl"] != "liger"}
+    assert min(ours_dates) > max(r["date"] for r in ds_rows if r["impl"] == "liger")           # "a later run"
+    assert {r["impl"] for r in ds_rows} >= {backward.TL_DW}                # "with its dW GEMMs in Gluon"
+    assert_says(NOTEBOOK, "DeepSeek-V3, in a later run with its dW GEMMs in Gluon (the appendix; Liger-Kernel's rows "
+                "are from the run before), reaches it at T = 4096 and {} ({}x and {}x) and stays just under it at "
+                "16384 ({}x, {:.1%} short; runs of one case move by about 1%), and Mixtral-8x7B's eight large experts "
+                "further under ({}x, {}x and {}x)", T, speed(ds, 4096, 3), speed(ds, T, 3), speed(ds, 16384, 3), short,
+                *(speed(mixtral, t) for t in Ts))
     assert max(verdict[(mixtral, t)]["step_speedup"] for t in Ts) < min(verdict[(ds, t)]["step_speedup"] for t in Ts)
 
     def gap(impl):
@@ -131,30 +135,31 @@ def test_what_the_sorted_copies_gain():
 
 
 def test_what_the_gluon_dw_kernel_gains():
-    """The appendix's reading of the H100 sweep and step (data/h100_dw_tiles.csv, data/h100_backward.csv)."""
+    """The appendix's reading of the H200 sweep (data/h200_dw_tiles.csv), the step of section 10's run
+    with and without it, and the H100's sweep (data/h100_dw_tiles.csv)."""
     gains = {(g["T"], g["gemm"]): g for g in backward.gluon_dw_gains(backward.load_dw_tiles())}
-    short, long_ = gains[(4096, "dw13")], [gains[(T, m)]["speedup"] for T in (16384, 32768) for m in ("dw2", "dw13")]
-    assert abs(short["speedup"] - 1) < 0.01                                 # "gains nothing"
-    assert min(long_) > gains[(4096, "dw13")]["speedup"]                    # "not where the prediction points"
-    assert all(gains[(T, m)]["gluon_tile"].startswith("128x256") for T in (16384, 32768) for m in ("dw2", "dw13"))
-    assert_says(NOTEBOOK, "at T = 4096 dW13 gains nothing ({:.2f} ms in `tl`, {:.2f} in Gluon) and dW2 {:.2f}x; "
-                "at 16384 and 32768 the Gluon kernel is {:.2f}x to {:.2f}x faster on both, with a 128 x 256 tile.",
-                short["tl_ms"], short["gluon_ms"], gains[(4096, "dw2")]["speedup"], min(long_), max(long_))
+    short = [gains[(4096, m)]["speedup"] for m in ("dw2", "dw13")]
+    long_ = [gains[(T, m)]["speedup"] for T in (16384, 32768) for m in ("dw2", "dw13")]
+    assert min(short) > max(long_) > min(long_) > 1                       # "the short runs gain the most"
+    assert all(g["gluon_tile"].startswith("128x256") for g in gains.values())
+    assert_says(NOTEBOOK, "at T = 4096 the Gluon kernel is faster by {:.2f}x on dW2 and {:.2f}x on dW13, at 16384 "
+                "and 32768 by {:.2f}x to {:.2f}x, every time with a 128 x 256 tile.", *short, min(long_), max(long_))
     same = {r["tile"]["gluon"]: r["ms"] for r in backward.load_dw_tiles() if r["T"] == 16384 and r["gemm"] == "dw2"
             and backward.tile_name(r["tile"]) == "128x256x64 w8 s3"}
     assert same[True] < same[False]
     assert_says(NOTEBOOK, "128 x 256 x 64 tile with 8 warps and 3 stages takes {:.2f} ms in `tl` and {:.2f} in Gluon",
                 same[False], same[True])
-    steps = {s["T"]: s for s in backward.gluon_dw_step(backward.load_backward(backward.H100_BACKWARD))}
-    target = backward.STEP_SPEEDUP_TARGET
-    assert steps[16384]["speedup"] >= target and steps[32768]["speedup"] >= target > steps[4096]["speedup"]
+    h100 = {(g["T"], g["gemm"]): g for g in backward.gluon_dw_gains(backward.load_dw_tiles(backward.H100_DW_TILES))}
+    assert abs(h100[(4096, "dw13")]["speedup"] - 1) < 0.01 and h100[(4096, "dw2")]["speedup"] < short[0]
+    assert_says(NOTEBOOK, "An H100 saw less at T = 4096 (`moe_tutorial/data/h100_dw_tiles.csv`): {:.2f}x on dW2, "
+                "none on dW13.", h100[(4096, "dw2")]["speedup"])
+    steps = {s["T"]: s for s in backward.gluon_dw_step(backward.load_backward())}
     assert all(s["speedup"] > s["tl_dw_speedup"] for s in steps.values())
-    assert_says(NOTEBOOK, "takes DeepSeek-V3's step from {:.3f}x to {:.3f}x the faster anchor at T = 16384 and from "
-                "{:.3f}x to {:.3f}x at 32768, both over section 10's aim of {}x; at 4096 from {:.3f}x to {:.3f}x, "
-                "under it.",
-                steps[16384]["tl_dw_speedup"], steps[16384]["speedup"], steps[32768]["tl_dw_speedup"],
-                steps[32768]["speedup"], target, steps[4096]["tl_dw_speedup"], steps[4096]["speedup"])
-    gpus = ({r["gpu"] for r in backward.load_backward(backward.H100_BACKWARD)}
-            | {r["gpu"] for r in backward.load_dw_tiles()})
-    assert gpus == {"NVIDIA H100 80GB HBM3"}
-    assert_says(NOTEBOOK, "Measured on one H100")
+    assert_says(NOTEBOOK, "takes DeepSeek-V3's step from {:.3f}x to {:.3f}x the faster anchor at T = 4096, from "
+                "{:.3f}x to {:.3f}x at 16384 and from {:.3f}x to {:.3f}x at 32768.",
+                *(v for T in (4096, 16384, 32768) for v in (steps[T]["tl_dw_speedup"], steps[T]["speedup"])))
+    gpus = {r["gpu"] for r in backward.load_dw_tiles()} | {r["gpu"] for r in backward.load_backward()
+                                                           if r["model"] == "DeepSeek-V3"}
+    assert gpus == {"NVIDIA H200"}
+    assert_says(NOTEBOOK, "Measured on one H200")
+    assert {r["gpu"] for r in backward.load_dw_tiles(backward.H100_DW_TILES)} == {"NVIDIA H100 80GB HBM3"}

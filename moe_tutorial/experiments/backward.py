@@ -151,17 +151,17 @@ def sorted_copies_table(rows: list[dict]) -> str:
                           f"{g['speedup']:.2f}x", f"{g['extra_peak_bytes'] / 1e9:+.2f}"] for g in gains])
 
 
-# ------------------------------------------------- the dW GEMMs in Gluon, measured on an H100
+# ------------------------------------------------------------------- the dW GEMMs in Gluon
 
-#: The step with the Gluon dW kernel (``ours``) beside the same step with the dW GEMMs in ``tl``
-#: (:data:`TL_DW`), DeepSeek-V3 on one H100 (the script's step 1; the seventeenth and eighteenth
-#: sessions found no H200 to lend).
-H100_BACKWARD = DATA_DIR / "h100_backward.csv"
-#: The dW tile sweep of that run (the script's step 3): one row per (T, GEMM, tile), each GEMM alone.
+#: The dW tile sweep on one H200 (the script's step 3, DeepSeek-V3): one row per (T, GEMM, tile),
+#: each GEMM alone; the step it chose is in :data:`BACKWARD`, ``ours`` beside :data:`TL_DW`.
+H200_DW_TILES = DATA_DIR / "h200_dw_tiles.csv"
+#: The same sweep and step on one H100, the first GPU the kernel ran on (its tiles are the H100's table).
 H100_DW_TILES = DATA_DIR / "h100_dw_tiles.csv"
+H100_BACKWARD = DATA_DIR / "h100_backward.csv"
 
 
-def load_dw_tiles(path: Path | str = H100_DW_TILES) -> list[dict]:
+def load_dw_tiles(path: Path | str = H200_DW_TILES) -> list[dict]:
     """The rows of a dW tile sweep, each with its ``tile`` parsed from the JSON config."""
     rows = read_csv(path, {"T"}, {"ms", "tflops", "rel_error"})
     for r in rows:
