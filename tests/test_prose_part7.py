@@ -3,6 +3,7 @@ comes from: when ``moe_tutorial/data/h200_fp8_bench.csv`` changes, the stale sen
 ``scripts/update_prose.py`` rewrites them (read the words around each number afterwards)."""
 import moe_tutorial  # noqa: F401,I001  (first: picks the runtime before triton is imported)
 
+import json
 import math
 
 import pytest
@@ -305,6 +306,41 @@ def test_the_decode_experiment():
                     "Qwen3-30B-A3B", *(f"{bf16[m]:.2f}" for m in ("DeepSeek-V3", "Kimi-K2", "Qwen3-30B-A3B")))
     gains = [speed["Qwen3-30B-A3B", M] - 1 for M in (1, 2, 4, 8) if speed["Qwen3-30B-A3B", M] > 1]
     assert_says(P7, "a second path for a gain of {:.0%} to {:.0%} on one model", min(gains), max(gains))
+
+
+def test_the_rescaled_form_on_an_h200():
+    """Appendix A's reading of the H200 run (``data/h200_fp8_rescaled.csv``), and the tuned table that
+    took its winners (``scripts/gluon_fp8_table.py``)."""
+    from moe_tutorial.experiments import gluon_fp8
+    from moe_tutorial.kernels import configs
+
+    rows = gluon_fp8.load_rescaled(gluon_fp8.H200_RESCALED)
+    assert {r["gpu"] for r in rows} == {"NVIDIA H200"}
+    gains = gluon_fp8.rescaled_gains(rows)
+    first = [g["first"] / g["first_rescaled"] for g in gains]
+    layer = [g["layer"] / g["layer_rescaled"] for g in gains]
+    assert min(first) > 1 and min(layer) > 1 and len(gains) == 6
+    ds = next(g for g in gains if (g["model"], g["M"]) == ("DeepSeek-V3", 4096))
+    h100 = next(g for g in gluon_fp8.rescaled_gains(gluon_fp8.load_rescaled())
+                if (g["model"], g["M"]) == ("DeepSeek-V3", 4096))
+    small = sorted(g["rows"] for g in gains if g["rows"] < configs.GLUON_RESCALED_ROWS)
+    assert_says(P7, "Here the 256-wide first GEMM gains on all three models, {} to {}, DeepSeek-V3's too ({} at "
+                    "M = 4096, where the H100 lost {}); and the rescaled layer is the fastest form in all six "
+                    "cases, {} to {}, also at {} and {} rows an expert, where the H100 found it slower.",
+                x(min(first)), x(max(first)),
+                x(ds["first"] / ds["first_rescaled"]), x(h100["first"] / h100["first_rescaled"]), x(min(layer)),
+                x(max(layer)), *small)
+    big = [g["layer_bf16"] / g["layer_rescaled"] for g in gains if g["model"] != "Qwen3-30B-A3B"]
+    qwen = [g["layer_bf16"] / g["layer_rescaled"] for g in gains if g["model"] == "Qwen3-30B-A3B"]
+    assert_says(P7, "The FP8 layer runs {} to {} as fast as the bf16 layer on DeepSeek-V3 and Kimi-K2, {} to {} on "
+                    "Qwen3-30B-A3B.", x(min(big)), x(max(big)), x(min(qwen)), x(max(qwen)))
+    rate = max(r["fp8_rate_fraction"] for r in rows if r["gemm"] == "first" and r["impl"] == gluon_fp8.RESCALED)
+    assert_says(P7, "The fastest first GEMM still reaches {:.2f} of the FP8 rate measured in the same run.", rate)
+    table = json.loads((configs.SHIPPED_DIR / "tuned_configs_h200.json").read_text())["NVIDIA H200"]
+    for g in gains:
+        s = get_shape(g["model"])
+        key = configs.problem_key(s.num_experts, s.intermediate, s.hidden, s.topk, torch.float8_e4m3fn, "gated")
+        assert table[key][str(g["M"])]["rescale"], (g["model"], g["M"])      # "the H200's tuned table takes them"
 
 
 def test_the_rescaled_form():

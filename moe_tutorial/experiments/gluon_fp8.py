@@ -133,16 +133,21 @@ RESCALED_LAYER = "gluon-rescaled-split-128"
 EARLIER_LAYERS = ("gluon-fused-s4-d64s6", "gluon-unfused-128")
 
 
+#: The same sweep on an H200, a later session, at M = 4096 and 16384 with the bf16 layer beside it.
+H200_RESCALED = DATA / "h200_fp8_rescaled.csv"
+
+
 def load_rescaled(path: Path | None = None) -> list[dict]:
-    """The H100 sweep of the rescaled forms (``data/h100_fp8_rescaled.csv``)."""
+    """The H100 sweep of the rescaled forms (``data/h100_fp8_rescaled.csv``), or another run's ``path``."""
     return _load(path or DATA / "h100_fp8_rescaled.csv", ("ms", "noise", "fp8_rate_fraction"))
 
 
 def rescaled_gains(rows: list[dict]) -> list[dict]:
     """Per model and M, in the order measured: the first GEMM's time, shipped (``first``) and rescaled
     (``first_rescaled``; None where the case did not fit the card), the layer's best earlier form
-    (``layer``, named in ``layer_form``) and the rescaled layer (``layer_rescaled``), in ms, and the
-    expert's average rows (``rows``)."""
+    (``layer``, named in ``layer_form``), the rescaled layer (``layer_rescaled``) and the bf16 layer of
+    the same run (``layer_bf16``, None where the run has none), in ms, and the expert's average rows
+    (``rows``)."""
     out = []
     for model, M in dict.fromkeys((r["model"], r["M"]) for r in rows):
         t = {(r["gemm"], r["impl"]): r for r in rows if (r["model"], r["M"]) == (model, M)}
@@ -152,7 +157,8 @@ def rescaled_gains(rows: list[dict]) -> list[dict]:
         r0 = t["layer", form]
         out.append(dict(model=model, M=M, rows=M * int(r0["topk"]) // int(r0["E"]),
                         first=first["ms"] if first else None, first_rescaled=rescaled["ms"] if rescaled else None,
-                        layer=r0["ms"], layer_form=form, layer_rescaled=t["layer", RESCALED_LAYER]["ms"]))
+                        layer=r0["ms"], layer_form=form, layer_rescaled=t["layer", RESCALED_LAYER]["ms"],
+                        layer_bf16=t["layer", "bf16-sorted"]["ms"] if ("layer", "bf16-sorted") in t else None))
     return out
 
 
