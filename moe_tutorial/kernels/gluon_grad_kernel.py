@@ -31,7 +31,7 @@ import torch
 import triton
 
 from .. import runtime
-from .gluon_kernel import _GLUON_DTYPES, HAVE_GLUON
+from .gluon_kernel import GLUON_DTYPES, HAVE_GLUON
 from .tma import stacked_rows, tma_can_read
 
 if HAVE_GLUON:
@@ -173,7 +173,7 @@ def launch_gluon_expert_grad(left: torch.Tensor, right: torch.Tensor, out: torch
     if why:
         raise ValueError(f"the Gluon dW kernel: {why}")
     E, P, Q = out.shape
-    dtype = _GLUON_DTYPES[left.dtype]
+    dtype = GLUON_DTYPES[left.dtype]
     bp, bq = config.block_m, config.block_n
 
     def desc(t, block):

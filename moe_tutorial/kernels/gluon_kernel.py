@@ -234,8 +234,8 @@ def sorted_rows(alignment, block_m: int) -> int:
 
 #: The operand dtypes the kernel takes. e4m3 is FP8 with one scale per tensor, which the caller
 #: applies to C: the tensor cores' own accumulation, no promotion (Part 7's block scales need one).
-_GLUON_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16,
-                 torch.float8_e4m3fn: gl.float8e4nv} if HAVE_GLUON else {}
+GLUON_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16,
+                torch.float8_e4m3fn: gl.float8e4nv} if HAVE_GLUON else {}
 
 
 def launch_gluon_gemm(a_sorted: torch.Tensor, b: torch.Tensor, c: torch.Tensor, router_weights, alignment,
@@ -260,12 +260,12 @@ def launch_gluon_gemm(a_sorted: torch.Tensor, b: torch.Tensor, c: torch.Tensor, 
         raise TypeError(f"a_sorted, b: expected one dtype, got {a_sorted.dtype} and {b.dtype}")
     if UNAVAILABLE:
         raise RuntimeError(UNAVAILABLE)
-    if a_sorted.dtype not in _GLUON_DTYPES:
-        raise TypeError(f"a_sorted: expected one of {', '.join(map(str, _GLUON_DTYPES))}, got {a_sorted.dtype}")
+    if a_sorted.dtype not in GLUON_DTYPES:
+        raise TypeError(f"a_sorted: expected one of {', '.join(map(str, GLUON_DTYPES))}, got {a_sorted.dtype}")
     sorted_ids, expert_ids, num_post = alignment
     rows, K = b.shape[1], b.shape[2]
     N = c.shape[1]
-    dtype = _GLUON_DTYPES[a_sorted.dtype]
+    dtype = GLUON_DTYPES[a_sorted.dtype]
     bm, bn, bk = config.block_m, config.block_n, config.block_k
     a_desc = GluonDescriptor.from_tensor(a_sorted, [bm, bk], gl.NVMMASharedLayout.get_default_for([bm, bk], dtype))
     b_desc = GluonDescriptor.from_tensor(stacked_rows(b), [bn, bk],
