@@ -118,17 +118,20 @@ def test_two_runs_give_the_same_bits():
     assert_same_bits(p)
 
 
+def configs_of(p: dict):
+    """The training configs the layer picks for problem ``p``."""
+    M, E = p["x"].shape[0], p["w13"].shape[0]
+    return training_configs(M, E, p["x"].shape[1], p["w2"].shape[2], p["topk_ids"].shape[1], p["x"].dtype)
+
+
 def without_sorted_copies(p: dict):
     """The layer of problem ``p`` with dO and x gathered inside the kernels (no sorted copies)."""
-    M, E = p["x"].shape[0], p["w13"].shape[0]
-    cfg = training_configs(M, E, p["x"].shape[1], p["w2"].shape[2], p["topk_ids"].shape[1], p["x"].dtype)
-    return functools.partial(trainable_moe_layer, configs=dataclasses.replace(cfg, sorted_copies=False))
+    return functools.partial(trainable_moe_layer, configs=dataclasses.replace(configs_of(p), sorted_copies=False))
 
 
 def with_persistent_rows_gemms(p: dict):
     """The layer of problem ``p`` with its M-grouped GEMMs (gate/up, dA', dx) on the persistent grid."""
-    M, E = p["x"].shape[0], p["w13"].shape[0]
-    cfg = training_configs(M, E, p["x"].shape[1], p["w2"].shape[2], p["topk_ids"].shape[1], p["x"].dtype)
+    cfg = configs_of(p)
     persistent = {name: dataclasses.replace(getattr(cfg, name), persistent=True) for name in ("up", "dact", "dx")}
     return functools.partial(trainable_moe_layer, configs=dataclasses.replace(cfg, **persistent))
 
@@ -389,8 +392,7 @@ GLUON_DW = dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3,
 
 def with_gluon_dw(p: dict, which=("dw2", "dw13")):
     """The layer of problem ``p`` with the GEMMs ``which`` on the Gluon dW kernel."""
-    M, E = p["x"].shape[0], p["w13"].shape[0]
-    cfg = training_configs(M, E, p["x"].shape[1], p["w2"].shape[2], p["topk_ids"].shape[1], p["x"].dtype)
+    cfg = configs_of(p)
     gluon = {name: dataclasses.replace(getattr(cfg, name), **GLUON_DW) for name in which}
     return functools.partial(trainable_moe_layer, configs=dataclasses.replace(cfg, **gluon))
 

@@ -50,7 +50,7 @@ from pathlib import Path
 
 import moe_tutorial  # noqa: F401,I001  (first: picks the runtime before triton is imported)
 from moe_tutorial import runtime
-from moe_tutorial.experiments.backward import FIELDS, step_flops
+from moe_tutorial.experiments.backward import FIELDS, step_flops, tile_name
 from moe_tutorial.kernels import gluon_grad_kernel
 from moe_tutorial.kernels.align import gather_sorted_rows
 from moe_tutorial.kernels.backward_kernel import launch_expert_grad, launch_rows_gemm
@@ -494,7 +494,7 @@ def sweep_tiles(shape: ModelShape, T: int, dtype, machine, started, args, log) -
             ms, cfg, row = min(results, key=lambda r: r[0])
             row["best"] = True
             best[gemm] = cfg
-            log(f"  {gemm:5s} best {cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}: "
+            log(f"  {gemm:5s} best {tile_name(asdict(cfg))}: "
                 f"{ms:.3f} ms ({row['tflops']:.0f} TFLOP/s); heuristic's: "
                 + next((f"{r['ms']:.3f} ms" for r in rows if r["gemm"] == gemm and r.get("ms")), "-"))
             if gemm != "dx" and not cfg.gluon:       # the Gluon kernel reads sorted copies only

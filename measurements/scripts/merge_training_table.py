@@ -11,27 +11,26 @@ step timed next in the same call runs them. ``--copy`` writes the merged table t
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import moe_tutorial  # noqa: F401,I001  (first: picks the runtime before triton is imported)
 from moe_tutorial.kernels.configs import SHIPPED_DIR, gpu_name, user_table_path
+from moe_tutorial.perf.tuning import read_table, write_table
 
 SHIPPED_H200 = SHIPPED_DIR / "tuned_configs_training_h200.json"
 
 
 def merge(sweeps: list[Path], gpu: str, path: Path) -> dict:
     """The table at ``path`` (empty if none) with every sweep's entries for ``gpu`` added, M by M."""
-    table = json.loads(path.read_text()) if path.exists() else {}
+    table = read_table(path)
     for sweep in sweeps:
         if not sweep.exists():
             print(f"skipped (no such file): {sweep}")
             continue
-        for key, by_m in json.loads(sweep.read_text()).get(gpu, {}).items():
+        for key, by_m in read_table(sweep).get(gpu, {}).items():
             table.setdefault(gpu, {}).setdefault(key, {}).update(by_m)
             print(f"merged: {key} {sorted(by_m, key=int)}")
-    table[gpu] = dict(sorted(table.get(gpu, {}).items()))
     return table
 
 
@@ -43,10 +42,9 @@ def main(argv=None) -> int:
     gpu = gpu_name()
     path = SHIPPED_H200 if gpu == "NVIDIA H200" else user_table_path()
     print(f"{gpu}: merging into {path}")
-    text = json.dumps(merge(args.sweeps, gpu, path), indent=1) + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    table = merge(args.sweeps, gpu, path)
     for out in (path, args.copy) if args.copy else (path,):
-        out.write_text(text)
+        write_table(out, table)
     return 0
 
 

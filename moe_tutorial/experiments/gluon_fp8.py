@@ -162,6 +162,19 @@ def rescaled_gains(rows: list[dict]) -> list[dict]:
     return out
 
 
+def rescaled_lines(gains: list[dict]) -> list[str]:
+    """:func:`rescaled_gains` as notebook 07 prints them, one line per model and M: the first GEMM and
+    the layer before and after (ms), and the bf16 layer over the FP8 one where the run timed it."""
+    lines = []
+    for g in gains:
+        fitted = g["first"] and g["first_rescaled"]
+        first = f"{g['first']:6.3f} -> {g['first_rescaled']:6.3f}" if fitted else "    did not fit 80 GB"
+        bf16 = f"   bf16 / FP8 {g['layer_bf16'] / g['layer_rescaled']:.2f}x" if g["layer_bf16"] else ""
+        lines.append(f"  {g['model']:14s} M = {g['M']:<6d} {g['rows']:5d} rows an expert   first {first}   "
+                     f"layer {g['layer']:6.3f} -> {g['layer_rescaled']:6.3f}{bf16}")
+    return lines
+
+
 def load_rescaled_profile(path: Path | None = None) -> dict[tuple[str, str], dict]:
     """``{(model, kernel): metrics}`` of Nsight Compute on the H100 at M = 16384
     (``data/h100_fp8_rescaled_profile.csv``: fractions in [0, 1], times in ms, DRAM reads in TB/s)."""

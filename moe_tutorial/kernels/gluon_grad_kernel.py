@@ -58,12 +58,12 @@ UNAVAILABLE = (None if HAVE_GLUON and runtime.ON_GPU and torch.cuda.get_device_c
 
 if HAVE_GLUON:
     @gluon.jit
-    def grad_tile(t, tiles_per_expert, num_p, num_q, group_m, expert_rows_ptr):
+    def grad_tile(t, num_p, num_q, group_m, expert_rows_ptr):
         """Tile ``t`` of the persistent walk: its expert (experts one after another, so that the
         programs at work share one expert's runs in the L2), its place in the expert's dW, and the
         expert's run of sorted rows ``[first, end)``."""
-        expert = t // tiles_per_expert
-        pid_p, pid_q = tile_of(t % tiles_per_expert, num_p, num_q, group_m)
+        expert = t // (num_p * num_q)
+        pid_p, pid_q = tile_of(t % (num_p * num_q), num_p, num_q, group_m)
         first = gl.load(expert_rows_ptr + expert)
         end = gl.load(expert_rows_ptr + expert + 1)
         return expert, pid_p, pid_q, first, end
@@ -79,7 +79,7 @@ if HAVE_GLUON:
         nbytes: gl.constexpr = l_desc.block_type.nbytes + r_desc.block_type.nbytes
         step = 0
         for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-            expert, pid_p, pid_q, first, end = grad_tile(t, num_p * num_q, num_p, num_q, group_m, expert_rows_ptr)
+            expert, pid_p, pid_q, first, end = grad_tile(t, num_p, num_q, group_m, expert_rows_ptr)
             for r0 in range(first, end, BLOCK_R):
                 s = step % STAGES
                 mbarrier.wait(empty.index(s), ((step // STAGES) & 1) ^ 1)     # a fresh barrier counts as empty
@@ -99,7 +99,7 @@ if HAVE_GLUON:
         layout: gl.constexpr = mma_layout(BLOCK_P, BLOCK_Q, gl.num_warps())
         step = 0
         for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-            expert, pid_p, pid_q, first, end = grad_tile(t, num_p * num_q, num_p, num_q, group_m, expert_rows_ptr)
+            expert, pid_p, pid_q, first, end = grad_tile(t, num_p, num_q, group_m, expert_rows_ptr)
             # Zeroed with no MMA in flight (ptxas serialises every wgmma of a kernel that writes an
             # accumulator while its MMA runs); an expert with no rows stores this tile of zeros.
             acc = gl.zeros((BLOCK_P, BLOCK_Q), dtype=gl.float32, layout=layout)
