@@ -20,11 +20,11 @@ import triton.language as tl
 
 from moe_tutorial import runtime
 from moe_tutorial.experiments.sm90 import compile_report
-from moe_tutorial.kernels import backward_kernel, gluon_grad_kernel, gluon_kernel
+from moe_tutorial.kernels import backward_kernel, gluon_dact_kernel, gluon_grad_kernel, gluon_kernel
 from moe_tutorial.kernels.align import align_block_size
 from moe_tutorial.kernels.stable_align import expert_rows, stable_align_block_size
 from moe_tutorial.kernels.trainable_layer import trainable_moe_layer
-from moe_tutorial.kernels.training_configs import heuristic_training_configs, training_configs
+from moe_tutorial.kernels.training_configs import GLUON_GEMMS, heuristic_training_configs, training_configs
 from moe_tutorial.layer import moe_layer
 from moe_tutorial.reference import LAYER_GRAD_INPUTS, reference_layer_grads, rel_error, tolerance
 from moe_tutorial.shapes import MODEL_SHAPES, random_layer_problem
@@ -124,14 +124,27 @@ def configs_of(p: dict):
     return training_configs(M, E, p["x"].shape[1], p["w2"].shape[2], p["topk_ids"].shape[1], p["x"].dtype)
 
 
+def tl_configs_of(p: dict):
+    """:func:`configs_of` with every GEMM in ``tl``: where the table chose a Gluon kernel (the GPU's
+    tables do for some shapes), the heuristic's ``tl`` tile."""
+    cfg = configs_of(p)
+    guess = heuristic_training_configs(p["x"].shape[0], p["w13"].shape[0], p["topk_ids"].shape[1])
+    return dataclasses.replace(cfg, **{g: getattr(guess, g) for g in GLUON_GEMMS if getattr(cfg, g).gluon}).checked()
+
+
+def in_tl(p: dict):
+    """The layer of problem ``p`` with every GEMM in ``tl`` (the baseline of the two below)."""
+    return functools.partial(trainable_moe_layer, configs=tl_configs_of(p))
+
+
 def without_sorted_copies(p: dict):
-    """The layer of problem ``p`` with dO and x gathered inside the kernels (no sorted copies)."""
-    return functools.partial(trainable_moe_layer, configs=dataclasses.replace(configs_of(p), sorted_copies=False))
+    """The layer of problem ``p`` in ``tl`` with dO and x gathered inside the kernels (no sorted copies)."""
+    return functools.partial(trainable_moe_layer, configs=dataclasses.replace(tl_configs_of(p), sorted_copies=False))
 
 
 def with_persistent_rows_gemms(p: dict):
-    """The layer of problem ``p`` with its M-grouped GEMMs (gate/up, dA', dx) on the persistent grid."""
-    cfg = configs_of(p)
+    """The layer of problem ``p`` in ``tl`` with its M-grouped GEMMs (gate/up, dA', dx) on the persistent grid."""
+    cfg = tl_configs_of(p)
     persistent = {name: dataclasses.replace(getattr(cfg, name), persistent=True) for name in ("up", "dact", "dx")}
     return functools.partial(trainable_moe_layer, configs=dataclasses.replace(cfg, **persistent))
 
@@ -141,7 +154,7 @@ def test_the_persistent_grid_computes_the_same_tiles(case):
     """A few programs walking every tile (the interpreter runs three) give each tile's bits, as
     one program per tile does: the same tile, the same K loop, only the loop around it."""
     p = random_layer_problem(*CPU_CASES[case], device=DEV, seed=3)
-    assert_same_bits(p, second=with_persistent_rows_gemms(p))
+    assert_same_bits(p, in_tl(p), with_persistent_rows_gemms(p))
 
 
 @pytest.mark.parametrize("case", CPU_CASES)
@@ -150,7 +163,7 @@ def test_sorted_copies_move_rows_not_sums(case):
     the same bits as gathering them in the kernels, and the copies are on by default."""
     p = random_layer_problem(*CPU_CASES[case], device=DEV, seed=len(case) + 1)
     assert training_configs(7, 5, 40, 24, 2, torch.float32).sorted_copies
-    assert_same_bits(p, second=without_sorted_copies(p))
+    assert_same_bits(p, in_tl(p), without_sorted_copies(p))
 
 
 def test_sorted_copies_must_be_a_bool():
@@ -363,7 +376,7 @@ def test_bf16_two_runs_give_the_same_bits_where_part_4s_alignment_would_not():
 @pytest.mark.parametrize("case", GPU_SHAPES)
 def test_bf16_sorted_copies_through_tma_give_the_gathered_bits(case):
     p, _ = real_shape_problem(case, token_scale=4)
-    assert_same_bits(p, second=without_sorted_copies(p))
+    assert_same_bits(p, in_tl(p), without_sorted_copies(p))
 
 
 @pytest.mark.gpu
@@ -371,7 +384,7 @@ def test_bf16_sorted_copies_through_tma_give_the_gathered_bits(case):
 @pytest.mark.parametrize("case", ["Qwen3-30B-A3B", "DeepSeek-V3"])
 def test_bf16_the_persistent_grid_computes_the_same_tiles(case):
     p, _ = real_shape_problem(case, token_scale=4)
-    assert_same_bits(p, second=with_persistent_rows_gemms(p))
+    assert_same_bits(p, in_tl(p), with_persistent_rows_gemms(p))
 
 
 @pytest.mark.gpu
@@ -388,30 +401,39 @@ def test_bf16_gradients_near_1e_5_by_relative_error():
 
 #: The Gluon dW kernel's tile as the H200 sweep's first candidate: 128 x 256 of dW, 64 rows a step.
 GLUON_DW = dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, gluon=True)
+#: The Gluon dA' kernel's tile: 128 x 128, 64 of K a step, four stages, 8 MMA warps (the backward's
+#: block_m stays the alignment's; the tests' shapes align on 128 rows, or on 64 with 4 warps).
+GLUON_DACT = dict(block_n=128, block_k=64, num_warps=8, num_stages=4, gluon=True)
 
 
-def with_gluon_dw(p: dict, which=("dw2", "dw13")):
-    """The layer of problem ``p`` with the GEMMs ``which`` on the Gluon dW kernel."""
+def with_gluon(p: dict, which=("dw2", "dw13")):
+    """The layer of problem ``p`` with the GEMMs ``which`` on their Gluon kernels."""
     cfg = configs_of(p)
-    gluon = {name: dataclasses.replace(getattr(cfg, name), **GLUON_DW) for name in which}
+    # dA' keeps the alignment's block_m, with a warpgroup of MMA warps per 64 rows of it.
+    dact = dict(GLUON_DACT, num_warps=8 if cfg.dact.block_m == 128 else 4)
+    gluon = {name: dataclasses.replace(getattr(cfg, name), **(dact if name == "dact" else GLUON_DW))
+             for name in which}
     return functools.partial(trainable_moe_layer, configs=dataclasses.replace(cfg, **gluon))
 
 
-def test_gluon_is_for_the_dw_gemms_only_and_needs_the_sorted_copies():
+@pytest.mark.parametrize("gemm", ["dact", "dw2"])
+def test_gluon_is_for_dact_and_the_dw_gemms_only_and_needs_the_sorted_copies(gemm):
     cfg = heuristic_training_configs(4096, 8, 2)
-    with pytest.raises(ValueError, match=r"^configs\.dact\.gluon: only the dW GEMMs"):
-        dataclasses.replace(cfg, dact=dataclasses.replace(cfg.dact, gluon=True)).checked()
-    gluon = dataclasses.replace(cfg, dw2=dataclasses.replace(cfg.dw2, **GLUON_DW))
-    assert gluon.checked().dw2.gluon
+    for name in ("up", "down", "dx"):
+        with pytest.raises(ValueError, match=rf"^configs\.{name}\.gluon: only dA' \(dact\) and the dW GEMMs"):
+            dataclasses.replace(cfg, **{name: dataclasses.replace(getattr(cfg, name), gluon=True)}).checked()
+    gluon = dataclasses.replace(cfg, **{gemm: dataclasses.replace(getattr(cfg, gemm), gluon=True)})
+    assert getattr(gluon.checked(), gemm).gluon
     with pytest.raises(ValueError, match="sorted_copies=True"):
         dataclasses.replace(gluon, sorted_copies=False).checked()
 
 
 @pytest.mark.skipif(runtime.ON_GPU, reason="off Hopper the layer must say why; on a GPU the GPU tests run it")
-def test_the_gluon_dw_kernel_says_why_it_cannot_run_here():
+@pytest.mark.parametrize("gemm, name", [("dw2", "dW"), ("dact", "dA'")])
+def test_the_gluon_kernels_say_why_they_cannot_run_here(gemm, name):
     p = random_layer_problem(*CPU_CASES["ragged K and N"], device=DEV, seed=3)
-    with pytest.raises(ValueError, match="the Gluon dW kernel: .*needs a Hopper GPU"):
-        run_layer(p, with_gluon_dw(p, ("dw2",)))
+    with pytest.raises(ValueError, match=f"the Gluon {name} kernel: .*needs a Hopper GPU"):
+        run_layer(p, with_gluon(p, (gemm,)))
 
 
 @pytest.mark.skipif(not gluon_kernel.HAVE_GLUON, reason="this Triton has no Gluon")
@@ -430,6 +452,26 @@ def test_the_gluon_dw_kernel_keeps_one_mma_in_flight_on_transposed_operands():
     assert 3 * (64 * 128 + 64 * 256) * 2 + 128 * 256 * 2 <= r["shared"] <= SMEM_LIMIT
 
 
+@pytest.mark.skipif(not gluon_kernel.HAVE_GLUON, reason="this Triton has no Gluon")
+def test_the_gluon_dact_kernel_hands_each_accumulator_to_its_epilogue_warps():
+    """Compiled for sm90 on any machine: the MMA warps wait per step with one wgmma group in flight,
+    kept by ptxas; W2's tile read as it lies (``[K, N]``: B MN-major, ``imm-trans-b`` 1); the MMA
+    warps (256 threads) and the epilogue warps (128) each meet at a barrier of their own, which the
+    others never wait at; the ring plus one fp32 accumulator within Hopper's 227 KB. The unrolled
+    epilogue spills a few registers (126 bytes with Triton 3.6 at 128 columns)."""
+    from moe_tutorial.kernels.configs import SMEM_LIMIT
+
+    block_n, stages = 128, 4
+    r = compile_report("gluon-bf16-dact")
+    assert 1 in r["wait_groups"] and r["serialised"] == "" and r["spill_bytes"] <= 256
+    mma = re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{block_n}k16\.f32\.bf16\.bf16 [^;]*, (\d), (\d);",
+                    r["ptx"])
+    assert mma and mma.groups() == ("0", "1")
+    assert re.search(r"bar\.sync \t\d+, 256;", r["ptx"]) and re.search(r"bar\.sync \t\d+, 128;", r["ptx"])
+    ring, acc = stages * (128 * 64 + 64 * block_n) * 2, 128 * block_n * 4
+    assert ring + acc <= r["shared"] <= SMEM_LIMIT
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(gluon_grad_kernel.UNAVAILABLE is not None, reason="needs a Hopper GPU")
 @pytest.mark.parametrize("case", GPU_SHAPES)
@@ -437,7 +479,7 @@ def test_bf16_the_gluon_dw_kernel_on_real_shapes(case):
     """dW2 and dW13 by the Gluon kernel within bf16 tolerance of float64, and an idle expert's
     exactly zero (its empty run stores a tile of zeros)."""
     p, used = real_shape_problem(case)
-    _, grads = run_layer(p, with_gluon_dw(p))
+    _, grads = run_layer(p, with_gluon(p))
     ref = reference_layer_grads(p["x"], p["w13"][:used], p["w2"][:used], p["topk_weights"], p["topk_ids"],
                                 p["d_out"])
     errs = {k: rel_error(grads[k][:used], ref[k]) for k in ("w13", "w2")}
@@ -446,11 +488,57 @@ def test_bf16_the_gluon_dw_kernel_on_real_shapes(case):
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(gluon_dact_kernel.UNAVAILABLE is not None, reason="needs a Hopper GPU")
+@pytest.mark.parametrize("case", GPU_SHAPES)
+def test_bf16_the_gluon_dact_kernel_on_real_shapes(case):
+    """Every gradient with dA' (and so dH, s * A and the router gradient) from the Gluon kernel,
+    within bf16 tolerance of float64, and an idle expert's dW exactly zero. Four times the tokens of
+    the other real-shape tests: the Gluon kernel's tiles are 64 or 128 rows (DeepSeek-V3's 256 tokens
+    align on 32)."""
+    p, used = real_shape_problem(case, token_scale=4)
+    assert configs_of(p).dact.block_m >= 64
+    _, grads = run_layer(p, with_gluon(p, ("dact", "dw2", "dw13")))
+    ref = reference_layer_grads(p["x"], p["w13"][:used], p["w2"][:used], p["topk_weights"], p["topk_ids"],
+                                p["d_out"])
+    errs = {k: rel_error(grads[k][:used] if k.startswith("w") else grads[k], ref[k]) for k in LAYER_GRAD_INPUTS}
+    assert all(e < BF16_GRAD_TOLERANCE for e in errs.values()), errs
+    assert bool((grads["w13"][used:] == 0).all()) and bool((grads["w2"][used:] == 0).all())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(gluon_dact_kernel.UNAVAILABLE is not None, reason="needs a Hopper GPU")
+def test_bf16_the_gluon_dact_kernel_gives_the_same_bits_twice():
+    """The two warpgroups take the tiles in a fixed order and each tile's sums run in a fixed order:
+    the router gradient's partial sums and every other output, bitwise equal across two runs."""
+    s = MODEL_SHAPES["Qwen3-30B-A3B"]
+    p = random_layer_problem(4096, s.hidden, s.intermediate, s.num_experts, s.topk, device=DEV, dtype=torch.bfloat16)
+    layer = with_gluon(p, ("dact",))
+    assert_same_bits(p, layer, layer)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(gluon_dact_kernel.UNAVAILABLE is not None, reason="needs a Hopper GPU")
+def test_bf16_the_gluon_dact_kernel_with_ragged_columns_and_values_near_1e_5():
+    """I = 200 (the last 128-column tile cut by TMA's bounds, its strips masked) and x near 1e-5 (a
+    wrong dSwiGLU would pass an absolute tolerance): every gradient by relative error, and against
+    the ``tl`` kernel's; a hidden size that is no multiple of block_k is refused, with the reason."""
+    p = random_layer_problem(1500, 384, 200, 6, 2, device=DEV, dtype=torch.bfloat16, seed=5, x_scale=1e-5)
+    _, grads = run_layer(p, with_gluon(p, ("dact",)))
+    _, tl_grads = run_layer(p)
+    errs = errors(p, grads)
+    assert all(e < BF16_GRAD_TOLERANCE for e in errs.values()), errs
+    assert all(rel_error(grads[k], tl_grads[k]) < 1e-2 for k in LAYER_GRAD_INPUTS)
+    q = random_layer_problem(300, 96, 128, 4, 2, device=DEV, dtype=torch.bfloat16, seed=6)
+    with pytest.raises(ValueError, match=r"W2's 96 rows an expert .* multiple of block_k \(64\)"):
+        run_layer(q, with_gluon(q, ("dact",)))
+
+
+@pytest.mark.gpu
 @pytest.mark.skipif(gluon_grad_kernel.UNAVAILABLE is not None, reason="needs a Hopper GPU")
 def test_bf16_the_gluon_dw_kernel_gives_the_same_bits_twice():
     s = MODEL_SHAPES["Qwen3-30B-A3B"]
     p = random_layer_problem(4096, s.hidden, s.intermediate, s.num_experts, s.topk, device=DEV, dtype=torch.bfloat16)
-    layer = with_gluon_dw(p)
+    layer = with_gluon(p)
     assert_same_bits(p, layer, layer)
 
 
@@ -461,13 +549,13 @@ def test_bf16_the_gluon_dw_kernel_with_ragged_columns_and_long_runs():
     store writes only what lies inside); 1500 tokens over 6 experts, runs of about 500 rows. dW13's
     400 rows an expert are no multiple of 128: refused, with the reason."""
     p = random_layer_problem(1500, 384, 200, 6, 2, device=DEV, dtype=torch.bfloat16, seed=5)
-    _, grads = run_layer(p, with_gluon_dw(p, ("dw2",)))
+    _, grads = run_layer(p, with_gluon(p, ("dw2",)))
     _, tl_grads = run_layer(p)
     ref = reference_layer_grads(*(p[k] for k in LAYER_ARGS), p["d_out"])
     assert rel_error(grads["w2"], ref["w2"]) < BF16_GRAD_TOLERANCE
     assert rel_error(grads["w2"], tl_grads["w2"]) < 1e-2
     with pytest.raises(ValueError, match=r"400 rows an expert must be a multiple of block_m \(128\)"):
-        run_layer(p, with_gluon_dw(p, ("dw13",)))
+        run_layer(p, with_gluon(p, ("dw13",)))
 
 
 def test_expert_tile_is_the_tile_each_program_of_the_kernel_stores():

@@ -44,6 +44,11 @@ KERNELS += tuple(BF16_KERNELS)
 GRAD_KERNELS = {"gluon-bf16-dw": (256, 64, 3), "gluon-bf16-dw-128": (128, 64, 4)}
 KERNELS += tuple(GRAD_KERNELS)
 
+#: Part 8's dA' GEMM with its dSwiGLU epilogue in Gluon (:mod:`moe_tutorial.kernels.gluon_dact_kernel`):
+#: name -> (block_n, stages); 128 rows, 64 of K, 8 MMA warps.
+DACT_KERNELS = {"gluon-bf16-dact": (128, 4)}
+KERNELS += tuple(DACT_KERNELS)
+
 #: The same Gluon kernel on e4m3 operands (FP8 with one scale per tensor: the tensor cores
 #: accumulate, nothing is promoted), the first GEMM's shape: name -> (block_n, stages), 128 rows,
 #: 128 of K, 8 warps. What Part 7's block scales cost is the gap to it.
@@ -137,6 +142,8 @@ def _compile(kernel: str):
         return _compile_bf16(kernel, gluon_kernel, align_block_size(ids, 128, E), pairs, E, inter, K)
     if kernel in GRAD_KERNELS:
         return _compile_grad(kernel, E, 2 * inter, K, max_padded_rows(pairs, 128, E))
+    if kernel in DACT_KERNELS:
+        return _compile_dact(kernel, align_block_size(ids, 128, E), pairs, E, inter, K)
     if kernel in PER_TENSOR_KERNELS:
         block_n, stages = PER_TENSOR_KERNELS[kernel]
         config = KernelConfig(block_m=128, block_n=block_n, block_k=128, num_warps=8, num_stages=stages,
@@ -216,6 +223,29 @@ def _compile_grad(kernel: str, E: int, P: int, Q: int, rows: int):
     gluon_grad_kernel.tma_can_read = lambda t: True  # CPU tensors: TMA's rules are the GPU's to check
     with _captured(gluon_grad_kernel, "gluon_expert_grad_kernel") as cap:
         gluon_grad_kernel.launch_gluon_expert_grad(left, right, out, run_rows, block_r, config)
+    return cap.compiled[0]
+
+
+def _compile_dact(kernel: str, alignment, pairs: int, E: int, inter: int, K: int):
+    """dA' with its epilogue: dO ``[rows, K]`` in sorted order against ``w2`` ``[E, K, I]``."""
+    import torch
+
+    from ..kernels import gluon_dact_kernel
+    from ..kernels.configs import KernelConfig
+
+    block_n, stages = DACT_KERNELS[kernel]
+    config = KernelConfig(block_m=128, block_n=block_n, block_k=64, num_warps=8, num_stages=stages,
+                          short_tails=False, gluon=True)
+    rows = alignment[0].numel()
+    bf16 = dict(dtype=torch.bfloat16)
+    d_rows, w2 = torch.zeros(rows, K, **bf16), torch.zeros(E, K, inter, **bf16)
+    gluon_dact_kernel.UNAVAILABLE = None             # compiling, not running
+    gluon_dact_kernel.tma_can_read = lambda t: True  # CPU tensors: TMA's rules are the GPU's to check
+    with _captured(gluon_dact_kernel, "gluon_dact_kernel") as cap:
+        gluon_dact_kernel.launch_gluon_dact(
+            d_rows, w2, alignment, pairs, config, dh=torch.empty(rows, 2 * inter, **bf16),
+            h=torch.empty(pairs, 2 * inter, **bf16), s_act=torch.empty(rows, inter, **bf16),
+            router_weights=torch.ones(pairs), ds_partial=torch.empty(pairs, -(-inter // block_n)))
     return cap.compiled[0]
 
 

@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from .configs import KernelConfig
+from .gluon_dact_kernel import launch_gluon_dact
 from .gluon_grad_kernel import launch_gluon_expert_grad
 from .persistent_kernel import persistent_grid
 from .sorted_kernel import grouped_tile, load_weight_tile, pid_to_tile
@@ -359,7 +360,15 @@ def launch_rows_gemm(a, b, alignment, num_pairs: int, a_row_div: int, config: Ke
     cdiv(I, BLOCK_N)]`` fp32, reading ``h`` and ``router_weights [num_pairs]`` fp32; "scatter"
     writes ``out [num_pairs, N]``. Trusts its caller (the layer's autograd function checks the
     layer's inputs at its door). With ``config.persistent`` one program per SM walks the tiles.
+    With ``config.gluon`` the "dswiglu" launch runs the Gluon kernel of
+    :mod:`moe_tutorial.kernels.gluon_dact_kernel` instead (``a`` sorted; Hopper only).
     """
+    if config.gluon:
+        if epilogue != "dswiglu" or not a_sorted:
+            raise ValueError(f"config.gluon: the Gluon kernel is dA' ('dswiglu') on dO's sorted rows (TMA tiles); "
+                             f"got epilogue={epilogue!r}, a_sorted={a_sorted}")
+        return launch_gluon_dact(a, b, alignment, num_pairs, config, dh=out, h=h, s_act=act,
+                                 router_weights=router_weights, ds_partial=ds_partial)
     sorted_ids, expert_ids, num_post = alignment
     if b_layout == "nk":
         K = b.shape[2]

@@ -130,29 +130,35 @@ if HAVE_GLUON:
 
     @gluon.jit
     def load_partition(a_desc, b_desc, a_bufs, b_bufs, bu_bufs, ready, empty, expert_ids_ptr, num_post_ptr,
-                       N, K, b_rows_per_expert, up_rows, group_m, GATED: gl.constexpr):
+                       N, K, b_rows_per_expert, up_rows, group_m, GATED: gl.constexpr, B_KN: gl.constexpr = False):
         """One warp: TMA copies of A's and B's tiles (with GATED, also the up rows' tile, ``up_rows``
-        rows further on) into the ring, as fast as buffers free up."""
+        rows further on) into the ring, as fast as buffers free up. B's tiles are ``[BLOCK_N, BLOCK_K]``
+        of weights stored ``[E, N, K]``, or with B_KN ``[BLOCK_K, BLOCK_N]`` of weights stored
+        ``[E, K, N]`` (Part 8's backward reads W2 and W13 so)."""
         STAGES: gl.constexpr = a_bufs.type.shape[0]
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-        BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+        BLOCK_N: gl.constexpr = b_desc.block_type.shape[1] if B_KN else b_desc.block_type.shape[0]
         nbytes: gl.constexpr = a_desc.block_type.nbytes + (2 if GATED else 1) * b_desc.block_type.nbytes
         num_pid_m = gl.cdiv(gl.load(num_post_ptr), BLOCK_M)
         num_pid_n = gl.cdiv(N, BLOCK_N)
         step = 0
         for t in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
             pid_m, pid_n = tile_of(t, num_pid_m, num_pid_n, group_m)
-            b_row = gl.load(expert_ids_ptr + pid_m) * b_rows_per_expert + pid_n * BLOCK_N
+            b_row = gl.load(expert_ids_ptr + pid_m) * b_rows_per_expert
             for k in range(0, gl.cdiv(K, BLOCK_K)):
                 s = step % STAGES
                 # Wait until the consumer has released this buffer (a fresh barrier counts as released).
                 mbarrier.wait(empty.index(s), ((step // STAGES) & 1) ^ 1)
                 mbarrier.expect(ready.index(s), nbytes)
                 tma_load(a_desc, [pid_m * BLOCK_M, k * BLOCK_K], ready.index(s), a_bufs.index(s))
-                tma_load(b_desc, [b_row, k * BLOCK_K], ready.index(s), b_bufs.index(s))
+                if B_KN:
+                    tma_load(b_desc, [b_row + k * BLOCK_K, pid_n * BLOCK_N], ready.index(s), b_bufs.index(s))
+                else:
+                    tma_load(b_desc, [b_row + pid_n * BLOCK_N, k * BLOCK_K], ready.index(s), b_bufs.index(s))
                 if GATED:
-                    tma_load(b_desc, [b_row + up_rows, k * BLOCK_K], ready.index(s), bu_bufs.index(s))
+                    tma_load(b_desc, [b_row + pid_n * BLOCK_N + up_rows, k * BLOCK_K], ready.index(s),
+                             bu_bufs.index(s))
                 step += 1
 
     @gluon.jit

@@ -56,21 +56,21 @@ class TrainingConfigs:
 
     def checked(self) -> TrainingConfigs:
         """Every GEMM's field a valid KernelConfig, the M-grouped ones on the gate/up GEMM's ``block_m``
-        and in ``tl`` (``gluon`` is for the dW GEMMs only)."""
+        and in ``tl`` but dA' (``gluon`` is for dA' and the dW GEMMs only)."""
         cfgs = {f.name: check_config(getattr(self, f.name), f"configs.{f.name}") for f in fields(self)
                 if f.name in GEMMS}
-        for name in ("up", "down", "dact", "dx"):
+        for name in ("up", "down", "dx"):
             if cfgs[name].gluon:
-                raise ValueError(f"configs.{name}.gluon: only the dW GEMMs (dw2, dw13) have a Gluon kernel; "
-                                 f"expected False")
+                raise ValueError(f"configs.{name}.gluon: only dA' (dact) and the dW GEMMs (dw2, dw13) have a "
+                                 f"Gluon kernel; expected False")
         bm = cfgs["up"].block_m
         for name in ("down", "dact", "dx"):
             cfgs[name] = replace(cfgs[name], block_m=bm)
         if not isinstance(self.sorted_copies, bool):
             raise TypeError(f"configs.sorted_copies must be a bool, got {self.sorted_copies!r}")
-        if not self.sorted_copies and (cfgs["dw2"].gluon or cfgs["dw13"].gluon):
-            raise ValueError("configs: the Gluon dW kernel reads dO and x as whole tiles of their sorted copies; "
-                             "expected sorted_copies=True with a gluon dw2 or dw13")
+        if not self.sorted_copies and any(cfgs[name].gluon for name in GLUON_GEMMS):
+            raise ValueError("configs: the Gluon kernels read dO and x as whole tiles of their sorted copies; "
+                             "expected sorted_copies=True with a gluon dact, dw2 or dw13")
         return TrainingConfigs(**cfgs, sorted_copies=self.sorted_copies)
 
 
@@ -79,6 +79,9 @@ SHORT_RUN_ROWS = 1024
 
 #: The GEMMs of a training step, the fields of :class:`TrainingConfigs` that are tiles.
 GEMMS = ("up", "down", "dact", "dx", "dw2", "dw13")
+
+#: Those with a Gluon kernel (Hopper): dA' (:mod:`.gluon_dact_kernel`) and the dW GEMMs (:mod:`.gluon_grad_kernel`).
+GLUON_GEMMS = ("dact", "dw2", "dw13")
 
 
 #: In the interpreter every GEMM takes Part 4's small CPU tile.
