@@ -23,7 +23,7 @@ def test_the_dry_run_checks_times_and_sweeps(tmp_path, capsys):
     assert "1. times" in out and "2. gradients" in out and "3. tiles" in out
     rows = backward.load_backward(tmp_path / "h200_backward.csv")
     assert rows and all(r["status"] == "ok" for r in rows)
-    assert {r["impl"] for r in rows} == {"ours", backward.TL_DW, backward.GATHERED}
+    assert {r["impl"] for r in rows} == {"ours", backward.TL_DW, backward.TL, backward.GATHERED}
     assert all(r[f"{p}_ms"] > 0 for r in rows for p in ("forward", "step", "backward"))
     grads = read_csv(tmp_path / "h200_backward_grads.csv", floats={"rel_error"})
     assert {g["tensor"] for g in grads} == {"out", "x", "w13", "w2", "topk_weights"}
@@ -82,24 +82,45 @@ def test_the_sorted_copies_gain_pairs_ours_with_its_gathered_self():
     # With a tl-dW row in the case, the gathered row is paired with it: the same dW GEMMs on both sides.
     rows.append(row(backward.TL_DW, 4096, 2.4, 5e9))
     assert [round(g["speedup"], 6) for g in backward.sorted_copies_gain(rows)] == [1.25]
+    # With an all-tl row (dA' in tl too), that one: the gathered side runs every GEMM in tl.
+    rows.append(row(backward.TL, 4096, 2.5, 5e9))
+    assert [round(g["speedup"], 6) for g in backward.sorted_copies_gain(rows)] == [1.2]
 
 
-def test_the_gluon_dw_readers_pair_each_step_with_its_tl_self():
+def test_the_gluon_readers_pair_each_step_with_its_tl_selves():
     def row(impl, T, step, status="ok"):
         return {"model": "m", "T": T, "impl": impl, "step_ms": step, "status": status}
 
     rows = [row("ours", 4096, 8.0), row(backward.TL_DW, 4096, 10.0), row("grouped_mm", 4096, 12.0),
-            row("liger", 4096, 11.0), row("ours", 8192, 8.0), row("grouped_mm", 8192, 9.0)]
-    steps = backward.gluon_dw_step(rows)
-    assert [(s["T"], s["speedup"], s["tl_dw_speedup"], s["gain"]) for s in steps] == [(4096, 11 / 8, 1.1, 1.25)]
-    assert "1.375x" in backward.gluon_dw_step_table(steps)
+            row("liger", 4096, 11.0), row("ours", 8192, 8.0), row("grouped_mm", 8192, 9.0),
+            row("ours", 16384, 8.0), row(backward.TL_DW, 16384, 9.0), row(backward.TL, 16384, 10.0),
+            row("grouped_mm", 16384, 10.0)]
+    steps = backward.gluon_step(rows)
+    assert [(s["T"], s["speedup"], s["tl_dw_speedup"], s["tl_speedup"]) for s in steps] == [
+        (4096, 11 / 8, 1.1, None), (16384, 1.25, 10 / 9, 1.0)]
+    table = backward.gluon_step_table(steps)
+    assert "8.00 (1.375x)" in table and "10.00 (1.000x)" in table and " - " in table
     tile = {"block_m": 128, "block_n": 256, "block_k": 64, "num_warps": 8, "num_stages": 3}
     sweep = [{"model": "m", "T": 4096, "gemm": g, "status": st, "ms": ms, "tile": {**tile, "gluon": gl}}
              for g in ("dw13", "dw2") for gl, ms, st in ((False, 4.0, "ok"), (False, 3.0, "wrong"), (True, 2.0, "ok"))]
-    gains = backward.gluon_dw_gains(sweep)
+    gains = backward.gluon_gains(sweep)
     assert [(g["gemm"], g["tl_ms"], g["gluon_ms"], g["speedup"]) for g in gains] == [("dw2", 4.0, 2.0, 2.0),
                                                                                      ("dw13", 4.0, 2.0, 2.0)]
     assert gains[0]["gluon_tile"] == backward.tile_name(tile) == "128x256x64 w8 s3"
+
+
+def test_the_merge_of_runs_replaces_what_a_run_timed_again(tmp_path):
+    spec = importlib.util.spec_from_file_location("merge_backward_rows", SCRIPT.parent / "merge_backward_rows.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def row(model, impl, date):
+        return {"model": model, "impl": impl, "date": date}
+    old = [row("a", "ours", 1), row("a", "liger", 1), row("a", backward.GATHERED, 1), row("b", "ours", 1),
+           row("b", "grouped_mm", 1)]
+    run = [row("b", "ours", 2), row("b", backward.TL, 2)]
+    merged = module.merge(old, [run])
+    assert merged == old[:3] + [row("b", "grouped_mm", 1), row("b", "ours", 2), row("b", backward.TL, 2)]
 
 
 def test_the_merge_of_sweeps_updates_the_table_m_by_m(tmp_path):

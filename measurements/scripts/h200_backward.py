@@ -57,7 +57,12 @@ from moe_tutorial.kernels.backward_kernel import launch_expert_grad, launch_rows
 from moe_tutorial.kernels.configs import KernelConfig, gpu_name, problem_key
 from moe_tutorial.kernels.stable_align import expert_rows, stable_align_block_size
 from moe_tutorial.kernels.trainable_layer import trainable_moe_layer
-from moe_tutorial.kernels.training_configs import VARIANTS, heuristic_training_configs, training_configs
+from moe_tutorial.kernels.training_configs import (
+    GLUON_GEMMS,
+    VARIANTS,
+    heuristic_training_configs,
+    training_configs,
+)
 from moe_tutorial.layer import moe_layer
 from moe_tutorial.perf import impls, timing
 from moe_tutorial.perf.results import write_csv
@@ -84,24 +89,30 @@ def ours(x, w13, w2, topk_weights, topk_ids):
     return moe_layer(x, w13, w2, topk_weights, topk_ids, impl="sorted")
 
 
-def tl_dw_configs(x, w13, w2, topk_ids):
-    """The package's configs with the dW GEMMs in ``tl``: where the table chose the Gluon dW kernel,
-    the heuristic's ``tl`` tile (the step as it ran before that kernel)."""
+def tl_configs(x, w13, w2, topk_ids, gemms=GLUON_GEMMS):
+    """The package's configs with the GEMMs ``gemms`` in ``tl``: where the table chose a Gluon
+    kernel for one, the heuristic's ``tl`` tile (the step as it ran before that kernel)."""
     (M, K), E, inter, topk = x.shape, w13.shape[0], w2.shape[2], topk_ids.shape[1]
     cfg = training_configs(M, E, K, inter, topk, x.dtype)
     guess = heuristic_training_configs(M, E, topk)
-    return replace(cfg, **{g: getattr(guess, g) for g in ("dw2", "dw13") if getattr(cfg, g).gluon})
+    return replace(cfg, **{g: getattr(guess, g) for g in gemms if getattr(cfg, g).gluon})
 
 
 def ours_tl_dw(x, w13, w2, topk_weights, topk_ids):
     """Ours with the dW GEMMs in ``tl``: the Gluon dW kernel's gain is ``ours`` against this, in the same run."""
-    return trainable_moe_layer(x, w13, w2, topk_weights, topk_ids, configs=tl_dw_configs(x, w13, w2, topk_ids))
+    return trainable_moe_layer(x, w13, w2, topk_weights, topk_ids,
+                               configs=tl_configs(x, w13, w2, topk_ids, ("dw2", "dw13")))
+
+
+def ours_tl(x, w13, w2, topk_weights, topk_ids):
+    """Ours with every GEMM in ``tl``: the Gluon dA' kernel's gain is ``ours-tl-dw`` against this."""
+    return trainable_moe_layer(x, w13, w2, topk_weights, topk_ids, configs=tl_configs(x, w13, w2, topk_ids))
 
 
 def ours_gathered(x, w13, w2, topk_weights, topk_ids):
-    """Ours without the backward's sorted copies of dO and x (the kernels gather their rows), dW in
-    ``tl``: the copies' measured gain is ``ours-tl-dw`` against this, in the same run."""
-    cfg = replace(tl_dw_configs(x, w13, w2, topk_ids), sorted_copies=False)
+    """Ours without the backward's sorted copies of dO and x (the kernels gather their rows), every
+    GEMM in ``tl``: the copies' measured gain is ``ours-tl`` against this, in the same run."""
+    cfg = replace(tl_configs(x, w13, w2, topk_ids), sorted_copies=False)
     return trainable_moe_layer(x, w13, w2, topk_weights, topk_ids, configs=cfg)
 
 
@@ -116,7 +127,7 @@ def grouped_mm_schema() -> str:
 
 def available_impls(dry_run: bool) -> dict:
     """The implementations that run here, and why the others do not."""
-    found, skipped = {"ours": ours, "ours-tl-dw": ours_tl_dw, "ours-gathered": ours_gathered}, {}
+    found, skipped = {"ours": ours, "ours-tl-dw": ours_tl_dw, "ours-tl": ours_tl, "ours-gathered": ours_gathered}, {}
     reason = impls.grouped_mm_support(torch.bfloat16)
     if reason:
         skipped["grouped_mm"] = reason
@@ -364,8 +375,9 @@ def time_models(models, tokens, found, skipped, dtype, machine, matmul, args, st
 
 # ------------------------------------------------------------------------------ 3. tiles
 
-def tile_candidates(gemm: str, base: KernelConfig) -> list[KernelConfig]:
-    """A few tiles around the heuristic's, on its block_m where the alignment fixes it."""
+def tile_candidates(gemm: str, base: KernelConfig, gluon_only: bool = False) -> list[KernelConfig]:
+    """A few tiles around the heuristic's, on its block_m where the alignment fixes it (with
+    ``gluon_only`` the Gluon kernels' tiles alone)."""
     bm = base.block_m
     if gemm in ("dw2", "dw13"):
         shapes = [(128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 32, 4, 4),
@@ -380,14 +392,26 @@ def tile_candidates(gemm: str, base: KernelConfig) -> list[KernelConfig]:
         return ([replace(base, block_m=p, block_n=q, block_k=min(r, bm), num_warps=w, num_stages=s, gluon=True)
                  for p, q, r, w, s in gluon]
                 + [replace(base, block_m=p, block_n=q, block_k=min(r, bm), num_warps=w, num_stages=s)
-                   for p, q, r, w, s in shapes])
+                   for p, q, r, w, s in shapes if not gluon_only])
+    if gemm == "dact":
+        # The Gluon dA' kernel (kernels/gluon_dact_kernel.py): a persistent grid, a warpgroup of MMA warps
+        # per 64 rows of the alignment's block_m, the epilogue in warps of its own under the next tile's MMAs.
+        warps = 8 if bm == 128 else 4
+        gluon = [replace(base, block_n=n, block_k=64, num_warps=warps, num_stages=s, persistent=False, gluon=True)
+                 for n, s in ((128, 4), (128, 3))]      # (64 x 6 lost everywhere; 256 x 2 fails in ptxas 12.9)
+        if gluon_only:
+            return gluon
+    elif gluon_only:
+        return []
+    else:
+        gluon = []
     shapes = [(128, 64, 8, 3), (128, 64, 8, 4), (256, 64, 8, 3), (64, 128, 4, 4), (128, 128, 8, 3), (64, 64, 4, 4)]
     if gemm == "up":
         shapes = [(128, 64, 8, 4), (128, 64, 8, 3), (64, 64, 4, 4), (64, 128, 4, 3), (128, 32, 8, 4)]
     # Three on the persistent grid too (one program per SM walks the tiles, so a tile's epilogue
     # overlaps the next tile's first loads): the heuristic's and the first two shapes.
     tiles = [replace(base, block_n=n, block_k=k, num_warps=w, num_stages=s) for n, k, w, s in shapes]
-    return tiles + [replace(t, persistent=True) for t in [base] + tiles[:2]]
+    return gluon + tiles + [replace(t, persistent=True) for t in [base] + tiles[:2]]
 
 
 def sweep_tiles(shape: ModelShape, T: int, dtype, machine, started, args, log) -> tuple[list[dict], dict]:
@@ -464,9 +488,9 @@ def sweep_tiles(shape: ModelShape, T: int, dtype, machine, started, args, log) -
         # The gate/up and dA' candidates write into one shared buffer: their reference is a copy.
         # The others' outputs are their own (one less 14 GB dW13 alive at a time).
         ref_fn, reference = None, reference.clone() if gemm in ("up", "dact") else reference
-        candidates = [getattr(heur, gemm)] + [c for c in tile_candidates(gemm, getattr(heur, gemm))
+        candidates = [getattr(heur, gemm)] + [c for c in tile_candidates(gemm, getattr(heur, gemm), args.gluon_only)
                                               if c != getattr(heur, gemm)]
-        if gluon_grad_kernel.UNAVAILABLE:          # no Gluon dW kernel here (the interpreter's dry run)
+        if gluon_grad_kernel.UNAVAILABLE:          # no Gluon kernel here (the interpreter's dry run)
             candidates = [c for c in candidates if not c.gluon]
         if not runtime.ON_GPU:
             candidates = candidates[:2]
@@ -538,6 +562,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-tiles", action="store_true", help="skip the tile sweep")
     ap.add_argument("--no-times", action="store_true", help="skip the timing step (a sweep only)")
     ap.add_argument("--tile-gemms", default="up,dact,dx,dw2,dw13", help="the GEMMs the tile sweep times")
+    ap.add_argument("--gluon-only", action="store_true",
+                    help="the tile sweep times the chosen tile and the Gluon kernels' tiles only")
+    ap.add_argument("--impls", help="comma-separated implementations to time (default: every one that runs here)")
     ap.add_argument("--no-grads", action="store_true", help="skip the gradient check")
     ap.add_argument("--liger-autotune", action="store_true", help="let Liger-Kernel autotune (minutes per shape)")
     ap.add_argument("--max-minutes", type=float, default=7.5, help="start no new case after this (default 7.5)")
@@ -576,6 +603,10 @@ def main(argv=None) -> int:
         name, T = args.tile_case.split(":")
         tile_case = (MODEL_SHAPES[name], int(T))
     found, skipped = available_impls(args.dry_run)
+    if args.impls:
+        chosen = args.impls.split(",")
+        skipped.update({k: "not in --impls" for k in found if k not in chosen})
+        found = {k: v for k, v in found.items() if k in chosen}
     matmul = matmul_tflops(dtype)
     print(f"{machine['gpu']}, torch {machine['torch']}, Triton {machine['triton']}; "
           f"{str(dtype).replace('torch.', '')} matmul {matmul:.0f} TFLOP/s (cold-l2, {MATMUL_N}^3)")

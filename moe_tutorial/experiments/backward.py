@@ -27,6 +27,9 @@ GATHERED = "ours-gathered"
 #: Ours with the dW GEMMs in ``tl`` (the Gluon dW kernel's baseline, and the sorted copies' other
 #: side where the run has it: the gathered row keeps ``tl``'s dW GEMMs too).
 TL_DW = "ours-tl-dw"
+#: Ours with every GEMM in ``tl`` (dA' too: the Gluon dA' kernel's baseline, and the sorted copies'
+#: other side where the run has it: the gathered row keeps ``tl``'s GEMMs too).
+TL = "ours-tl"
 #: The anchors ours is judged against: the faster of them at each (model, T).
 ANCHORS = ("grouped_mm", "liger")
 #: The issue's targets: forward + backward at least this much faster than the faster anchor, and the
@@ -125,13 +128,13 @@ def _table(header: list[str], lines: list[list[str]], markdown: bool) -> str:
 
 def sorted_copies_gain(rows: list[dict]) -> list[dict]:
     """Per (model, T) where both ran: the backward's ms with dO and x gathered by the kernels
-    (:data:`GATHERED`) and with their sorted copies (ours, or :data:`TL_DW` where the run has it:
-    the same dW GEMMs on both sides), the speed-up, and the extra peak
+    (:data:`GATHERED`) and with their sorted copies (ours, or :data:`TL` or :data:`TL_DW` where the
+    run has it: the same ``tl`` GEMMs on both sides), the speed-up, and the extra peak
     memory of the step in bytes (the transient copy)."""
     out = []
     for (model, T) in sorted({(r["model"], r["T"]) for r in rows}):
         case = {r["impl"]: r for r in rows if r["model"] == model and r["T"] == T and r["status"] == "ok"}
-        ours = case.get(TL_DW, case.get("ours"))
+        ours = case.get(TL, case.get(TL_DW, case.get("ours")))
         if ours is None or GATHERED not in case or not ours["backward_ms"]:
             continue
         before = case[GATHERED]
@@ -151,7 +154,7 @@ def sorted_copies_table(rows: list[dict]) -> str:
                           f"{g['speedup']:.2f}x", f"{g['extra_peak_bytes'] / 1e9:+.2f}"] for g in gains])
 
 
-# ------------------------------------------------------------------- the dW GEMMs in Gluon
+# ------------------------------------------------------------- the dW and dA' GEMMs in Gluon
 
 #: The dW tile sweep on one H200 (the script's step 3, DeepSeek-V3): one row per (T, GEMM, tile),
 #: each GEMM alone; the step it chose is in :data:`BACKWARD`, ``ours`` beside :data:`TL_DW`.
@@ -159,10 +162,13 @@ H200_DW_TILES = DATA_DIR / "h200_dw_tiles.csv"
 #: The same sweep and step on one H100, the first GPU the kernel ran on (its tiles are the H100's table).
 H100_DW_TILES = DATA_DIR / "h100_dw_tiles.csv"
 H100_BACKWARD = DATA_DIR / "h100_backward.csv"
+#: The dA' tile sweep on one H200 (``--gluon-only``: the table's ``tl`` tile against the Gluon dA'
+#: kernel's), Mixtral-8x7B at every T and DeepSeek-V3 at 16384; ``ours-tl-dw`` beside :data:`TL` is its step.
+H200_DACT_TILES = DATA_DIR / "h200_dact_tiles.csv"
 
 
-def load_dw_tiles(path: Path | str = H200_DW_TILES) -> list[dict]:
-    """The rows of a dW tile sweep, each with its ``tile`` parsed from the JSON config."""
+def load_tiles(path: Path | str = H200_DW_TILES) -> list[dict]:
+    """The rows of a tile sweep, each with its ``tile`` parsed from the JSON config."""
     rows = read_csv(path, {"T"}, {"ms", "tflops", "rel_error"})
     for r in rows:
         r["tile"] = json.loads(r["config"])
@@ -170,11 +176,11 @@ def load_dw_tiles(path: Path | str = H200_DW_TILES) -> list[dict]:
 
 
 def tile_name(tile: dict) -> str:
-    """``"128x256x64 w8 s3"``: dW rows x columns x run rows a step, warps, stages."""
+    """``"128x256x64 w8 s3"``: rows x columns x K (or run rows) a step, warps, stages."""
     return f"{tile['block_m']}x{tile['block_n']}x{tile['block_k']} w{tile['num_warps']} s{tile['num_stages']}"
 
 
-def gluon_dw_gains(rows: list[dict]) -> list[dict]:
+def gluon_gains(rows: list[dict]) -> list[dict]:
     """Per (model, T, GEMM) of a sweep: the fastest ``tl`` tile and the fastest Gluon tile, their ms,
     and ``speedup`` (tl's time over Gluon's: above 1 the Gluon kernel is faster)."""
     out = []
@@ -187,16 +193,18 @@ def gluon_dw_gains(rows: list[dict]) -> list[dict]:
     return out
 
 
-def gluon_dw_table(gains: list[dict]) -> str:
-    """:func:`gluon_dw_gains` as a table."""
-    return format_table(["T", "GEMM", "tl ms", "tl's fastest tile", "Gluon ms", "Gluon's fastest tile", "speed-up"],
-                        [[str(g["T"]), g["gemm"], f"{g['tl_ms']:.2f}", g["tl_tile"], f"{g['gluon_ms']:.2f}",
+def gluon_gains_table(gains: list[dict]) -> str:
+    """:func:`gluon_gains` as a table."""
+    return format_table(["model", "T", "GEMM", "tl ms", "tl's fastest tile", "Gluon ms", "Gluon's fastest tile",
+                         "speed-up"],
+                        [[g["model"], str(g["T"]), g["gemm"], f"{g['tl_ms']:.2f}", g["tl_tile"], f"{g['gluon_ms']:.2f}",
                           g["gluon_tile"], f"{g['speedup']:.2f}x"] for g in gains])
 
 
-def gluon_dw_step(rows: list[dict]) -> list[dict]:
-    """Per (model, T) of a run with :data:`TL_DW` rows: the step (forward + backward) with the Gluon
-    dW kernel and with ``tl``'s, and each against the faster anchor."""
+def gluon_step(rows: list[dict]) -> list[dict]:
+    """Per (model, T) of a run with :data:`TL_DW` rows: the step (forward + backward) with the table's
+    Gluon kernels (``ours_ms``), with the dW GEMMs in ``tl`` (``tl_dw_ms``) and, where the run has it,
+    with every GEMM in ``tl`` (``tl_ms``, else None), and each against the faster anchor."""
     out = []
     for (model, T) in sorted({(r["model"], r["T"]) for r in rows}):
         case = {r["impl"]: r for r in rows if r["model"] == model and r["T"] == T and r["status"] == "ok"}
@@ -204,15 +212,22 @@ def gluon_dw_step(rows: list[dict]) -> list[dict]:
         if "ours" not in case or TL_DW not in case or not anchors:
             continue
         anchor = min(anchors.values())
-        ours, tl = case["ours"]["step_ms"], case[TL_DW]["step_ms"]
-        out.append({"model": model, "T": T, "ours_ms": ours, "tl_dw_ms": tl, "anchor_ms": anchor,
-                    "speedup": anchor / ours, "tl_dw_speedup": anchor / tl, "gain": tl / ours})
+        ours, tl_dw = case["ours"]["step_ms"], case[TL_DW]["step_ms"]
+        tl = case[TL]["step_ms"] if TL in case else None
+        out.append({"model": model, "T": T, "ours_ms": ours, "tl_dw_ms": tl_dw, "tl_ms": tl, "anchor_ms": anchor,
+                    "speedup": anchor / ours, "tl_dw_speedup": anchor / tl_dw,
+                    "tl_speedup": anchor / tl if tl else None})
     return out
 
 
-def gluon_dw_step_table(steps: list[dict], markdown: bool = False) -> str:
-    """:func:`gluon_dw_step` as a table."""
-    return _table(["model", "T", "step ms, Gluon dW", "step ms, tl dW", "faster anchor ms", "vs anchor, Gluon dW",
-                   "vs anchor, tl dW"],
-                  [[s["model"], str(s["T"]), f"{s['ours_ms']:.2f}", f"{s['tl_dw_ms']:.2f}", f"{s['anchor_ms']:.2f}",
-                    f"{s['speedup']:.3f}x", f"{s['tl_dw_speedup']:.3f}x"] for s in steps], markdown)
+def gluon_step_table(steps: list[dict], markdown: bool = False) -> str:
+    """:func:`gluon_step` as a table: each step's ms and its speed-up over the faster anchor, from every
+    GEMM in ``tl`` to the table's Gluon dA' (``+ dA'``) and dW (``+ dW``) kernels."""
+    def cell(ms, speedup):
+        return f"{ms:.2f} ({speedup:.3f}x)" if ms else "-"
+    return _table(["model", "T", "faster anchor ms", "all tl", "+ Gluon dA'", "+ Gluon dW (ours)"],
+                  [[s["model"], str(s["T"]), f"{s['anchor_ms']:.2f}", cell(s["tl_ms"], s["tl_speedup"]),
+                    cell(s["tl_dw_ms"], s["tl_dw_speedup"]), cell(s["ours_ms"], s["speedup"])] for s in steps],
+                  markdown)
+
+
