@@ -1,0 +1,3 @@
+# The nineteenth session, call f (warm H200 after call e): the bf16 Gluon kernel's GPU tests (its load
+# partition now also reads [K, N] weight tiles for dA'), then the backward's other GPU tests.
+export PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; mkdir -p $OUT/f; timeout 130 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gluon_kernel.py -x > $OUT/f/gluon-kernel-tests.log 2>&1; echo rc $?; tail -3 $OUT/f/gluon-kernel-tests.log; timeout 90 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_backward_kernel.py -k "not gluon and not real_shapes" > $OUT/f/backward-tests.log 2>&1; echo rc $?; tail -3 $OUT/f/backward-tests.log
