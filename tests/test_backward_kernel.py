@@ -428,6 +428,19 @@ def test_gluon_is_for_dact_and_the_dw_gemms_only_and_needs_the_sorted_copies(gem
         dataclasses.replace(gluon, sorted_copies=False).checked()
 
 
+def test_a_strided_w2_takes_dact_back_to_tl_where_the_table_chose_gluon():
+    """The tables are measured on contiguous weights; a caller's w2 that TMA cannot read as it lies
+    (here, one in [E, I, K] memory order, or any CPU tensor) gets the heuristic's tl dA' instead of an error."""
+    from moe_tutorial.kernels.trainable_layer import weights_fit
+
+    cfg = heuristic_training_configs(4096, 8, 2)
+    gluon = dataclasses.replace(cfg, dact=dataclasses.replace(cfg.dact, **GLUON_DACT)).checked()
+    w2 = torch.zeros(8, 64, 32, dtype=torch.bfloat16).transpose(1, 2).contiguous().transpose(1, 2)
+    fitted = weights_fit(gluon, w2, 4096, 2)
+    assert not fitted.dact.gluon and fitted.dact == cfg.dact and fitted.dw2 == gluon.dw2
+    assert weights_fit(cfg, w2, 4096, 2) is cfg
+
+
 @pytest.mark.skipif(runtime.ON_GPU, reason="off Hopper the layer must say why; on a GPU the GPU tests run it")
 @pytest.mark.parametrize("gemm, name", [("dw2", "dW"), ("dact", "dA'")])
 def test_the_gluon_kernels_say_why_they_cannot_run_here(gemm, name):

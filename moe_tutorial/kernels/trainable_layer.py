@@ -14,6 +14,8 @@ has a fixed order: two runs give the same bits.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import triton
 
@@ -22,8 +24,9 @@ from .align import Alignment, gather_sorted_rows, max_padded_rows
 from .backward_kernel import launch_expert_grad, launch_rows_gemm
 from .sorted_layer import launch_fitted
 from .stable_align import expert_rows, stable_align_block_size
+from .tma import tma_can_read
 from .topk_sum import topk_sum
-from .training_configs import TrainingConfigs, training_configs
+from .training_configs import TrainingConfigs, heuristic_training_configs, training_configs
 
 
 def _forward(x, w13, w2, router, topk_ids, configs: TrainingConfigs):
@@ -114,7 +117,10 @@ def trainable_moe_layer(x, w13, w2, topk_weights, topk_ids, *, configs: Training
         # Nothing to compute; still tied to the inputs, so that a backward gives zeros, not an error.
         return x[:0] * 0 + (w13.sum() + w2.sum() + topk_weights.sum()) * 0
     # training_configs' choice is checked once, when first looked up; a caller's is checked here.
-    configs = configs.checked() if configs is not None else training_configs(M, E, K, inter, topk, x.dtype)
+    if configs is not None:
+        configs = configs.checked()
+    else:
+        configs = weights_fit(training_configs(M, E, K, inter, topk, x.dtype), w2, M, topk)
     # The ids' range is read after the forward's kernels are queued, not before (a host wait
     # there left the GPU idle while the host queued them); the alignment drops a bad id, so
     # those kernels stay in bounds, and their output is dropped with the error.
@@ -122,6 +128,16 @@ def trainable_moe_layer(x, w13, w2, topk_weights, topk_ids, *, configs: Training
     out = SortedMoEFunction.apply(x, w13, w2, topk_weights, topk_ids, configs)
     finish_ids_check(pending)
     return out
+
+
+def weights_fit(configs: TrainingConfigs, w2: torch.Tensor, M: int, topk: int) -> TrainingConfigs:
+    """``configs`` as the tables chose them, with dA' in ``tl`` where the Gluon dA' kernel cannot read
+    ``w2`` as it lies (TMA needs the experts one after another, rows 16-byte aligned): the tables are
+    measured on contiguous weights, and a caller's strided ``w2`` should run, not fail."""
+    if configs.dact.gluon and not (w2.is_contiguous() and tma_can_read(w2)):
+        guess = heuristic_training_configs(M, w2.shape[0], topk, w2.element_size())
+        return replace(configs, dact=guess.dact).checked()
+    return configs
 
 
 def saved_bytes(M: int, E: int, hidden: int, inter: int, topk: int, block_m: int, itemsize: int = 2) -> dict:
