@@ -4,6 +4,6 @@
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=$PWD:/tmp/site || exit 1
 export PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; mkdir -p $OUT/t
-timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_backward_kernel.py -rA > $OUT/t/gpu-tests.log 2>&1; echo rc $?; tail -3 $OUT/t/gpu-tests.log
+timeout 260 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_backward_kernel.py -rA > $OUT/t/gpu-tests.log 2>&1; echo rc $?; tail -3 $OUT/t/gpu-tests.log
 python3 -m ipykernel install --user --name python3 > /dev/null 2>&1
 timeout 200 python3 -m pytest --nbval-lax -q -p no:cacheprovider notebooks/08_training.ipynb > $OUT/t/notebook-08-nbval.log 2>&1; echo rc $?; tail -3 $OUT/t/notebook-08-nbval.log
