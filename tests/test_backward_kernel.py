@@ -409,36 +409,42 @@ GLUON_DACT = dict(block_n=128, block_k=64, num_warps=8, num_stages=4, gluon=True
 def with_gluon(p: dict, which=("dw2", "dw13")):
     """The layer of problem ``p`` with the GEMMs ``which`` on their Gluon kernels."""
     cfg = configs_of(p)
-    # dA' keeps the alignment's block_m, with a warpgroup of MMA warps per 64 rows of it.
-    dact = dict(GLUON_DACT, num_warps=8 if cfg.dact.block_m == 128 else 4)
-    gluon = {name: dataclasses.replace(getattr(cfg, name), **(dact if name == "dact" else GLUON_DW))
+    # gate/up and dA' keep the alignment's block_m, with a warpgroup of MMA warps per 64 rows of it.
+    rows = dict(GLUON_DACT, num_warps=8 if cfg.dact.block_m == 128 else 4)
+    gluon = {name: dataclasses.replace(getattr(cfg, name), **(rows if name in ("up", "dact") else GLUON_DW))
              for name in which}
     return functools.partial(trainable_moe_layer, configs=dataclasses.replace(cfg, **gluon))
 
 
-@pytest.mark.parametrize("gemm", ["dact", "dw2"])
-def test_gluon_is_for_dact_and_the_dw_gemms_only_and_needs_the_sorted_copies(gemm):
+@pytest.mark.parametrize("gemm", ["up", "dact", "dw2"])
+def test_gluon_is_for_gate_up_dact_and_the_dw_gemms_only_and_the_backwards_need_the_sorted_copies(gemm):
     cfg = heuristic_training_configs(4096, 8, 2)
-    for name in ("up", "down", "dx"):
-        with pytest.raises(ValueError, match=rf"^configs\.{name}\.gluon: only dA' \(dact\) and the dW GEMMs"):
+    for name in ("down", "dx"):
+        with pytest.raises(ValueError, match=rf"^configs\.{name}\.gluon: only gate/up \(up\), dA' \(dact\) and"):
             dataclasses.replace(cfg, **{name: dataclasses.replace(getattr(cfg, name), gluon=True)}).checked()
     gluon = dataclasses.replace(cfg, **{gemm: dataclasses.replace(getattr(cfg, gemm), gluon=True)})
     assert getattr(gluon.checked(), gemm).gluon
-    with pytest.raises(ValueError, match="sorted_copies=True"):
-        dataclasses.replace(gluon, sorted_copies=False).checked()
+    without = dataclasses.replace(gluon, sorted_copies=False)
+    if gemm == "up":           # the forward copies x into sorted order itself
+        assert without.checked().up.gluon
+    else:
+        with pytest.raises(ValueError, match="sorted_copies=True"):
+            without.checked()
 
 
-def test_a_strided_w2_takes_dact_back_to_tl_where_the_table_chose_gluon():
-    """The tables are measured on contiguous weights; a caller's w2 that TMA cannot read as it lies
-    (here, one in [E, I, K] memory order, or any CPU tensor) gets the heuristic's tl dA' instead of an error."""
+def test_strided_weights_take_gate_up_and_dact_back_to_tl_where_the_table_chose_gluon():
+    """The tables are measured on contiguous weights; a caller's w13 or w2 that TMA cannot read as it
+    lies (here, in [E, K, N] memory order, or any CPU tensor) gets the heuristic's tl tile instead of an error."""
     from moe_tutorial.kernels.trainable_layer import weights_fit
 
     cfg = heuristic_training_configs(4096, 8, 2)
-    gluon = dataclasses.replace(cfg, dact=dataclasses.replace(cfg.dact, **GLUON_DACT)).checked()
+    gluon = dataclasses.replace(cfg, up=dataclasses.replace(cfg.up, **GLUON_DACT),
+                                dact=dataclasses.replace(cfg.dact, **GLUON_DACT)).checked()
+    w13 = torch.zeros(8, 32, 128, dtype=torch.bfloat16).transpose(1, 2).contiguous().transpose(1, 2)
     w2 = torch.zeros(8, 64, 32, dtype=torch.bfloat16).transpose(1, 2).contiguous().transpose(1, 2)
-    fitted = weights_fit(gluon, w2, 4096, 2)
-    assert not fitted.dact.gluon and fitted.dact == cfg.dact and fitted.dw2 == gluon.dw2
-    assert weights_fit(cfg, w2, 4096, 2) is cfg
+    fitted = weights_fit(gluon, w13, w2, 4096, 2)
+    assert not fitted.up.gluon and not fitted.dact.gluon and fitted.dact == cfg.dact and fitted.dw2 == gluon.dw2
+    assert weights_fit(cfg, w13, w2, 4096, 2) is cfg
 
 
 @pytest.mark.skipif(runtime.ON_GPU, reason="off Hopper the layer must say why; on a GPU the GPU tests run it")
@@ -447,6 +453,13 @@ def test_the_gluon_kernels_say_why_they_cannot_run_here(gemm, name):
     p = random_layer_problem(*CPU_CASES["ragged K and N"], device=DEV, seed=3)
     with pytest.raises(ValueError, match=f"the Gluon {name} kernel: .*needs a Hopper GPU"):
         run_layer(p, with_gluon(p, (gemm,)))
+
+
+@pytest.mark.skipif(runtime.ON_GPU, reason="off Hopper the layer must say why; on a GPU the GPU tests run it")
+def test_the_gluon_gate_up_kernel_says_why_it_cannot_run_here():
+    p = random_layer_problem(*CPU_CASES["ragged K and N"], device=DEV, seed=3)
+    with pytest.raises(RuntimeError, match="the Gluon kernel needs a Hopper GPU"):
+        run_layer(p, with_gluon(p, ("up",)))
 
 
 @pytest.mark.skipif(not gluon_kernel.HAVE_GLUON, reason="this Triton has no Gluon")
@@ -516,6 +529,23 @@ def test_bf16_the_gluon_dact_kernel_on_real_shapes(case):
     errs = {k: rel_error(grads[k][:used] if k.startswith("w") else grads[k], ref[k]) for k in LAYER_GRAD_INPUTS}
     assert all(e < BF16_GRAD_TOLERANCE for e in errs.values()), errs
     assert bool((grads["w13"][used:] == 0).all()) and bool((grads["w2"][used:] == 0).all())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(gluon_kernel.UNAVAILABLE is not None, reason="needs a Hopper GPU")
+@pytest.mark.parametrize("case", GPU_SHAPES)
+def test_bf16_the_gluon_gate_up_kernel_keeps_h_on_real_shapes(case):
+    """The forward's gate/up GEMM on Part 4's Gluon kernel, H kept by its epilogue: the output and
+    every gradient (all read H) within bf16 tolerance of float64, and the same bits twice."""
+    p, used = real_shape_problem(case, token_scale=4)
+    layer = with_gluon(p, ("up",))
+    out, grads = run_layer(p, layer)
+    ref = reference_layer_grads(p["x"], p["w13"][:used], p["w2"][:used], p["topk_weights"], p["topk_ids"],
+                                p["d_out"])
+    errs = {k: rel_error(grads[k][:used] if k.startswith("w") else grads[k], ref[k]) for k in LAYER_GRAD_INPUTS}
+    assert all(e < BF16_GRAD_TOLERANCE for e in errs.values()), errs
+    out2, _ = run_layer(p, layer)
+    assert torch.equal(out, out2)
 
 
 @pytest.mark.gpu

@@ -55,6 +55,7 @@ from moe_tutorial.kernels import gluon_grad_kernel
 from moe_tutorial.kernels.align import gather_sorted_rows
 from moe_tutorial.kernels.backward_kernel import launch_expert_grad, launch_rows_gemm
 from moe_tutorial.kernels.configs import KernelConfig, gpu_name, problem_key
+from moe_tutorial.kernels.gluon_kernel import gluon_gate_up
 from moe_tutorial.kernels.stable_align import expert_rows, stable_align_block_size
 from moe_tutorial.kernels.trainable_layer import trainable_moe_layer
 from moe_tutorial.kernels.training_configs import (
@@ -401,6 +402,13 @@ def tile_candidates(gemm: str, base: KernelConfig, gluon_only: bool = False) -> 
                  for n, s in ((128, 4), (128, 3))]      # (64 x 6 lost everywhere; 256 x 2 fails in ptxas 12.9)
         if gluon_only:
             return gluon
+    elif gemm == "up":
+        # Part 4's Gluon gate/up kernel (kernels/gluon_kernel.py), H kept by its epilogue, on a sorted copy of x.
+        warps = 8 if bm == 128 else 4
+        gluon = [replace(base, block_n=n, block_k=64, num_warps=warps, num_stages=s, persistent=False, gluon=True)
+                 for n, s in ((128, 4), (128, 3), (64, 4))]
+        if gluon_only:
+            return gluon
     elif gluon_only:
         return []
     else:
@@ -458,6 +466,8 @@ def sweep_tiles(shape: ModelShape, T: int, dtype, machine, started, args, log) -
         make them), or with ``other_rows`` the other way: what the copies gain, GEMM by GEMM."""
         sorted_in = other_rows if gemm == "up" else copies != other_rows
         d_in, x_in = (d_rows, x_rows) if sorted_in else (d_out, x)
+        if gemm == "up" and cfg.gluon:            # the copy of x into sorted order is part of its time
+            return lambda: gluon_gate_up(x, w13, alignment, topk, cfg, h=h_try), h_try
         if gemm == "up":
             return lambda: launch_rows_gemm(x_in, w13, alignment, pairs, topk, cfg, epilogue="save_swiglu",
                                             b_layout="nk", a_sorted=sorted_in, h=h_try, act=act_try), h_try

@@ -36,7 +36,9 @@ KERNELS = ("tl-plain", "gluon-plain", "gluon-plain-nooverlap", "gluon-gated", "g
 #: The bf16 Gluon kernel (:mod:`moe_tutorial.kernels.gluon_kernel`) at prefill, as
 #: :func:`~moe_tutorial.kernels.gluon_kernel.gluon_layer` runs it: name -> (block_n, stages), all
 #: 128 rows, 64 of K and 8 warps (two consumer warpgroups). The plain ones are the down GEMM.
-BF16_KERNELS = {"gluon-bf16-gated": (128, 4), "gluon-bf16-plain": (128, 4), "gluon-bf16-plain-256": (256, 3)}
+BF16_KERNELS = {"gluon-bf16-gated": (128, 4), "gluon-bf16-plain": (128, 4), "gluon-bf16-plain-256": (256, 3),
+                # Part 8's forward: the gated form that also keeps H at each pair's row.
+                "gluon-bf16-gated-save-h": (128, 4)}
 KERNELS += tuple(BF16_KERNELS)
 
 #: Part 8's K-grouped dW GEMM in Gluon (:mod:`moe_tutorial.kernels.gluon_grad_kernel`), dW13's shape:
@@ -195,10 +197,11 @@ def _compile_bf16(kernel: str, gluon_kernel, alignment, pairs: int, E: int, inte
     rows = gluon_kernel.sorted_rows(alignment, config.block_m)
     gluon_kernel.UNAVAILABLE = None                  # compiling, not running
     with _captured(gluon_kernel, "gluon_moe_kernel") as cap:
-        if kernel == "gluon-bf16-gated":
+        if kernel.startswith("gluon-bf16-gated"):
             a, w13 = torch.zeros(rows, K, dtype=torch.bfloat16), torch.zeros(E, 2 * inter, K, dtype=torch.bfloat16)
             act = torch.empty(rows, inter, dtype=torch.bfloat16)
-            gluon_kernel.launch_gluon_gemm(a, w13, act, None, alignment, pairs, config, gated=True)
+            h = torch.empty(pairs, 2 * inter, dtype=torch.bfloat16) if kernel.endswith("save-h") else None
+            gluon_kernel.launch_gluon_gemm(a, w13, act, None, alignment, pairs, config, gated=True, h=h)
         else:
             act, w2 = torch.zeros(rows, inter, dtype=torch.bfloat16), torch.zeros(E, K, inter, dtype=torch.bfloat16)
             out = torch.empty(pairs, K, dtype=torch.bfloat16)

@@ -19,7 +19,8 @@ Its MMA warps issue a step's two MMAs and wait until at most those two are in fl
 step before has finished and its buffer goes back to the load warp while the tensor cores work.
 The epilogue writes ``silu(gate) * up`` in bf16 at the sorted rows, the down GEMM's A as it must
 lie for TMA: :func:`gluon_layer` runs the layer on this kernel alone (a gather, two launches and
-the sum over each token's slots).
+the sum over each token's slots). Part 8's training forward takes the gated form with ``SAVE_H``,
+whose epilogue also keeps the gate and up tiles (H) at each pair's row for the backward.
 
 Both partitions walk the same tiles in the same order: the persistent grid of
 :mod:`moe_tutorial.kernels.persistent_kernel`, one program per SM, the tile list ending at the
@@ -163,10 +164,12 @@ if HAVE_GLUON:
 
     @gluon.jit
     def mma_partition(a_desc, b_desc, a_bufs, b_bufs, bu_bufs, ready, empty, num_post_ptr, N, K, group_m,
-                      c_ptr, router_w_ptr, sorted_ids_ptr, num_pairs, stride_cm,
-                      GATED: gl.constexpr, C_SORTED: gl.constexpr, ROUTER_WEIGHTS: gl.constexpr):
+                      c_ptr, router_w_ptr, sorted_ids_ptr, num_pairs, stride_cm, h_ptr, stride_hm,
+                      GATED: gl.constexpr, C_SORTED: gl.constexpr, ROUTER_WEIGHTS: gl.constexpr,
+                      SAVE_H: gl.constexpr = False):
         """The kernel's warps: MMAs on each ready buffer (with GATED, a gate and an up MMA), then the
-        epilogue of each tile (with GATED, ``silu(gate) * up``)."""
+        epilogue of each tile (with GATED, ``silu(gate) * up``; with SAVE_H, the gate and up tiles
+        themselves first, at each pair's row of ``h_ptr``, as Part 8's forward keeps them)."""
         STAGES: gl.constexpr = a_bufs.type.shape[0]
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
@@ -202,6 +205,11 @@ if HAVE_GLUON:
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES))
 
+            if SAVE_H:      # H = [gate | up], one row per pair: what the training step's backward reads
+                store_rows(acc, pid_m * BLOCK_M, pid_n, h_ptr, h_ptr, sorted_ids_ptr, N, num_pairs, stride_hm,
+                           rows_layout, cols_layout, False, False)
+                store_rows(up, pid_m * BLOCK_M, pid_n, h_ptr + N, h_ptr, sorted_ids_ptr, N, num_pairs, stride_hm,
+                           rows_layout, cols_layout, False, False)
             if GATED:       # the last buffer is back with the load warp: it fills the ring meanwhile
                 acc = silu_mul(acc, up)
             store_rows(acc, pid_m * BLOCK_M, pid_n, c_ptr, router_w_ptr, sorted_ids_ptr, N, num_pairs, stride_cm,
@@ -209,13 +217,14 @@ if HAVE_GLUON:
 
     @gluon.jit
     def gluon_moe_kernel(a_desc, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
-                         N, K, num_pairs, b_rows_per_expert, up_rows, stride_cm, group_m,
+                         N, K, num_pairs, b_rows_per_expert, up_rows, stride_cm, group_m, h_ptr, stride_hm,
                          STAGES: gl.constexpr, GATED: gl.constexpr, C_SORTED: gl.constexpr,
-                         ROUTER_WEIGHTS: gl.constexpr):
+                         ROUTER_WEIGHTS: gl.constexpr, SAVE_H: gl.constexpr):
         """C[pair] = A[sorted position] . B[expert]^T for every real tile; see the module docstring.
 
         With GATED, B holds gate rows then up rows (``up_rows`` further on) and C receives
-        ``silu(gate) * up`` at the sorted rows."""
+        ``silu(gate) * up`` at the sorted rows; with SAVE_H too, ``h_ptr`` the gate and up tiles at
+        each pair's row (``[gate | up]``, N columns each)."""
         a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
         b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
         if GATED:
@@ -225,8 +234,8 @@ if HAVE_GLUON:
         ready, empty = ring_barriers(STAGES)
         gl.warp_specialize([
             (mma_partition, (a_desc, b_desc, a_bufs, b_bufs, bu_bufs, ready, empty, num_post_ptr, N, K, group_m,
-                             c_ptr, router_w_ptr, sorted_ids_ptr, num_pairs, stride_cm, GATED, C_SORTED,
-                             ROUTER_WEIGHTS)),
+                             c_ptr, router_w_ptr, sorted_ids_ptr, num_pairs, stride_cm, h_ptr, stride_hm, GATED,
+                             C_SORTED, ROUTER_WEIGHTS, SAVE_H)),
             (load_partition, (a_desc, b_desc, a_bufs, b_bufs, bu_bufs, ready, empty, expert_ids_ptr, num_post_ptr,
                               N, K, b_rows_per_expert, up_rows, group_m, GATED)),
         ], [1], [40])
@@ -245,7 +254,7 @@ GLUON_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16,
 
 
 def launch_gluon_gemm(a_sorted: torch.Tensor, b: torch.Tensor, c: torch.Tensor, router_weights, alignment,
-                      num_pairs: int, config, *, c_sorted: bool = False, gated: bool = False) -> None:
+                      num_pairs: int, config, *, c_sorted: bool = False, gated: bool = False, h=None) -> None:
     """One launch of :func:`gluon_moe_kernel` on a Hopper GPU.
 
     ``a_sorted`` ``[max_padded, K]`` bf16/fp16 rows in sorted order (or e4m3, with ``b`` in e4m3: an FP8
@@ -257,7 +266,11 @@ def launch_gluon_gemm(a_sorted: torch.Tensor, b: torch.Tensor, c: torch.Tensor, 
     then up rows), ``c`` ``[R, I]`` in a's dtype (``R`` at least ``max_padded``, e.g.
     :func:`sorted_rows`) receives ``silu(gate) * up`` at the sorted rows, padding rows and the rows
     past the real tiles left unwritten; no router weights. K a multiple of 8 (TMA's 16-byte rows).
+    With ``h`` ``[num_pairs, 2I]`` (unit column stride, gated only) the epilogue also writes the gate and
+    up tiles before the activation there, at each pair's row: Part 8's forward, which keeps H.
     """
+    if h is not None and not gated:
+        raise ValueError("h: the gate and up tiles exist in the gated launch only; expected gated=True")
     if gated and (router_weights is not None or b.shape[1] != 2 * c.shape[1]):
         raise ValueError(f"gated: expected no router weights (the epilogue is silu(gate) * up) and b of 2 * "
                          f"{c.shape[1]} rows (gate, then up) for c of {c.shape[1]} columns, got "
@@ -279,22 +292,23 @@ def launch_gluon_gemm(a_sorted: torch.Tensor, b: torch.Tensor, c: torch.Tensor, 
     max_tiles = triton.cdiv(sorted_ids.numel(), bm) * triton.cdiv(N, bn)
     gluon_moe_kernel[(max(1, min(runtime.sm_count(), max_tiles)),)](
         a_desc, b_desc, c, router_weights if router_weights is not None else c, sorted_ids, expert_ids, num_post,
-        N, K, num_pairs, rows, N if gated else 0, c.stride(0), config.group_m, STAGES=config.num_stages,
-        GATED=gated, C_SORTED=c_sorted or gated, ROUTER_WEIGHTS=router_weights is not None,
-        num_warps=config.num_warps)
+        N, K, num_pairs, rows, N if gated else 0, c.stride(0), config.group_m, h if h is not None else c,
+        h.stride(0) if h is not None else 0, STAGES=config.num_stages, GATED=gated, C_SORTED=c_sorted or gated,
+        ROUTER_WEIGHTS=router_weights is not None, SAVE_H=h is not None, num_warps=config.num_warps)
 
 
-def gluon_gate_up(x: torch.Tensor, w13: torch.Tensor, alignment, topk: int, cfg_up) -> torch.Tensor:
+def gluon_gate_up(x: torch.Tensor, w13: torch.Tensor, alignment, topk: int, cfg_up, h=None) -> torch.Tensor:
     """The bf16 layer's first half on the Gluon kernel: x's rows gathered into sorted order (one
     launch), then the gate/up GEMM with ``silu(gate) * up`` in its epilogue (one): the sorted
     activations ``[sorted_rows(alignment, cfg_up.block_m), I]`` in x's dtype, as a down GEMM on
-    sorted rows reads them. Arguments as :func:`gluon_layer`'s."""
+    sorted rows reads them. Arguments as :func:`gluon_layer`'s; with ``h`` ``[M * topk, 2I]`` the
+    epilogue also keeps H there, one row per pair (Part 8's forward)."""
     if UNAVAILABLE:
         raise RuntimeError(UNAVAILABLE)
     num_pairs = x.shape[0] * topk
     a = gather_sorted_rows(x, alignment[0], num_pairs, topk)
     act = x.new_empty(sorted_rows(alignment, cfg_up.block_m), w13.shape[1] // 2)
-    launch_gluon_gemm(a, w13, act, None, alignment, num_pairs, cfg_up, gated=True)
+    launch_gluon_gemm(a, w13, act, None, alignment, num_pairs, cfg_up, gated=True, h=h)
     return act
 
 

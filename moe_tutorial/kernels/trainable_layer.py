@@ -2,9 +2,10 @@
 
 Forward: the pairs aligned in token order (:mod:`moe_tutorial.kernels.stable_align`), the
 gate/up GEMM that writes H (kept) and A (:func:`moe_tutorial.kernels.backward_kernel.rows_gemm_kernel`,
-"save_swiglu"), Part 4's down GEMM with the router weights in its epilogue on A in sorted
-order, Part 4's topk sum. Kept for the backward: x, H and the alignment (the weights and router
-weights are the caller's tensors, referenced, not copied). A is dropped after the down GEMM.
+"save_swiglu", or with ``configs.up.gluon`` Part 4's Gluon kernel on a sorted copy of x), Part 4's
+down GEMM with the router weights in its epilogue on A in sorted order, Part 4's topk sum. Kept for
+the backward: x, H and the alignment (the weights and router weights are the caller's tensors,
+referenced, not copied). A is dropped after the down GEMM.
 
 Backward (:mod:`moe_tutorial.kernels.backward_kernel`): dA' with the dSwiGLU epilogue (dH, s * A
 and the router gradient's partial sums), dW2 and dW13 as K-grouped GEMMs, dx as an M-grouped GEMM
@@ -22,6 +23,7 @@ import triton
 from ..checks import check_kernel_dtype, check_layer_inputs, finish_ids_check, start_ids_check
 from .align import Alignment, gather_sorted_rows, max_padded_rows
 from .backward_kernel import launch_expert_grad, launch_rows_gemm
+from .gluon_kernel import gluon_gate_up
 from .sorted_layer import launch_fitted
 from .stable_align import expert_rows, stable_align_block_size
 from .tma import tma_can_read
@@ -37,8 +39,13 @@ def _forward(x, w13, w2, router, topk_ids, configs: TrainingConfigs):
     alignment = stable_align_block_size(topk_ids, configs.up.block_m, E)
     max_padded = alignment[0].numel()
     h = x.new_empty(pairs, 2 * inter)           # kept for the backward: one row per pair, no padding
-    act = x.new_empty(max_padded, inter)
-    launch_rows_gemm(x, w13, alignment, pairs, topk, configs.up, epilogue="save_swiglu", b_layout="nk", h=h, act=act)
+    if configs.up.gluon:
+        # Part 4's Gluon gate/up kernel on x's rows copied into sorted order, H saved by its epilogue.
+        act = gluon_gate_up(x, w13, alignment, topk, configs.up, h=h)
+    else:
+        act = x.new_empty(max_padded, inter)
+        launch_rows_gemm(x, w13, alignment, pairs, topk, configs.up, epilogue="save_swiglu", b_layout="nk", h=h,
+                         act=act)
     down = x.new_empty(pairs, K)
     launch_fitted(act, w2, down, router, alignment, pairs, 1, configs.down, a_sorted=True)
     return topk_sum(down.view(M, topk, K)), h, alignment
@@ -120,7 +127,7 @@ def trainable_moe_layer(x, w13, w2, topk_weights, topk_ids, *, configs: Training
     if configs is not None:
         configs = configs.checked()
     else:
-        configs = weights_fit(training_configs(M, E, K, inter, topk, x.dtype), w2, M, topk)
+        configs = weights_fit(training_configs(M, E, K, inter, topk, x.dtype), w13, w2, M, topk)
     # The ids' range is read after the forward's kernels are queued, not before (a host wait
     # there left the GPU idle while the host queued them); the alignment drops a bad id, so
     # those kernels stay in bounds, and their output is dropped with the error.
@@ -130,14 +137,18 @@ def trainable_moe_layer(x, w13, w2, topk_weights, topk_ids, *, configs: Training
     return out
 
 
-def weights_fit(configs: TrainingConfigs, w2: torch.Tensor, M: int, topk: int) -> TrainingConfigs:
-    """``configs`` as the tables chose them, with dA' in ``tl`` where the Gluon dA' kernel cannot read
-    ``w2`` as it lies (TMA needs the experts one after another, rows 16-byte aligned): the tables are
-    measured on contiguous weights, and a caller's strided ``w2`` should run, not fail."""
-    if configs.dact.gluon and not (w2.is_contiguous() and tma_can_read(w2)):
-        guess = heuristic_training_configs(M, w2.shape[0], topk, w2.element_size())
-        return replace(configs, dact=guess.dact).checked()
-    return configs
+def weights_fit(configs: TrainingConfigs, w13: torch.Tensor, w2: torch.Tensor, M: int, topk: int) -> TrainingConfigs:
+    """``configs`` as the tables chose them, with the gate/up GEMM and dA' in ``tl`` where their Gluon
+    kernels cannot read ``w13`` or ``w2`` as it lies (TMA needs the experts one after another, rows
+    16-byte aligned): the tables are measured on contiguous weights, and a caller's strided weights
+    should run, not fail."""
+    def readable(w):
+        return w.is_contiguous() and tma_can_read(w)
+    back = [name for name, w in (("up", w13), ("dact", w2)) if getattr(configs, name).gluon and not readable(w)]
+    if not back:
+        return configs
+    guess = heuristic_training_configs(M, w2.shape[0], topk, w2.element_size())
+    return replace(configs, **{name: getattr(guess, name) for name in back}).checked()
 
 
 def saved_bytes(M: int, E: int, hidden: int, inter: int, topk: int, block_m: int, itemsize: int = 2) -> dict:

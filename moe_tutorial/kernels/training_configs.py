@@ -55,20 +55,20 @@ class TrainingConfigs:
     sorted_copies: bool = True
 
     def checked(self) -> TrainingConfigs:
-        """Every GEMM's field a valid KernelConfig, the M-grouped ones on the gate/up GEMM's ``block_m``
-        and in ``tl`` but dA' (``gluon`` is for dA' and the dW GEMMs only)."""
+        """Every GEMM's field a valid KernelConfig, the M-grouped ones on the gate/up GEMM's ``block_m``;
+        ``gluon`` only where a Gluon kernel exists (:data:`GLUON_GEMMS`)."""
         cfgs = {f.name: check_config(getattr(self, f.name), f"configs.{f.name}") for f in fields(self)
                 if f.name in GEMMS}
-        for name in ("up", "down", "dx"):
+        for name in (n for n in GEMMS if n not in GLUON_GEMMS):
             if cfgs[name].gluon:
-                raise ValueError(f"configs.{name}.gluon: only dA' (dact) and the dW GEMMs (dw2, dw13) have a "
-                                 f"Gluon kernel; expected False")
+                raise ValueError(f"configs.{name}.gluon: only gate/up (up), dA' (dact) and the dW GEMMs (dw2, "
+                                 f"dw13) have a Gluon kernel; expected False")
         bm = cfgs["up"].block_m
         for name in ("down", "dact", "dx"):
             cfgs[name] = replace(cfgs[name], block_m=bm)
         if not isinstance(self.sorted_copies, bool):
             raise TypeError(f"configs.sorted_copies must be a bool, got {self.sorted_copies!r}")
-        if not self.sorted_copies and any(cfgs[name].gluon for name in GLUON_GEMMS):
+        if not self.sorted_copies and any(cfgs[name].gluon for name in ("dact", "dw2", "dw13")):
             raise ValueError("configs: the Gluon kernels read dO and x as whole tiles of their sorted copies; "
                              "expected sorted_copies=True with a gluon dact, dw2 or dw13")
         return TrainingConfigs(**cfgs, sorted_copies=self.sorted_copies)
@@ -80,8 +80,9 @@ SHORT_RUN_ROWS = 1024
 #: The GEMMs of a training step, the fields of :class:`TrainingConfigs` that are tiles.
 GEMMS = ("up", "down", "dact", "dx", "dw2", "dw13")
 
-#: Those with a Gluon kernel (Hopper): dA' (:mod:`.gluon_dact_kernel`) and the dW GEMMs (:mod:`.gluon_grad_kernel`).
-GLUON_GEMMS = ("dact", "dw2", "dw13")
+#: Those with a Gluon kernel (Hopper): gate/up (Part 4's, :mod:`.gluon_kernel`, H saved by its epilogue),
+#: dA' (:mod:`.gluon_dact_kernel`) and the dW GEMMs (:mod:`.gluon_grad_kernel`).
+GLUON_GEMMS = ("up", "dact", "dw2", "dw13")
 
 
 #: In the interpreter every GEMM takes Part 4's small CPU tile.
