@@ -133,6 +133,27 @@ def test_results_the_gluon_kernels():
     assert below == ["Mixtral-8x7B"]
 
 
+def test_results_the_first_call():
+    """The first call with the shipped table (the issue's aim: under 10 s), each model's first case."""
+    from moe_tutorial.experiments import backward
+    from moe_tutorial.kernels.configs import SHIPPED_DIR
+    from moe_tutorial.perf.tuning import read_table
+
+    first = {r["model"]: r["first_call_s"] for r in backward.load_backward()
+             if r["impl"] == "ours" and r["T"] == 4096 and r["first_call_s"]}
+    over = [m for m, s in first.items() if s >= 10]
+    assert over == ["Mixtral-8x7B"]
+    table = read_table(SHIPPED_DIR / "tuned_configs_training_h200.json")["NVIDIA H200"]
+    gluon = {key.split("variant=")[1]: by_m["4096"] for key, by_m in table.items()
+             if key.startswith("E=8,") and by_m.get("4096", {}).get("gluon")}
+    kernels = {(v == "train_dact",) + tuple(sorted(c.items())) for v, c in gluon.items()}
+    assert len(kernels) == 3                                   # "three Gluon kernels (dA' and two dW tiles)"
+    sentence = (f"took {first['Qwen3-30B-A3B']:.2f} s on Qwen3-30B-A3B, {first['DeepSeek-V3']:.2f} s on DeepSeek-V3 "
+                f"and {first['Mixtral-8x7B']:.2f} s on Mixtral-8x7B, whose table at T = 4096 now compiles three "
+                f"Gluon kernels (dA' and two dW tiles): over the aim of 10 s by {first['Mixtral-8x7B'] - 10:.2f} s.")
+    assert sentence in " ".join(RESULTS.read_text().split()), sentence
+
+
 def test_results_what_the_block_scales_still_cost():
     from moe_tutorial.experiments import gluon_fp8
 
