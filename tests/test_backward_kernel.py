@@ -24,7 +24,7 @@ from moe_tutorial.kernels import backward_kernel, gluon_dact_kernel, gluon_grad_
 from moe_tutorial.kernels.align import align_block_size
 from moe_tutorial.kernels.stable_align import expert_rows, stable_align_block_size
 from moe_tutorial.kernels.trainable_layer import trainable_moe_layer
-from moe_tutorial.kernels.training_configs import GLUON_GEMMS, heuristic_training_configs, training_configs
+from moe_tutorial.kernels.training_configs import heuristic_training_configs, in_tl, training_configs
 from moe_tutorial.layer import moe_layer
 from moe_tutorial.reference import LAYER_GRAD_INPUTS, reference_layer_grads, rel_error, tolerance
 from moe_tutorial.shapes import MODEL_SHAPES, random_layer_problem
@@ -125,14 +125,11 @@ def configs_of(p: dict):
 
 
 def tl_configs_of(p: dict):
-    """:func:`configs_of` with every GEMM in ``tl``: where the table chose a Gluon kernel (the GPU's
-    tables do for some shapes), the heuristic's ``tl`` tile."""
-    cfg = configs_of(p)
-    guess = heuristic_training_configs(p["x"].shape[0], p["w13"].shape[0], p["topk_ids"].shape[1])
-    return dataclasses.replace(cfg, **{g: getattr(guess, g) for g in GLUON_GEMMS if getattr(cfg, g).gluon}).checked()
+    """:func:`configs_of` with every GEMM in ``tl`` (the GPU's tables choose Gluon for some shapes)."""
+    return in_tl(configs_of(p), p["x"].shape[0], p["w13"].shape[0], p["topk_ids"].shape[1])
 
 
-def in_tl(p: dict):
+def layer_in_tl(p: dict):
     """The layer of problem ``p`` with every GEMM in ``tl`` (the baseline of the two below)."""
     return functools.partial(trainable_moe_layer, configs=tl_configs_of(p))
 
@@ -154,7 +151,7 @@ def test_the_persistent_grid_computes_the_same_tiles(case):
     """A few programs walking every tile (the interpreter runs three) give each tile's bits, as
     one program per tile does: the same tile, the same K loop, only the loop around it."""
     p = random_layer_problem(*CPU_CASES[case], device=DEV, seed=3)
-    assert_same_bits(p, in_tl(p), with_persistent_rows_gemms(p))
+    assert_same_bits(p, layer_in_tl(p), with_persistent_rows_gemms(p))
 
 
 @pytest.mark.parametrize("case", CPU_CASES)
@@ -163,7 +160,7 @@ def test_sorted_copies_move_rows_not_sums(case):
     the same bits as gathering them in the kernels, and the copies are on by default."""
     p = random_layer_problem(*CPU_CASES[case], device=DEV, seed=len(case) + 1)
     assert training_configs(7, 5, 40, 24, 2, torch.float32).sorted_copies
-    assert_same_bits(p, in_tl(p), without_sorted_copies(p))
+    assert_same_bits(p, layer_in_tl(p), without_sorted_copies(p))
 
 
 def test_sorted_copies_must_be_a_bool():
@@ -376,7 +373,7 @@ def test_bf16_two_runs_give_the_same_bits_where_part_4s_alignment_would_not():
 @pytest.mark.parametrize("case", GPU_SHAPES)
 def test_bf16_sorted_copies_through_tma_give_the_gathered_bits(case):
     p, _ = real_shape_problem(case, token_scale=4)
-    assert_same_bits(p, in_tl(p), without_sorted_copies(p))
+    assert_same_bits(p, layer_in_tl(p), without_sorted_copies(p))
 
 
 @pytest.mark.gpu
@@ -384,7 +381,7 @@ def test_bf16_sorted_copies_through_tma_give_the_gathered_bits(case):
 @pytest.mark.parametrize("case", ["Qwen3-30B-A3B", "DeepSeek-V3"])
 def test_bf16_the_persistent_grid_computes_the_same_tiles(case):
     p, _ = real_shape_problem(case, token_scale=4)
-    assert_same_bits(p, in_tl(p), with_persistent_rows_gemms(p))
+    assert_same_bits(p, layer_in_tl(p), with_persistent_rows_gemms(p))
 
 
 @pytest.mark.gpu

@@ -58,12 +58,7 @@ from moe_tutorial.kernels.configs import KernelConfig, gpu_name, problem_key
 from moe_tutorial.kernels.gluon_kernel import gluon_gate_up
 from moe_tutorial.kernels.stable_align import expert_rows, stable_align_block_size
 from moe_tutorial.kernels.trainable_layer import trainable_moe_layer
-from moe_tutorial.kernels.training_configs import (
-    GLUON_GEMMS,
-    VARIANTS,
-    heuristic_training_configs,
-    training_configs,
-)
+from moe_tutorial.kernels.training_configs import GLUON_GEMMS, VARIANTS, in_tl, training_configs
 from moe_tutorial.layer import moe_layer
 from moe_tutorial.perf import impls, timing
 from moe_tutorial.perf.results import write_csv
@@ -91,12 +86,9 @@ def ours(x, w13, w2, topk_weights, topk_ids):
 
 
 def tl_configs(x, w13, w2, topk_ids, gemms=GLUON_GEMMS):
-    """The package's configs with the GEMMs ``gemms`` in ``tl``: where the table chose a Gluon
-    kernel for one, the heuristic's ``tl`` tile (the step as it ran before that kernel)."""
+    """The package's configs with the GEMMs ``gemms`` in ``tl`` (the step as it ran before their Gluon kernels)."""
     (M, K), E, inter, topk = x.shape, w13.shape[0], w2.shape[2], topk_ids.shape[1]
-    cfg = training_configs(M, E, K, inter, topk, x.dtype)
-    guess = heuristic_training_configs(M, E, topk)
-    return replace(cfg, **{g: getattr(guess, g) for g in gemms if getattr(cfg, g).gluon})
+    return in_tl(training_configs(M, E, K, inter, topk, x.dtype), M, E, topk, gemms)
 
 
 def ours_tl_dw(x, w13, w2, topk_weights, topk_ids):
@@ -376,6 +368,10 @@ def time_models(models, tokens, found, skipped, dtype, machine, matmul, args, st
 
 # ------------------------------------------------------------------------------ 3. tiles
 
+#: The Gluon tiles the sweep tries for the M-grouped GEMMs that have a Gluon kernel: (block_n, stages).
+GLUON_ROWS_TILES = {"dact": ((128, 4), (128, 3)), "up": ((128, 4), (128, 3), (64, 4))}
+
+
 def tile_candidates(gemm: str, base: KernelConfig, gluon_only: bool = False) -> list[KernelConfig]:
     """A few tiles around the heuristic's, on its block_m where the alignment fixes it (with
     ``gluon_only`` the Gluon kernels' tiles alone)."""
@@ -394,25 +390,13 @@ def tile_candidates(gemm: str, base: KernelConfig, gluon_only: bool = False) -> 
                  for p, q, r, w, s in gluon]
                 + [replace(base, block_m=p, block_n=q, block_k=min(r, bm), num_warps=w, num_stages=s)
                    for p, q, r, w, s in shapes if not gluon_only])
-    if gemm == "dact":
-        # The Gluon dA' kernel (kernels/gluon_dact_kernel.py): a persistent grid, a warpgroup of MMA warps
-        # per 64 rows of the alignment's block_m, the epilogue in warps of its own under the next tile's MMAs.
-        warps = 8 if bm == 128 else 4
-        gluon = [replace(base, block_n=n, block_k=64, num_warps=warps, num_stages=s, persistent=False, gluon=True)
-                 for n, s in ((128, 4), (128, 3))]      # (64 x 6 lost everywhere; 256 x 2 fails in ptxas 12.9)
-        if gluon_only:
-            return gluon
-    elif gemm == "up":
-        # Part 4's Gluon gate/up kernel (kernels/gluon_kernel.py), H kept by its epilogue, on a sorted copy of x.
-        warps = 8 if bm == 128 else 4
-        gluon = [replace(base, block_n=n, block_k=64, num_warps=warps, num_stages=s, persistent=False, gluon=True)
-                 for n, s in ((128, 4), (128, 3), (64, 4))]
-        if gluon_only:
-            return gluon
-    elif gluon_only:
-        return []
-    else:
-        gluon = []
+    # The M-grouped Gluon kernels, on the alignment's block_m with a warpgroup of MMA warps per 64 rows:
+    # dA' (kernels/gluon_dact_kernel.py, its epilogue in warps of its own; 64 x 6 lost everywhere and
+    # 256 x 2 fails in ptxas 12.9) and Part 4's gate/up (kernels/gluon_kernel.py, H kept by its epilogue).
+    gluon = [replace(base, block_n=n, block_k=64, num_warps=8 if bm == 128 else 4, num_stages=s, persistent=False,
+                     gluon=True) for n, s in GLUON_ROWS_TILES.get(gemm, ())]
+    if gluon_only:
+        return gluon
     shapes = [(128, 64, 8, 3), (128, 64, 8, 4), (256, 64, 8, 3), (64, 128, 4, 4), (128, 128, 8, 3), (64, 64, 4, 4)]
     if gemm == "up":
         shapes = [(128, 64, 8, 4), (128, 64, 8, 3), (64, 64, 4, 4), (64, 128, 4, 3), (128, 32, 8, 4)]

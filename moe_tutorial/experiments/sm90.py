@@ -243,7 +243,8 @@ def _compile_dact(kernel: str, alignment, pairs: int, E: int, inter: int, K: int
     bf16 = dict(dtype=torch.bfloat16)
     d_rows, w2 = torch.zeros(rows, K, **bf16), torch.zeros(E, K, inter, **bf16)
     gluon_dact_kernel.UNAVAILABLE = None             # compiling, not running
-    gluon_dact_kernel.tma_can_read = lambda t: True  # CPU tensors: TMA's rules are the GPU's to check
+    # CPU tensors: TMA's rules are the GPU's to check.
+    gluon_dact_kernel.tma_can_read = gluon_dact_kernel.tma_stacks = lambda t: True
     with _captured(gluon_dact_kernel, "gluon_dact_kernel") as cap:
         gluon_dact_kernel.launch_gluon_dact(
             d_rows, w2, alignment, pairs, config, dh=torch.empty(rows, 2 * inter, **bf16),

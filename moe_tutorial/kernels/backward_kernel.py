@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from .configs import KernelConfig
+from .dswiglu import dswiglu_epilogue
 from .gluon_dact_kernel import launch_gluon_dact
 from .gluon_grad_kernel import launch_gluon_expert_grad
 from .persistent_kernel import persistent_grid
@@ -63,22 +64,6 @@ def load_weight_tile_kn(b_ptrs, b_desc, b_row, n0, k_ok, USE_TMA: tl.constexpr, 
     else:
         b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
     return b
-
-
-@triton.jit
-def dswiglu_epilogue(dact, gate, up, s):
-    """The backward of ``a = silu(gate) * up`` on fp32 tiles, and the router weight ``s`` [rows].
-
-    Returns ``(d_gate, d_up, s * a, a)``: with sigma the sigmoid, silu(g) = g * sigma(g) and
-    silu'(g) = sigma(g) * (1 + g * (1 - sigma(g))), so d_gate = s * dA' * up * silu'(g) and
-    d_up = s * dA' * silu(g).
-    """
-    sig = tl.sigmoid(gate)
-    silu = gate * sig
-    a = silu * up
-    d_gate = dact * up * sig * (1.0 + gate * (1.0 - sig)) * s[:, None]
-    d_up = dact * silu * s[:, None]
-    return d_gate, d_up, a * s[:, None], a
 
 
 @triton.jit

@@ -16,9 +16,11 @@ the epilogue warps of its own, so that it runs under the next tile's MMAs:
   the fp32 accumulator to shared memory, says so on an mbarrier (``acc_full``) and starts the next
   tile at once;
 * the **epilogue partition** (4 warps) waits for ``acc_full``, reads the accumulator back in strips
-  of ``STRIP`` columns (each strip's H loaded, its outputs stored, its share of the router gradient
-  added to a running sum per row: the whole tile in registers at once would overflow them) and
-  hands the buffer back (``acc_free``), which the MMA warps wait for before they write it again.
+  of ``STRIP`` columns (each strip's H loaded, the ``tl`` kernel's own
+  :func:`~moe_tutorial.kernels.dswiglu.dswiglu_epilogue` run on it, its outputs stored, its share of
+  the router gradient added to a running sum per row: the whole tile in registers at once would
+  overflow them) and hands the buffer back (``acc_free``), which the MMA warps wait for before they
+  write it again.
 
 The sums run over the strips in order and each tile is one program's: two runs give the same bits.
 Two earlier forms lost to ``tl`` on the GPU and were dropped (the measurements' logs keep them):
@@ -33,8 +35,9 @@ import torch
 import triton
 
 from .. import runtime
+from .dswiglu import dswiglu_epilogue
 from .gluon_kernel import GLUON_DTYPES, HAVE_GLUON
-from .tma import stacked_rows, tma_can_read
+from .tma import stacked_rows, tma_can_read, tma_stacks
 
 if HAVE_GLUON:
     from triton.experimental import gluon
@@ -56,17 +59,6 @@ STRIP = 32
 
 
 if HAVE_GLUON:
-    @gluon.jit
-    def dswiglu_strip(dact, gate, up, s):
-        """The backward of ``a = silu(gate) * up`` on one strip (fp32), router weights ``s`` per row:
-        ``(d_gate, d_up, s * a, a)``, as ``backward_kernel.dswiglu_epilogue`` in ``tl``."""
-        sig = 1.0 / (1.0 + gl.exp(-gate))
-        silu = gate * sig
-        a = silu * up
-        d_gate = dact * up * sig * (1.0 + gate * (1.0 - sig)) * s[:, None]
-        d_up = dact * silu * s[:, None]
-        return d_gate, d_up, a * s[:, None], a
-
     @gluon.jit
     def dact_epilogue(acc_smem, first_row, pid_n, N, num_pairs, h_ptr, dh_ptr, sa_ptr, router_w_ptr, ds_ptr,
                       sorted_ids_ptr, stride_hm, stride_dhm, stride_sam, stride_dsm, STRIP: gl.constexpr):
@@ -95,7 +87,7 @@ if HAVE_GLUON:
             h_ptrs = h_ptr + pair_row * stride_hm + offs_n[None, :]
             gate = gl.load(h_ptrs, mask=keep, other=0.0).to(gl.float32)
             up = gl.load(h_ptrs + N, mask=keep, other=0.0).to(gl.float32)
-            d_gate, d_up, s_act, act = dswiglu_strip(dact, gate, up, s)
+            d_gate, d_up, s_act, act = dswiglu_epilogue(dact, gate, up, s)
             dh_ptrs = dh_ptr + sorted_row * stride_dhm + offs_n[None, :]
             gl.store(dh_ptrs, gl.where(keep, d_gate, 0.0).to(dh_ptr.dtype.element_ty), mask=col_ok)
             gl.store(dh_ptrs + N, gl.where(keep, d_up, 0.0).to(dh_ptr.dtype.element_ty), mask=col_ok)
@@ -198,8 +190,9 @@ def gluon_dact_refusal(d_rows: torch.Tensor, w2: torch.Tensor, dh: torch.Tensor,
         return UNAVAILABLE
     if not (d_rows.dtype == w2.dtype == dh.dtype) or d_rows.dtype not in (torch.bfloat16, torch.float16):
         return f"expected one 16-bit dtype for dO, W2 and dH, got {d_rows.dtype}, {w2.dtype}, {dh.dtype}"
-    if not (tma_can_read(d_rows) and tma_can_read(w2) and w2.is_contiguous()):
-        return "TMA reads dO's sorted rows and W2: unit column stride, 16-byte aligned rows, W2 contiguous"
+    if not (tma_can_read(d_rows) and tma_stacks(w2)):
+        return ("TMA reads dO's sorted rows and W2: unit column stride, 16-byte aligned rows, W2's experts one "
+                "after another")
     if w2.shape[1] % config.block_k:
         return (f"W2's {w2.shape[1]} rows an expert (the hidden size) must be a multiple of block_k "
                 f"({config.block_k}), or a tile's last K step would read the next expert's rows")
@@ -224,7 +217,7 @@ def launch_gluon_dact(d_rows: torch.Tensor, w2: torch.Tensor, alignment, num_pai
     why = gluon_dact_refusal(d_rows, w2, dh, config)
     if why:
         raise ValueError(f"the Gluon dA' kernel: {why}")
-    sorted_ids, expert_ids, num_post = alignment[0], alignment[1], alignment[2]
+    sorted_ids, expert_ids, num_post = alignment
     K, N = w2.shape[1], w2.shape[2]
     dtype = GLUON_DTYPES[d_rows.dtype]
     bm, bn, bk = config.block_m, config.block_n, config.block_k

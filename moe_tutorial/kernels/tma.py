@@ -30,10 +30,16 @@ def stacked_rows(t: torch.Tensor) -> torch.Tensor:
     return t.as_strided((E * R, C), (t.stride(1), 1))
 
 
+def tma_stacks(t: torch.Tensor) -> bool:
+    """Whether TMA can read ``t`` ``[E, R, C]`` as :func:`stacked_rows`: :func:`tma_can_read`, and the
+    experts one after another (``[E, C, R]`` memory transposed back, say, does not)."""
+    return tma_can_read(t) and t.stride(0) == t.shape[1] * t.stride(1)
+
+
 def weight_descriptor(b: torch.Tensor, block_shape) -> TensorDescriptor | None:
     """A TMA descriptor over ``b`` ``[E, R, C]`` read as ``[E * R, C]`` in ``block_shape`` tiles, or
-    None where TMA cannot read it (:func:`tma_can_read`) or the experts do not lie one after another."""
-    if not tma_can_read(b) or b.stride(0) != b.shape[1] * b.stride(1):
+    None where TMA cannot read it that way (:func:`tma_stacks`)."""
+    if not tma_stacks(b):
         return None
     return TensorDescriptor.from_tensor(stacked_rows(b), list(block_shape))
 
@@ -46,4 +52,4 @@ def rows_descriptor(t: torch.Tensor, block_shape) -> TensorDescriptor | None:
     return TensorDescriptor.from_tensor(t, list(block_shape))
 
 
-__all__ = ["tma_can_read", "stacked_rows", "weight_descriptor", "rows_descriptor"]
+__all__ = ["tma_can_read", "stacked_rows", "tma_stacks", "weight_descriptor", "rows_descriptor"]

@@ -15,8 +15,6 @@ has a fixed order: two runs give the same bits.
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 import triton
 
@@ -26,9 +24,9 @@ from .backward_kernel import launch_expert_grad, launch_rows_gemm
 from .gluon_kernel import gluon_gate_up
 from .sorted_layer import launch_fitted
 from .stable_align import expert_rows, stable_align_block_size
-from .tma import tma_can_read
+from .tma import tma_stacks
 from .topk_sum import topk_sum
-from .training_configs import TrainingConfigs, heuristic_training_configs, training_configs
+from .training_configs import TrainingConfigs, in_tl, training_configs
 
 
 def _forward(x, w13, w2, router, topk_ids, configs: TrainingConfigs):
@@ -41,6 +39,8 @@ def _forward(x, w13, w2, router, topk_ids, configs: TrainingConfigs):
     h = x.new_empty(pairs, 2 * inter)           # kept for the backward: one row per pair, no padding
     if configs.up.gluon:
         # Part 4's Gluon gate/up kernel on x's rows copied into sorted order, H saved by its epilogue.
+        # The copy is dropped here and the backward makes its own for dW13: kept, it would add a sorted
+        # x to what the layer saves.
         act = gluon_gate_up(x, w13, alignment, topk, configs.up, h=h)
     else:
         act = x.new_empty(max_padded, inter)
@@ -139,16 +139,10 @@ def trainable_moe_layer(x, w13, w2, topk_weights, topk_ids, *, configs: Training
 
 def weights_fit(configs: TrainingConfigs, w13: torch.Tensor, w2: torch.Tensor, M: int, topk: int) -> TrainingConfigs:
     """``configs`` as the tables chose them, with the gate/up GEMM and dA' in ``tl`` where their Gluon
-    kernels cannot read ``w13`` or ``w2`` as it lies (TMA needs the experts one after another, rows
-    16-byte aligned): the tables are measured on contiguous weights, and a caller's strided weights
-    should run, not fail."""
-    def readable(w):
-        return w.is_contiguous() and tma_can_read(w)
-    back = [name for name, w in (("up", w13), ("dact", w2)) if getattr(configs, name).gluon and not readable(w)]
-    if not back:
-        return configs
-    guess = heuristic_training_configs(M, w2.shape[0], topk, w2.element_size())
-    return replace(configs, **{name: getattr(guess, name) for name in back}).checked()
+    kernels cannot read ``w13`` or ``w2`` as it lies (:func:`~moe_tutorial.kernels.tma.tma_stacks`):
+    the tables are measured on contiguous weights, and a caller's strided weights should run, not fail."""
+    unreadable = [name for name, w in (("up", w13), ("dact", w2)) if not tma_stacks(w)]
+    return in_tl(configs, M, w2.shape[0], topk, unreadable, w2.element_size())
 
 
 def saved_bytes(M: int, E: int, hidden: int, inter: int, topk: int, block_m: int, itemsize: int = 2) -> dict:

@@ -127,6 +127,16 @@ def heuristic_training_configs(M: int, E: int, topk: int, itemsize: int = 2,
     return TrainingConfigs(up=up, down=dx, dact=dact, dx=dx, dw2=dw, dw13=dw)
 
 
+def in_tl(configs: TrainingConfigs, M: int, E: int, topk: int, gemms=GLUON_GEMMS, itemsize: int = 2) -> TrainingConfigs:
+    """``configs`` with each GEMM of ``gemms`` that was on a Gluon kernel back in ``tl``, on
+    :func:`heuristic_training_configs`' tile: the step before that kernel, or where it cannot run."""
+    back = [name for name in gemms if getattr(configs, name).gluon]
+    if not back:
+        return configs
+    guess = heuristic_training_configs(M, E, topk, itemsize)
+    return replace(configs, **{name: getattr(guess, name) for name in back}).checked()
+
+
 def training_configs(M: int, E: int, hidden: int, inter: int, topk: int, dtype: torch.dtype) -> TrainingConfigs:
     """The configurations of one training step of the layer: tuned where a table has them, else
     the heuristic; Part 4's tuned down GEMM for the forward's down (on the shared ``block_m``).
