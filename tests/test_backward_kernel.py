@@ -541,6 +541,8 @@ def test_bf16_the_gluon_gate_up_kernel_keeps_h_on_real_shapes(case):
                                 p["d_out"])
     errs = {k: rel_error(grads[k][:used] if k.startswith("w") else grads[k], ref[k]) for k in LAYER_GRAD_INPUTS}
     assert all(e < BF16_GRAD_TOLERANCE for e in errs.values()), errs
+    del grads, ref                     # DeepSeek-V3's gradients fill an H100 twice over
+    torch.cuda.empty_cache()
     out2, _ = run_layer(p, layer)
     assert torch.equal(out, out2)
 
