@@ -1,0 +1,90 @@
+"""Where the first training step's seconds go: a profile of one fresh process's first forward +
+backward of the layer, Triton's cache empty (the issue's "first call with the shipped table").
+
+    python3 measurements/scripts/first_call_profile.py --model Mixtral-8x7B --tokens 4096 --out "$OUT"
+
+Prints the first call's seconds, then the seconds spent in Triton's compiler (per kernel it
+compiled), in building launchers, in ptxas and in the rest; writes the profile's top lines to
+``first_call_profile.txt`` under ``--out``. GPU only.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="first_call_triton_")   # before triton is imported
+
+import moe_tutorial  # noqa: F401,E402,I001  (first: picks the runtime before triton is imported)
+import torch  # noqa: E402
+from triton import knobs  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from moe_tutorial.kernels.trainable_layer import trainable_moe_layer  # noqa: E402
+from moe_tutorial.perf import timing  # noqa: E402
+from moe_tutorial.shapes import MODEL_SHAPES  # noqa: E402
+
+from h200_backward import PARAMS, device_problem, leaves  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="Mixtral-8x7B")
+    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--out", type=Path, default=Path("."))
+    ap.add_argument("--warm-torch", action="store_true",
+                    help="run one tiny autograd.grad first: torch imports sympy on a process's first backward")
+    args = ap.parse_args()
+    p = device_problem(MODEL_SHAPES[args.model], args.tokens, torch.bfloat16, seed=2)
+    timing.warm_up_gpu()
+    if args.warm_torch:
+        w = torch.ones(2, device="cuda", requires_grad=True)
+        torch.autograd.grad((w * 2).sum(), [w])
+    compiled = []
+    knobs.runtime.jit_post_compile_hook = lambda *a, **k: compiled.append(k.get("repr", "?").split("[")[0])
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    lv = leaves(p)
+    torch.autograd.grad(trainable_moe_layer(**lv), [lv[k] for k in PARAMS], p["d_out"])
+    torch.cuda.synchronize()
+    prof.disable()
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    lv = leaves(p)
+    torch.autograd.grad(trainable_moe_layer(**lv), [lv[k] for k in PARAMS], p["d_out"])
+    torch.cuda.synchronize()
+    second = time.perf_counter() - t0
+    stats = pstats.Stats(prof)
+    by_name = {}
+    for (file, _, fn), (_, calls, _, cum, _) in stats.stats.items():
+        by_name.setdefault(f"{Path(file).parent.name}/{Path(file).name}:{fn}", [0, 0.0])
+        by_name[f"{Path(file).parent.name}/{Path(file).name}:{fn}"][0] += calls
+        by_name[f"{Path(file).parent.name}/{Path(file).name}:{fn}"][1] += cum
+    tag = "_warm_torch" if args.warm_torch else ""
+    print(f"{args.model} T={args.tokens}{tag}: first call {first:.2f} s, second {second * 1e3:.1f} ms; "
+          f"{len(compiled)} kernels compiled")
+    print("  compiled:", ", ".join(compiled))
+    for key in ("compiler/compiler.py:compile", "runtime/build.py:compile_module_from_src",
+                "runtime/build.py:_build", "nvidia/compiler.py:make_cubin", "nvidia/compiler.py:make_ptx",
+                "nvidia/compiler.py:make_llir", "nvidia/compiler.py:make_ttgir", "nvidia/compiler.py:make_ttir",
+                "nvidia/driver.py:__init__", "nvidia/driver.py:make_launcher", "subprocess.py:run",
+                "compiler/compiler.py:_init_handles"):
+        calls, cum = by_name.get(key, (0, 0.0))
+        print(f"  {key:45s} {calls:4d} calls {cum:7.2f} s")
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(60)
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"first_call_profile_{args.model}_{args.tokens}{tag}.txt").write_text(buf.getvalue())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
