@@ -19,33 +19,32 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="first_call_triton_")   # before triton is imported
+import moe_tutorial  # noqa: F401,I001  (first: picks the runtime before triton is imported)
+from moe_tutorial.kernels.trainable_layer import trainable_moe_layer
+from moe_tutorial.perf import timing
+from moe_tutorial.shapes import MODEL_SHAPES
 
-import moe_tutorial  # noqa: F401,E402,I001  (first: picks the runtime before triton is imported)
-import torch  # noqa: E402
-from triton import knobs  # noqa: E402
+import torch
+from triton import knobs
 
 sys.path.insert(0, str(Path(__file__).parent))
-from moe_tutorial.kernels.trainable_layer import trainable_moe_layer  # noqa: E402
-from moe_tutorial.perf import timing  # noqa: E402
-from moe_tutorial.shapes import MODEL_SHAPES  # noqa: E402
-
 from h200_backward import PARAMS, device_problem, leaves  # noqa: E402
 
 
-def main() -> int:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="Mixtral-8x7B")
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--warm-torch", action="store_true",
-                    help="run one tiny autograd.grad first: torch imports sympy on a process's first backward")
-    args = ap.parse_args()
+                    help="first a tiny backward with a gradient given (torch imports sympy there, once a process)")
+    args = ap.parse_args(argv)
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="first_call_triton_")   # read at each compile
     p = device_problem(MODEL_SHAPES[args.model], args.tokens, torch.bfloat16, seed=2)
     timing.warm_up_gpu()
     if args.warm_torch:
         w = torch.ones(2, device="cuda", requires_grad=True)
-        torch.autograd.grad((w * 2).sum(), [w])
+        torch.autograd.grad(w * 2, [w], torch.ones_like(w))
     compiled = []
     knobs.runtime.jit_post_compile_hook = lambda *a, **k: compiled.append(k.get("repr", "?").split("[")[0])
     prof = cProfile.Profile()
