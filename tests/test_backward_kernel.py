@@ -59,8 +59,11 @@ def assert_same_bits(p: dict, first=trainable_moe_layer, second=trainable_moe_la
         assert torch.equal(g1[k], g2[k]), k
 
 
-def errors(p: dict, grads: dict) -> dict:
-    ref = reference_layer_grads(*(p[k] for k in LAYER_ARGS), p["d_out"])
+def errors(p: dict, grads: dict, used: int | None = None) -> dict:
+    """Relative error of each gradient against autograd through the float64 reference; with
+    ``used``, on the first ``used`` experts only (whose weight gradients :func:`run_layer` keeps)."""
+    ref = reference_layer_grads(p["x"], p["w13"][:used], p["w2"][:used], p["topk_weights"], p["topk_ids"],
+                                p["d_out"])
     return {k: rel_error(grads[k], ref[k]) for k in LAYER_GRAD_INPUTS}
 
 
@@ -354,21 +357,13 @@ def real_shape_problem(case: str, token_scale: int = 1) -> tuple[dict, int]:
     return p, used
 
 
-def used_errors(p: dict, used: int, grads: dict) -> dict:
-    """Relative error of each gradient (the first ``used`` experts' for the weights, as
-    :func:`run_layer` keeps them) against autograd through the float64 reference on those experts."""
-    ref = reference_layer_grads(p["x"], p["w13"][:used], p["w2"][:used], p["topk_weights"], p["topk_ids"],
-                                p["d_out"])
-    return {k: rel_error(grads[k], ref[k]) for k in LAYER_GRAD_INPUTS}
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not runtime.ON_GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("case", GPU_SHAPES)
 def test_bf16_gradients_on_real_shapes(case):
     p, used = real_shape_problem(case)
     _, grads = run_layer(p, used=used)
-    errs = used_errors(p, used, grads)
+    errs = errors(p, grads, used)
     assert all(e < BF16_GRAD_TOLERANCE for e in errs.values()), errs
 
 
@@ -515,7 +510,7 @@ def test_bf16_the_gluon_dw_kernel_on_real_shapes(case):
     exactly zero (its empty run stores a tile of zeros)."""
     p, used = real_shape_problem(case)
     _, grads = run_layer(p, with_gluon(p), used)
-    errs = used_errors(p, used, grads)
+    errs = errors(p, grads, used)
     assert all(errs[k] < BF16_GRAD_TOLERANCE for k in ("w13", "w2")), errs
 
 
@@ -530,7 +525,7 @@ def test_bf16_the_gluon_dact_kernel_on_real_shapes(case):
     p, used = real_shape_problem(case, token_scale=4)
     assert configs_of(p).dact.block_m >= 64
     _, grads = run_layer(p, with_gluon(p, ("dact", "dw2", "dw13")), used)
-    errs = used_errors(p, used, grads)
+    errs = errors(p, grads, used)
     assert all(e < BF16_GRAD_TOLERANCE for e in errs.values()), errs
 
 
@@ -543,7 +538,7 @@ def test_bf16_the_gluon_gate_up_kernel_keeps_h_on_real_shapes(case):
     p, used = real_shape_problem(case, token_scale=4)
     layer = with_gluon(p, ("up",))
     out, grads = run_layer(p, layer, used)
-    errs = used_errors(p, used, grads)
+    errs = errors(p, grads, used)
     assert all(e < BF16_GRAD_TOLERANCE for e in errs.values()), errs
     out2, _ = run_layer(p, layer, used)
     assert torch.equal(out, out2)

@@ -13,10 +13,16 @@ from moe_tutorial.perf.results import read_csv
 SCRIPT = Path(__file__).resolve().parents[1] / "measurements" / "scripts" / "h200_backward.py"
 
 
-def test_the_dry_run_checks_times_and_sweeps(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("h200_backward", SCRIPT)
+def load(name: str):
+    """The script ``name`` beside :data:`SCRIPT`, imported as a module (its work stays behind main)."""
+    spec = importlib.util.spec_from_file_location(name, SCRIPT.parent / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_the_dry_run_checks_times_and_sweeps(tmp_path, capsys):
+    module = load("h200_backward")
     # A generous --max-seconds: on a busy CPU one interpreted launch can take seconds.
     assert module.main(["--dry-run", "--max-seconds", "120", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -110,9 +116,7 @@ def test_the_gluon_readers_pair_each_step_with_its_tl_selves():
 
 
 def test_the_merge_of_runs_replaces_what_a_run_timed_again(tmp_path):
-    spec = importlib.util.spec_from_file_location("merge_backward_rows", SCRIPT.parent / "merge_backward_rows.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load("merge_backward_rows")
 
     def row(model, impl, date):
         return {"model": model, "impl": impl, "date": date}
@@ -124,9 +128,7 @@ def test_the_merge_of_runs_replaces_what_a_run_timed_again(tmp_path):
 
 
 def test_the_merge_of_sweeps_updates_the_table_m_by_m(tmp_path):
-    spec = importlib.util.spec_from_file_location("merge_training_table", SCRIPT.parent / "merge_training_table.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load("merge_training_table")
     table = tmp_path / "table.json"
     table.write_text(json.dumps({"g": {"k": {"4096": {"a": 1}, "16384": {"a": 2}}}, "other": {"k": {}}}))
     (tmp_path / "s.json").write_text(json.dumps({"g": {"k": {"16384": {"a": 3}}, "new": {"32768": {"a": 4}}}}))

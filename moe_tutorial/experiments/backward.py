@@ -229,5 +229,3 @@ def gluon_step_table(steps: list[dict], markdown: bool = False) -> str:
                   [[s["model"], str(s["T"]), f"{s['anchor_ms']:.2f}", cell(s["tl_ms"], s["tl_speedup"]),
                     cell(s["tl_dw_ms"], s["tl_dw_speedup"]), cell(s["ours_ms"], s["speedup"])] for s in steps],
                   markdown)
-
-

@@ -36,14 +36,13 @@ import triton
 
 from .. import runtime
 from .dswiglu import dswiglu_epilogue
-from .gluon_kernel import GLUON_DTYPES, HAVE_GLUON
+from .gluon_kernel import HAVE_GLUON, gluon_descriptor
 from .tma import stacked_rows, tma_can_read, tma_stacks
 
 if HAVE_GLUON:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
     from .gluon_kernel import load_partition, mma_layout, ring_barriers, tile_of
 
@@ -219,16 +218,11 @@ def launch_gluon_dact(d_rows: torch.Tensor, w2: torch.Tensor, alignment, num_pai
         raise ValueError(f"the Gluon dA' kernel: {why}")
     sorted_ids, expert_ids, num_post = alignment
     K, N = w2.shape[1], w2.shape[2]
-    dtype = GLUON_DTYPES[d_rows.dtype]
     bm, bn, bk = config.block_m, config.block_n, config.block_k
-
-    def desc(t, block):
-        return GluonDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
-
     tiles = triton.cdiv(sorted_ids.numel(), bm) * triton.cdiv(N, bn)
     gluon_dact_kernel[(max(1, min(runtime.sm_count(), tiles)),)](
-        desc(d_rows, [bm, bk]), desc(stacked_rows(w2), [bk, bn]), h, dh, s_act, router_weights, ds_partial,
-        sorted_ids, expert_ids, num_post, N, K, num_pairs, config.group_m,
+        gluon_descriptor(d_rows, [bm, bk]), gluon_descriptor(stacked_rows(w2), [bk, bn]), h, dh, s_act,
+        router_weights, ds_partial, sorted_ids, expert_ids, num_post, N, K, num_pairs, config.group_m,
         h.stride(0), dh.stride(0), s_act.stride(0), ds_partial.stride(0),
         STAGES=config.num_stages, STRIP=STRIP, num_warps=config.num_warps)
 

@@ -44,7 +44,7 @@ from .fp8_quant import (
     quantize_rows_sorted,
     silu_mul_quantize,
 )
-from .gluon_kernel import HAVE_GLUON, sorted_rows
+from .gluon_kernel import HAVE_GLUON, gluon_descriptor, sorted_rows
 from .tma import stacked_rows
 from .topk_sum import topk_sum
 
@@ -56,7 +56,6 @@ if HAVE_GLUON:
         warpgroup_mma,
         warpgroup_mma_wait,
     )
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
     from .gluon_kernel import mma_layout, ring_barriers, silu_mul, store_rows, tile_of, tma_load
 
@@ -576,10 +575,8 @@ if HAVE_GLUON:
 def _descriptors(a: torch.Tensor, a_scale_t: torch.Tensor, b: torch.Tensor, block_m: int):
     """TMA descriptors: A ``[R, K]`` by ``[block_m, 128]``, its scales ``[K/128, R]`` by ``[1, block_m]``,
     B ``[E, rows, K]`` viewed as ``[E * rows, K]`` by ``[128, 128]`` (a 256-wide tile loads two)."""
-    def desc(t, box, dtype):
-        return GluonDescriptor.from_tensor(t, box, gl.NVMMASharedLayout.get_default_for(box, dtype))
-    return (desc(a, [block_m, BLOCK], gl.float8e4nv), desc(a_scale_t, [1, block_m], gl.float32),
-            desc(stacked_rows(b), [BLOCK, BLOCK], gl.float8e4nv))
+    return (gluon_descriptor(a, [block_m, BLOCK]), gluon_descriptor(a_scale_t, [1, block_m]),
+            gluon_descriptor(stacked_rows(b), [BLOCK, BLOCK]))
 
 
 def launch_gluon_fp8_gemm(a: torch.Tensor, a_scale_t: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,

@@ -31,7 +31,7 @@ import torch
 import triton
 
 from .. import runtime
-from .gluon_kernel import GLUON_DTYPES, HAVE_GLUON
+from .gluon_kernel import HAVE_GLUON, gluon_descriptor
 from .tma import stacked_rows, tma_can_read
 
 if HAVE_GLUON:
@@ -44,7 +44,6 @@ if HAVE_GLUON:
         warpgroup_mma,
         warpgroup_mma_wait,
     )
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
     from .gluon_kernel import mma_layout, ring_barriers, tile_of, tma_load
 
@@ -173,15 +172,11 @@ def launch_gluon_expert_grad(left: torch.Tensor, right: torch.Tensor, out: torch
     if why:
         raise ValueError(f"the Gluon dW kernel: {why}")
     E, P, Q = out.shape
-    dtype = GLUON_DTYPES[left.dtype]
     bp, bq = config.block_m, config.block_n
-
-    def desc(t, block):
-        return GluonDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
-
     tiles = E * triton.cdiv(P, bp) * triton.cdiv(Q, bq)
     gluon_expert_grad_kernel[(max(1, min(runtime.sm_count(), tiles)),)](
-        desc(left, [block_r, bp]), desc(right, [block_r, bq]), desc(stacked_rows(out), [bp, bq]), rows, E, P, Q,
+        gluon_descriptor(left, [block_r, bp]), gluon_descriptor(right, [block_r, bq]),
+        gluon_descriptor(stacked_rows(out), [bp, bq]), rows, E, P, Q,
         config.group_m, STAGES=config.num_stages, num_warps=config.num_warps)
 
 

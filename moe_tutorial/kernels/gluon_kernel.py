@@ -253,6 +253,14 @@ GLUON_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16,
                 torch.float8_e4m3fn: gl.float8e4nv} if HAVE_GLUON else {}
 
 
+def gluon_descriptor(t: torch.Tensor, block) -> GluonDescriptor:
+    """A TMA descriptor over the 2-D ``t`` in ``block`` tiles, laid out in shared memory the way the
+    warpgroup MMAs read them (the default NVMMA layout of ``t``'s dtype: a :data:`GLUON_DTYPES` one,
+    or fp32 for scales). Every Gluon launcher of the package builds its descriptors here."""
+    dtype = gl.float32 if t.dtype == torch.float32 else GLUON_DTYPES[t.dtype]
+    return GluonDescriptor.from_tensor(t, list(block), gl.NVMMASharedLayout.get_default_for(list(block), dtype))
+
+
 def launch_gluon_gemm(a_sorted: torch.Tensor, b: torch.Tensor, c: torch.Tensor, router_weights, alignment,
                       num_pairs: int, config, *, c_sorted: bool = False, gated: bool = False, h=None) -> None:
     """One launch of :func:`gluon_moe_kernel` on a Hopper GPU.
@@ -284,11 +292,8 @@ def launch_gluon_gemm(a_sorted: torch.Tensor, b: torch.Tensor, c: torch.Tensor, 
     sorted_ids, expert_ids, num_post = alignment
     rows, K = b.shape[1], b.shape[2]
     N = c.shape[1]
-    dtype = GLUON_DTYPES[a_sorted.dtype]
     bm, bn, bk = config.block_m, config.block_n, config.block_k
-    a_desc = GluonDescriptor.from_tensor(a_sorted, [bm, bk], gl.NVMMASharedLayout.get_default_for([bm, bk], dtype))
-    b_desc = GluonDescriptor.from_tensor(stacked_rows(b), [bn, bk],
-                                         gl.NVMMASharedLayout.get_default_for([bn, bk], dtype))
+    a_desc, b_desc = gluon_descriptor(a_sorted, [bm, bk]), gluon_descriptor(stacked_rows(b), [bn, bk])
     max_tiles = triton.cdiv(sorted_ids.numel(), bm) * triton.cdiv(N, bn)
     gluon_moe_kernel[(max(1, min(runtime.sm_count(), max_tiles)),)](
         a_desc, b_desc, c, router_weights if router_weights is not None else c, sorted_ids, expert_ids, num_post,
