@@ -5,7 +5,10 @@ backward of the layer, Triton's cache empty (the issue's "first call with the sh
 
 Prints the first call's seconds, then the seconds spent in Triton's compiler (per kernel it
 compiled), in building launchers, in ptxas and in the rest; writes the profile's top lines to
-``first_call_profile.txt`` under ``--out``. GPU only.
+``first_call_profile.txt`` and a row to ``first_call.csv`` (:data:`FIELDS`) under ``--out``. By
+default the layer compiles its kernels side by side before the step runs
+(:mod:`moe_tutorial.kernels.precompile`; the profile, of the main thread only, then shows the wait
+for the pool); ``--serial`` compiles each at its first launch. GPU only.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from pathlib import Path
 import moe_tutorial  # noqa: F401,I001  (first: picks the runtime before triton is imported)
 from moe_tutorial.kernels.trainable_layer import trainable_moe_layer
 from moe_tutorial.perf import timing
+from moe_tutorial.perf.results import read_csv, write_csv
 from moe_tutorial.shapes import MODEL_SHAPES
 
 import torch
@@ -29,6 +33,12 @@ from triton import knobs
 
 sys.path.insert(0, str(Path(__file__).parent))
 from h200_backward import PARAMS, device_problem, leaves  # noqa: E402
+
+#: The columns of ``first_call.csv``: where, which model and T, how the kernels compiled ("side by
+#: side" or "one by one"), whether torch's one-time import was taken out first, the seconds.
+FIELDS = ["gpu", "driver", "torch", "triton", "date", "cpus", "model", "T", "compile", "warm_torch",
+          "first_call_s", "second_ms", "kernels", "protocol"]
+PROTOCOL = "a fresh process, Triton's cache empty; forward and backward given a gradient, then a sync"
 
 
 def main(argv=None) -> int:
@@ -38,6 +48,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--warm-torch", action="store_true",
                     help="first a tiny backward with a gradient given (torch imports sympy there, once a process)")
+    ap.add_argument("--serial", action="store_true", help="no side-by-side compile: each kernel at its launch")
     args = ap.parse_args(argv)
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="first_call_triton_")   # read at each compile
     p = device_problem(MODEL_SHAPES[args.model], args.tokens, torch.bfloat16, seed=2)
@@ -51,7 +62,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     prof.enable()
     lv = leaves(p)
-    torch.autograd.grad(trainable_moe_layer(**lv), [lv[k] for k in PARAMS], p["d_out"])
+    torch.autograd.grad(trainable_moe_layer(**lv, precompile=not args.serial), [lv[k] for k in PARAMS], p["d_out"])
     torch.cuda.synchronize()
     prof.disable()
     first = time.perf_counter() - t0
@@ -66,7 +77,7 @@ def main(argv=None) -> int:
         by_name.setdefault(f"{Path(file).parent.name}/{Path(file).name}:{fn}", [0, 0.0])
         by_name[f"{Path(file).parent.name}/{Path(file).name}:{fn}"][0] += calls
         by_name[f"{Path(file).parent.name}/{Path(file).name}:{fn}"][1] += cum
-    tag = "_warm_torch" if args.warm_torch else ""
+    tag = ("_warm_torch" if args.warm_torch else "") + ("_serial" if args.serial else "")
     print(f"{args.model} T={args.tokens}{tag}: first call {first:.2f} s, second {second * 1e3:.1f} ms; "
           f"{len(compiled)} kernels compiled")
     print("  compiled:", ", ".join(compiled))
@@ -81,6 +92,13 @@ def main(argv=None) -> int:
     pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(60)
     pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)
     args.out.mkdir(parents=True, exist_ok=True)
+    csv_path = args.out / "first_call.csv"
+    rows = read_csv(csv_path) if csv_path.exists() else []
+    rows.append({**timing.machine_info(), "cpus": os.cpu_count(), "model": args.model, "T": args.tokens,
+                 "compile": "one by one" if args.serial else "side by side", "warm_torch": args.warm_torch,
+                 "first_call_s": round(first, 3), "second_ms": round(second * 1e3, 2), "kernels": len(compiled),
+                 "protocol": PROTOCOL})
+    write_csv(csv_path, rows, FIELDS)
     (args.out / f"first_call_profile_{args.model}_{args.tokens}{tag}.txt").write_text(buf.getvalue())
     return 0
 

@@ -18,10 +18,11 @@ from __future__ import annotations
 import torch
 import triton
 
-from ..checks import check_kernel_dtype, check_layer_inputs, finish_ids_check, start_ids_check
+from ..checks import capturing, check_kernel_dtype, check_layer_inputs, finish_ids_check, start_ids_check
 from .align import Alignment, gather_sorted_rows, max_padded_rows
 from .backward_kernel import launch_expert_grad, launch_rows_gemm
 from .gluon_kernel import gluon_gate_up
+from .precompile import precompile as compile_side_by_side
 from .sorted_layer import launch_fitted
 from .stable_align import expert_rows, stable_align_block_size
 from .tma import tma_stacks
@@ -110,13 +111,17 @@ class SortedMoEFunction(torch.autograd.Function):
         return dx, dw13, dw2, d_weights, None, None
 
 
-def trainable_moe_layer(x, w13, w2, topk_weights, topk_ids, *, configs: TrainingConfigs | None = None) -> torch.Tensor:
+def trainable_moe_layer(x, w13, w2, topk_weights, topk_ids, *, configs: TrainingConfigs | None = None,
+                        precompile: bool = True) -> torch.Tensor:
     """The layer of :func:`moe_tutorial.layer.moe_layer`, differentiable: gradients reach x, w13,
     w2 and topk_weights when they require them (``moe_layer(impl="sorted")`` calls this then).
 
     Args as :func:`moe_tutorial.layer.moe_layer` (fp32 in the interpreter; fp32/fp16/bf16 on a
     GPU, accumulated in fp32); ``configs`` a :class:`TrainingConfigs`, by default
-    :func:`moe_tutorial.kernels.training_configs.training_configs`. Returns ``[M, K]`` in x's dtype.
+    :func:`moe_tutorial.kernels.training_configs.training_configs`. With ``precompile`` (on a GPU,
+    when a gradient is needed) the first call for these shapes compiles the step's kernels side by
+    side before it runs (:func:`precompile_step`); False leaves each to compile at its first launch.
+    Returns ``[M, K]`` in x's dtype.
     """
     M, K, inter, E, topk = check_layer_inputs(x, w13, w2, topk_weights, topk_ids, ids=False)
     check_kernel_dtype("x", x)
@@ -131,10 +136,56 @@ def trainable_moe_layer(x, w13, w2, topk_weights, topk_ids, *, configs: Training
     # The ids' range is read after the forward's kernels are queued, not before (a host wait
     # there left the GPU idle while the host queued them); the alignment drops a bad id, so
     # those kernels stay in bounds, and their output is dropped with the error.
+    if precompile:
+        precompile_step(x, w13, w2, topk_weights, topk_ids, configs)
     pending = start_ids_check(topk_ids, E)
     out = SortedMoEFunction.apply(x, w13, w2, topk_weights, topk_ids, configs)
     finish_ids_check(pending)
     return out
+
+
+class _HandContext:
+    """Stands in for autograd's ``ctx`` when :func:`step_by_hand` runs the Function's forward and
+    backward itself."""
+
+    def __init__(self, needs_input_grad):
+        self.needs_input_grad = needs_input_grad
+
+    def save_for_backward(self, *tensors):
+        self.saved_tensors = tensors
+
+
+def step_by_hand(x, w13, w2, topk_weights, topk_ids, configs: TrainingConfigs, d_out=None, needs=(True,) * 4):
+    """:class:`SortedMoEFunction`'s forward, then its backward given ``d_out`` (uninitialised
+    when None), called directly rather than through autograd: ``(out, (dx, dw13, dw2,
+    d_topk_weights))``, a gradient None where ``needs`` (x, w13, w2, topk_weights) says False.
+    Inputs as :func:`trainable_moe_layer` passes them; no checks."""
+    ctx = _HandContext((*needs, False, False))
+    out = SortedMoEFunction.forward(ctx, x.detach(), w13.detach(), w2.detach(), topk_weights.detach(), topk_ids,
+                                    configs)
+    grads = SortedMoEFunction.backward(ctx, torch.empty_like(out) if d_out is None else d_out)
+    return out, grads[:4]
+
+
+_precompiled: set = set()
+
+
+def precompile_step(x, w13, w2, topk_weights, topk_ids, configs: TrainingConfigs) -> int:
+    """Compile the kernels of a forward and backward with these inputs side by side, before the
+    first such step runs them (:mod:`moe_tutorial.kernels.precompile`): a dry pass of
+    :func:`step_by_hand`, which launches nothing. Only on a GPU, with a gradient needed, once per
+    process for each set of shapes, strides, dtypes and configs. Returns the launches the dry
+    pass made (0 when it did not run)."""
+    needs = tuple(t.requires_grad for t in (x, w13, w2, topk_weights))
+    if not (x.is_cuda and torch.is_grad_enabled() and any(needs)) or capturing(x):
+        return 0
+    key = (configs, needs, x.device, *((t.shape, t.stride(), t.dtype) for t in (x, w13, w2, topk_weights, topk_ids)))
+    if key in _precompiled:
+        return 0
+    launches = compile_side_by_side(lambda: step_by_hand(x, w13, w2, topk_weights, topk_ids, configs, needs=needs),
+                                    x.device)
+    _precompiled.add(key)
+    return launches
 
 
 def weights_fit(configs: TrainingConfigs, w13: torch.Tensor, w2: torch.Tensor, M: int, topk: int) -> TrainingConfigs:
