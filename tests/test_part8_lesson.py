@@ -204,3 +204,16 @@ def test_what_the_gluon_dact_kernel_gains():
     assert chosen == {("E=8", 4096), ("E=8", 16384), ("E=8", 32768), ("E=256", 16384)}
 
 
+
+
+def test_what_the_first_call_costs():
+    """Section 10's first call: the kernels' count and the H100's seconds, one by one against side by side."""
+    rows = [r for r in backward.load_first_call() if not r["warm_torch"] and r["T"] == 4096]
+    kernels = sorted({r["kernels"] for r in rows})
+    serial = [r["first_call_s"] for r in rows if r["compile"] == "one by one"]
+    side = [r["first_call_s"] for r in rows if r["compile"] == "side by side"]
+    assert len(serial) == len(side) == 3 and max(side) < min(serial)
+    words = {9: "nine", 10: "ten"}
+    assert_says(NOTEBOOK, "compiles its kernels: {} or {} of them", *(words.get(k, k) for k in kernels))
+    assert_says(NOTEBOOK, "that took {:.2f} s to {:.2f} s on an H100 with an empty cache", min(serial), max(serial))
+    assert_says(NOTEBOOK, "and the first call took {:.2f} s to {:.2f} s", min(side), max(side))

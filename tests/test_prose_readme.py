@@ -134,14 +134,16 @@ def test_results_the_gluon_kernels():
 
 
 def test_results_the_first_call():
-    """The first call with the shipped table (the issue's aim: under 10 s), each model's first case."""
+    """The first call with the shipped table (the issue's aim: under 10 s), each model's first case:
+    the H200 runs' (compiled one by one), then the H100's side by side against one by one."""
     from moe_tutorial.experiments import backward
     from moe_tutorial.kernels.configs import SHIPPED_DIR
     from moe_tutorial.perf.tuning import read_table
 
+    text = " ".join(RESULTS.read_text().split())
     first = {r["model"]: r["first_call_s"] for r in backward.load_backward()
              if r["impl"] == "ours" and r["T"] == 4096 and r["first_call_s"]}
-    over = [m for m, s in first.items() if s >= 10]
+    over = [m for m, s in first.items() if s >= backward.FIRST_CALL_AIM_S]
     assert over == ["Mixtral-8x7B"]
     table = read_table(SHIPPED_DIR / "tuned_configs_training_h200.json")["NVIDIA H200"]
     gluon = {key.split("variant=")[1]: by_m["4096"] for key, by_m in table.items()
@@ -149,9 +151,31 @@ def test_results_the_first_call():
     kernels = {(v == "train_dact",) + tuple(sorted(c.items())) for v, c in gluon.items()}
     assert len(kernels) == 3                                   # "three Gluon kernels (dA' and two dW tiles)"
     sentence = (f"took {first['Qwen3-30B-A3B']:.2f} s on Qwen3-30B-A3B, {first['DeepSeek-V3']:.2f} s on DeepSeek-V3 "
-                f"and {first['Mixtral-8x7B']:.2f} s on Mixtral-8x7B, whose table at T = 4096 now compiles three "
-                f"Gluon kernels (dA' and two dW tiles): over the aim of 10 s by {first['Mixtral-8x7B'] - 10:.2f} s.")
-    assert sentence in " ".join(RESULTS.read_text().split()), sentence
+                f"and {first['Mixtral-8x7B']:.2f} s on Mixtral-8x7B in those H200 runs, whose table at T = 4096 "
+                f"compiles three Gluon kernels (dA' and two dW tiles) for Mixtral-8x7B: over the aim of 10 s by "
+                f"{first['Mixtral-8x7B'] - backward.FIRST_CALL_AIM_S:.2f} s, with the kernels compiled one after "
+                f"another")
+    assert sentence in text, sentence
+
+    rows = backward.load_first_call()
+    assert {r["gpu"] for r in rows} == {"NVIDIA H100 80GB HBM3"} and {r["cpus"] for r in rows} == {16}
+
+    def first_of(model, compile, warm_torch=False):
+        return next(r["first_call_s"] for r in rows
+                    if (r["model"], r["compile"], r["warm_torch"], r["T"]) == (model, compile, warm_torch, 4096))
+
+    side = {m: first_of(m, "side by side") for m in ("Mixtral-8x7B", "DeepSeek-V3", "Qwen3-30B-A3B")}
+    serial = {m: first_of(m, "one by one") for m in side}
+    assert max(side.values()) < backward.FIRST_CALL_AIM_S     # "under the aim on every model"
+    assert max(serial.values()) > backward.FIRST_CALL_AIM_S   # one by one, this machine's Mixtral-8x7B was not
+    mx, ds, qw = ((side[m], serial[m]) for m in side)
+    sentence = (f"the first call took {mx[0]:.2f} s on Mixtral-8x7B against {mx[1]:.2f} s with the kernels compiled "
+                f"one by one, {ds[0]:.2f} s against {ds[1]:.2f} s on DeepSeek-V3 and {qw[0]:.2f} s against "
+                f"{qw[1]:.2f} s on Qwen3-30B-A3B: under the aim on every model.")
+    assert sentence in text, sentence
+    warm = first_of("Mixtral-8x7B", "side by side", True), first_of("Mixtral-8x7B", "one by one", True)
+    assert warm[0] < side["Mixtral-8x7B"] / 2 + 0.5                       # "about half"
+    assert f"Mixtral-8x7B's first call took {warm[0]:.2f} s ({warm[1]:.2f} s one by one)" in text
 
 
 def test_results_what_the_block_scales_still_cost():

@@ -229,3 +229,21 @@ def gluon_step_table(steps: list[dict], markdown: bool = False) -> str:
                   [[s["model"], str(s["T"]), f"{s['anchor_ms']:.2f}", cell(s["tl_ms"], s["tl_speedup"]),
                     cell(s["tl_dw_ms"], s["tl_dw_speedup"]), cell(s["ours_ms"], s["speedup"])] for s in steps],
                   markdown)
+
+
+# ------------------------------------------------------------- the first call
+
+#: ``measurements/scripts/first_call_profile.py``'s rows: a fresh process's first forward + backward,
+#: Triton's cache empty, the kernels compiled ``"side by side"`` (the layer's default,
+#: :mod:`moe_tutorial.kernels.precompile`) or ``"one by one"`` at their launches.
+FIRST_CALL = DATA_DIR / "first_call.csv"
+#: The issue's aim for a first call with the shipped table, in seconds.
+FIRST_CALL_AIM_S = 10.0
+
+
+def load_first_call(path: Path | str = FIRST_CALL) -> list[dict]:
+    """The rows of :data:`FIRST_CALL` (``warm_torch`` as a bool)."""
+    rows = read_csv(path, {"T", "cpus", "kernels"}, {"first_call_s", "second_ms"})
+    for r in rows:
+        r["warm_torch"] = r["warm_torch"] == "True"
+    return rows

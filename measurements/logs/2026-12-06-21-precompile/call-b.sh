@@ -1,12 +1,11 @@
 # Call a again with its data kept (call a's files past 8 did not come back): the first call written to
 # first_call.csv, side by side and one by one, each model in a fresh process, the machine's first
-# process first; then Part 8's step per model at every T (ours, its tl variants, the composition),
-# its first call now compiling side by side; then notebook 08 under nbval-lax (the layer now
-# precompiles by default). Everything is packed into one tarball.
+# process first; then notebook 08 under nbval-lax (the layer now precompiles by default). Everything
+# is packed into one tarball, written outside $OUT.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=$PWD:/tmp/site || exit 1
-export PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; D=$OUT/b; mkdir -p $D
-pack() { tar -czf $OUT/call-b.tgz -C $OUT b; }
+export PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; D=/tmp/b; mkdir -p $D
+pack() { tar -czf $OUT/call-b.tgz -C /tmp b; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $D/gpu.txt; nproc | tee -a $D/gpu.txt
 fc() { timeout 60 python3 measurements/scripts/first_call_profile.py --tokens 4096 --out $D "$@" 2>&1 | grep -E "first call|rror" | tee -a $D/first-call.txt; }
 fc --model Mixtral-8x7B; fc --model Mixtral-8x7B --serial
@@ -14,11 +13,6 @@ fc --model DeepSeek-V3 --serial; fc --model DeepSeek-V3
 fc --model Qwen3-30B-A3B; fc --model Qwen3-30B-A3B --serial
 fc --model Mixtral-8x7B --warm-torch; fc --model Mixtral-8x7B --warm-torch --serial
 pack
-for m in Mixtral-8x7B DeepSeek-V3 Qwen3-30B-A3B; do
-  timeout 150 python3 measurements/scripts/h200_backward.py --models $m --tokens 4096,16384,32768 --impls ours,ours-tl-dw,ours-tl,grouped_mm \
-    --no-tiles --no-grads --max-minutes 2.2 --out $D/bw/$m > $D/bw-$m.log 2>&1; echo rc $?; grep -E "T= *4096 ours |first call|rror" $D/bw-$m.log | cut -c1-60,170- | tail -4
-  pack
-done
 python3 -m ipykernel install --user --name python3 > /dev/null 2>&1
 timeout 150 python3 -m pytest --nbval-lax -q -p no:cacheprovider notebooks/08_training.ipynb > $D/notebook-08-nbval.log 2>&1; echo rc $?; tail -2 $D/notebook-08-nbval.log
 pack
