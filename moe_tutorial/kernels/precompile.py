@@ -3,18 +3,20 @@
 Triton compiles a kernel the first time it is launched with a new specialisation: Python to
 Triton IR, MLIR passes, LLVM, ``ptxas``, then a small C launcher built with the host's C compiler
 and the binary loaded. A training step's first call launches its kernels one after another, so
-it pays those compiles one after another: about 5 s of a first call's 8 on an H100
-(``measurements/scripts/first_call_profile.py``), most of it waiting on ``ptxas`` and the C
-compiler, programs that run beside each other on a many-core host.
+it pays those compiles one after another: most of a first call's 8 to 10 s on an H100
+(``measurements/scripts/first_call_profile.py``), much of it waiting on ``ptxas`` and the C
+compiler, programs that can run beside each other on a many-core host. Compiled side by side,
+the first call took about half as long (``moe_tutorial/data/first_call.csv``).
 
 :func:`precompile` runs the step once *dry*: the host-side code runs as usual (it allocates the
 buffers and computes every launch's arguments, with no host synchronisation in between), but
 each ``kernel[grid](...)`` becomes ``kernel.warmup(...)``, which compiles without launching. Under
-Triton's ``AsyncCompileMode`` (Triton 3.5 and later) a warmup hands the compile to a thread
+Triton's ``AsyncCompileMode`` (in Triton 3.6 and 3.9, not in 3.4) a warmup hands the compile to a thread
 pool; each worker then also builds that kernel's launcher and loads it. When the pool is done,
 every kernel of the step is in Triton's in-memory cache under the key its real launch looks up,
 and the real step runs without compiling. Nothing the dry pass computes is read: its kernels
-never ran, and the torch operations between them see uninitialised memory (no indexing by it).
+never ran, and the torch operations between them see uninitialised memory (the one that
+indexes, :func:`~moe_tutorial.kernels.align.gather_sorted_rows`, clamps its indices).
 
 The dry pass turns launches into warmups by replacing ``KernelInterface.__getitem__`` for the
 length of the pass, and only for the thread running it; other threads launch as usual. On a
