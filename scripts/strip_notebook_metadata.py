@@ -1,9 +1,11 @@
-"""Drop per-run noise (execution timestamps, where a stream was cut) from notebooks so diffs show only real changes.
+"""Drop per-run noise (execution timestamps, where a stream was cut) from notebooks so diffs show only real changes,
+and give a cell added by hand the id nbformat 4.5 requires.
 
 Usage: python scripts/strip_notebook_metadata.py notebooks/*.ipynb notebooks/exercises/*.ipynb
 """
 import json
 import sys
+import uuid
 
 
 def coalesce_streams(outputs: list) -> list:
@@ -20,10 +22,15 @@ def coalesce_streams(outputs: list) -> list:
 
 
 def strip(path) -> None:
-    """Rewrite the notebook at ``path`` without its cells' execution timestamps, streams coalesced."""
+    """Rewrite the notebook at ``path`` without its cells' execution timestamps, streams coalesced,
+    every cell with an id."""
     with open(path) as f:
         nb = json.load(f)
+    taken = {cell.get("id") for cell in nb["cells"]}
     for cell in nb["cells"]:
+        if "id" not in cell:
+            cell["id"] = next(i for i in iter(lambda: uuid.uuid4().hex[:8], None) if i not in taken)
+            taken.add(cell["id"])
         cell.get("metadata", {}).pop("execution", None)
         if "outputs" in cell:
             cell["outputs"] = coalesce_streams(cell["outputs"])

@@ -63,6 +63,16 @@ def test_no_stored_output_prints_rounding_noise(path):
                        "CPUs: print a bound or a rounded magnitude (moe_tutorial.reference.error_text)")
 
 
+@pytest.mark.parametrize("path", ALL_NOTEBOOKS, ids=lambda p: p.name)
+def test_every_cell_has_its_own_id(path):
+    """nbformat 4.5 names each cell (nbval warns of a missing id; a later nbformat refuses it):
+    ``scripts/strip_notebook_metadata.py`` gives a cell added by hand one."""
+    nb = json.loads(path.read_text())
+    ids = [c.get("id") for c in nb["cells"]]
+    assert (nb["nbformat"], nb["nbformat_minor"]) >= (4, 5)
+    assert None not in ids and len(set(ids)) == len(ids), f"{path.name}: cells without an id, or ids twice"
+
+
 @pytest.mark.parametrize("notebook", lessons())
 def test_a_lesson_gives_its_stored_outputs_on_one_thread(notebook):
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
