@@ -74,9 +74,9 @@ def main(argv=None) -> int:
     stats = pstats.Stats(prof)
     by_name = {}
     for (file, _, fn), (_, calls, _, cum, _) in stats.stats.items():
-        by_name.setdefault(f"{Path(file).parent.name}/{Path(file).name}:{fn}", [0, 0.0])
-        by_name[f"{Path(file).parent.name}/{Path(file).name}:{fn}"][0] += calls
-        by_name[f"{Path(file).parent.name}/{Path(file).name}:{fn}"][1] += cum
+        totals = by_name.setdefault(f"{Path(file).parent.name}/{Path(file).name}:{fn}", [0, 0.0])
+        totals[0] += calls
+        totals[1] += cum
     tag = ("_warm_torch" if args.warm_torch else "") + ("_serial" if args.serial else "")
     print(f"{args.model} T={args.tokens}{tag}: first call {first:.2f} s, second {second * 1e3:.1f} ms; "
           f"{len(compiled)} kernels compiled")

@@ -133,11 +133,11 @@ def trainable_moe_layer(x, w13, w2, topk_weights, topk_ids, *, configs: Training
         configs = configs.checked()
     else:
         configs = weights_fit(training_configs(M, E, K, inter, topk, x.dtype), w13, w2, M, topk)
+    if precompile:
+        precompile_step(x, w13, w2, topk_weights, topk_ids, configs)
     # The ids' range is read after the forward's kernels are queued, not before (a host wait
     # there left the GPU idle while the host queued them); the alignment drops a bad id, so
     # those kernels stay in bounds, and their output is dropped with the error.
-    if precompile:
-        precompile_step(x, w13, w2, topk_weights, topk_ids, configs)
     pending = start_ids_check(topk_ids, E)
     out = SortedMoEFunction.apply(x, w13, w2, topk_weights, topk_ids, configs)
     finish_ids_check(pending)
@@ -177,7 +177,7 @@ def precompile_step(x, w13, w2, topk_weights, topk_ids, configs: TrainingConfigs
     process for each set of shapes, strides, dtypes and configs. Returns the launches the dry
     pass made (0 when it did not run)."""
     needs = tuple(t.requires_grad for t in (x, w13, w2, topk_weights))
-    if not (x.is_cuda and torch.is_grad_enabled() and any(needs)) or capturing(x):
+    if not (torch.is_grad_enabled() and any(needs)) or capturing(x):     # off a GPU, precompile does nothing
         return 0
     key = (configs, needs, x.device, *((t.shape, t.stride(), t.dtype) for t in (x, w13, w2, topk_weights, topk_ids)))
     if key in _precompiled:
