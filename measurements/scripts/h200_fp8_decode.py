@@ -12,6 +12,9 @@ call is timed twice, in one order and then the reverse, and the faster is kept; 
 two timings' difference over it. Rows go to ``$OUT/h200_fp8_decode.csv``, with the ceilings of the
 same run and the layer's FP8 floor (the weights of the routed experts read once at the measured
 read rate). ``--dry-run``: a toy shape in the interpreter (checks the script on a CPU).
+
+``--variants`` with no names leaves the decode path out; ``--table-of "NVIDIA H200"`` runs another
+GPU's tuned tiles (bf16 and FP8) on this one: what an H100 can say about the H200's table.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import sys
 import moe_tutorial as mt  # noqa: F401  (first: picks the runtime)
 from moe_tutorial import runtime
 from moe_tutorial.experiments.fp8_decode import DecodeConfig, fp8_decode_layer
+from moe_tutorial.kernels import configs
 from moe_tutorial.kernels.fp8_layer import fp8_moe_layer, layer_configs
 from moe_tutorial.perf import bench, impls
 from moe_tutorial.perf.ceilings import measure_ceilings
@@ -60,8 +64,11 @@ def main(argv=None) -> int:
     p.add_argument("--models", nargs="+", default=["DeepSeek-V3", "Qwen3-30B-A3B", "Kimi-K2"])
     p.add_argument("--M", nargs="+", type=int, default=[1, 2, 4, 8])
     p.add_argument("--variants", nargs="*", default=None, help="decode variants to time (default: all)")
+    p.add_argument("--table-of", default=None, help="a GPU name whose tuned tables to run (default: this GPU's)")
     p.add_argument("--dry-run", action="store_true")
     args = p.parse_args(argv)
+    if args.table_of:
+        configs.gpu_name = lambda: args.table_of     # what tuned_config looks up
     if args.dry_run:
         MODEL_SHAPES[TOY.name] = TOY
         args.models, args.M, args.variants = [TOY.name], [1, 2], ["decode-8x16-e4m3"]
@@ -79,7 +86,7 @@ def main(argv=None) -> int:
         w13, w2 = bench.make_weights(shape, dtype, with_w2=True)
         experts = (w13, w2, *quantize_w13(w13), *quantize_weight(w2))
         for M in args.M:
-            rows += case_rows(shape, M, experts, ceil, info, variants)
+            rows += case_rows(shape, M, experts, ceil, dict(info, tables=args.table_of or ""), variants)
             write(rows)
             if runtime.ON_GPU:
                 torch.cuda.empty_cache()
