@@ -290,3 +290,14 @@ def test_default_sweep_leaves_the_steps_out():
     plan = bench.BenchPlan([SHAPE], (1,), torch.float32)
     names = {impl for _, _, _, impl in bench.cases(plan)}
     assert "sorted" in names and not names & set(bench_impls.FIRST_STEPS + bench_impls.LAYER_STEPS)
+
+
+def test_time_both_orders_times_each_call_forward_then_in_reverse(monkeypatch):
+    """The scripts' comparisons: each call timed once in the given order and once in reverse, so that
+    the second reading of the first call comes last."""
+    seen = []
+    monkeypatch.setattr(timing, "measure_ms", lambda fn, **kw: (fn(), (len(seen) + 0.5, "stub"))[1])
+    times = timing.time_both_orders({"a": lambda: seen.append("a"), "b": lambda: seen.append("b"),
+                                     "c": lambda: seen.append("c")})
+    assert seen == ["a", "b", "c", "c", "b", "a"]
+    assert times == {"a": [1.5, 6.5], "b": [2.5, 5.5], "c": [3.5, 4.5]}

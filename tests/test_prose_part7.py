@@ -3,6 +3,7 @@ comes from: when ``moe_tutorial/data/h200_fp8_bench.csv`` changes, the stale sen
 ``scripts/update_prose.py`` rewrites them (read the words around each number afterwards)."""
 import moe_tutorial  # noqa: F401,I001  (first: picks the runtime before triton is imported)
 
+import csv
 import json
 import math
 
@@ -209,6 +210,27 @@ def test_the_gluon_section(rows):
     assert at_4096["l2_throughput"] > 0.8 > gl["l2_throughput"]
     assert 0.6 < gl["tensor_pipe_active"] < 0.72                       # "about two thirds"
     assert_says(P7, "with the tensor pipe busy about two thirds of the time")
+
+
+def test_the_later_vllm_beside_it():
+    """Section 9's note on vLLM 0.34.0 (``data/h100_vllm_fp8_anchor.csv``): geometric means, the worst
+    M, and M = 16384, each from the run's ratios of vLLM's time to the package's."""
+    from moe_tutorial.experiments import gluon_fp8
+
+    margins = gluon_fp8.vllm_margins()
+    assert set(margins) == {"DeepSeek-V3", "Qwen3-30B-A3B", "Kimi-K2"}
+    gm = [math.prod(m.values()) ** (1 / len(m)) for m in margins.values()]
+    worst = min((r, model, M) for model, m in margins.items() for M, r in m.items())
+    big = [m[16384] for m in margins.values()]
+    assert worst[0] < 1 < min(gm)                 # "faster by geometric mean, slower at some M"
+    assert_says(P7, "the package is {}x to {}x faster by geometric mean, slower at some M by up to {}x ({}, M = {}), "
+                    "and {}x to {}x faster at M = 16384,", fmt2(min(gm)), fmt2(max(gm)), fmt2(1 / worst[0]),
+                worst[1], worst[2], fmt2(min(big)), fmt2(max(big)))
+    with open(gluon_fp8.VLLM_ANCHOR) as f:
+        rows = list(csv.DictReader(f))
+    assert {r["gpu"] for r in rows} == {"NVIDIA H100 80GB HBM3"} and {r["tables"] for r in rows} == {""}
+    assert {r["vllm_file"] for r in rows} == {"vllm-0.34.0/fused_moe.py"}
+    assert_says(P7, "vLLM 0.34.0's kernel loads the weights through TMA and swaps the operands under 64 rows")
 
 
 def test_what_the_block_scales_still_cost():

@@ -138,3 +138,28 @@ def test_fp8_decode_dry_run(tmp_path, monkeypatch):
     assert {r["impl"] for r in rows} == {"bf16-sorted", "fp8-aligned", "decode-8x16-e4m3"}
     assert {r["M"] for r in rows} == {"1", "2"} or {r["M"] for r in rows} == {1, 2}
     assert all(r["rel_error"] < 1e-5 for r in rows if r["impl"] != "bf16-sorted")
+
+
+def test_vllm_anchor_reads_only_vllms_kernels_and_its_configs(tmp_path):
+    """measurements/scripts/vllm_fp8_anchor.py without vLLM: from a file that imports vLLM it takes the
+    ``@triton.jit`` functions alone (they import and run here), refuses a file without the kernel, and
+    picks vLLM's tuned entry at the nearest M, or its default rule where no file names the shape."""
+    import json
+
+    module = load_script("vllm_fp8_anchor.py")
+    src = tmp_path / "fused_moe.py"
+    src.write_text("import vllm.envs as envs\nfrom vllm.triton_utils import tl, triton\n\n\n"
+                   "@triton.jit\ndef helper(x):\n    return x + 1\n\n\n"
+                   "@triton.jit\ndef fused_moe_kernel(x_ptr, N: tl.constexpr = 4):\n"
+                   "    tl.store(x_ptr, helper(tl.load(x_ptr)))\n\n\ndef launcher():\n    return envs.X\n")
+    kernels = module.load_vllm_kernels(src)
+    assert hasattr(kernels, "fused_moe_kernel") and hasattr(kernels, "helper") and not hasattr(kernels, "launcher")
+    (tmp_path / "bad.py").write_text("def fused_moe_kernel():\n    pass\n")
+    with pytest.raises(ValueError, match="no @triton.jit fused_moe_kernel"):
+        module.load_vllm_kernels(tmp_path / "bad.py")
+    cfg, where = module.vllm_config(5, 128, 768, str(tmp_path), "NVIDIA_H200")
+    assert where == "default" and (cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["num_stages"]) == (16, 64, 3)
+    name = "E=128,N=768,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
+    (tmp_path / name).write_text(json.dumps({"1": {"BLOCK_SIZE_M": 16}, "16": {"BLOCK_SIZE_M": 64}}))
+    assert module.vllm_config(10, 128, 768, str(tmp_path), "NVIDIA_H200") == ({"BLOCK_SIZE_M": 64}, name)
+    assert module.vllm_config(5, 128, 768, str(tmp_path), "NVIDIA_H200")[0] == {"BLOCK_SIZE_M": 16}

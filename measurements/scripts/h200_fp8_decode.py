@@ -30,7 +30,7 @@ from moe_tutorial.kernels import configs
 from moe_tutorial.kernels.fp8_layer import fp8_moe_layer, layer_configs
 from moe_tutorial.perf import bench, impls
 from moe_tutorial.perf.ceilings import measure_ceilings
-from moe_tutorial.perf.timing import machine_info, measure_ms, warm_up_gpu
+from moe_tutorial.perf.timing import machine_info, time_both_orders
 from moe_tutorial.quant import quantize_w13, quantize_weight
 from moe_tutorial.reference import FP8_LAYER_TOLERANCE, reference_fp8_moe_layer, rel_error
 from moe_tutorial.shapes import MODEL_SHAPES, ModelShape
@@ -125,12 +125,7 @@ def case_rows(shape: ModelShape, M: int, experts, ceil, info: dict, variants: di
         except Exception as e:  # noqa: BLE001
             print(f"  {shape.name} M={M} {name}: {type(e).__name__}: {str(e).splitlines()[0][:120]}", flush=True)
             del calls[name]
-    if runtime.ON_GPU:
-        warm_up_gpu()
-    times = {k: [] for k in calls}
-    for order in (list(calls), list(reversed(calls))):
-        for name in order:
-            times[name].append(measure_ms(calls[name], protocol="cold-l2", max_seconds=5.0)[0])
+    times = time_both_orders(calls)
     bf16_ms = min(times["bf16-sorted"]) if "bf16-sorted" in times else float("nan")
     rows = []
     for name, ts in times.items():

@@ -4,7 +4,8 @@ what Nsight Compute saw (notebook 07).
 The rows come from ``measurements/scripts/h200_gluon_fp8.py sweep`` (``data/h200_gluon_fp8_levers.csv``:
 every variant of one case timed in forward, then in reverse order, cold-l2; ``h200_fp8_scale_cost.csv``:
 the shipped kernel against the same pipeline with one scale per tensor; ``h200_fp8_quantiser.csv``: the
-layer's first step both ways; ``h100_fp8_rescaled.csv``: the sums rescaled in place, on an H100) and
+layer's first step both ways; ``h100_fp8_rescaled.csv``: the sums rescaled in place, on an H100;
+``h100_vllm_fp8_anchor.csv``: the first GEMM beside vLLM 0.34.0's block-FP8 Triton kernel, on an H100) and
 from Nsight Compute on the ``tl`` and Gluon kernels at DeepSeek-V3, M = 16384 (``data/h200_fp8_profile.csv``,
 and ``h100_fp8_rescaled_profile.csv`` for the rescaled form).
 """
@@ -213,3 +214,17 @@ def promoted_and_rescaled(products: torch.Tensor, scales: torch.Tensor) -> tuple
         acc = acc * torch.where(zero, torch.ones_like(s), unit / s) + p
         unit = torch.where(zero, unit, s)
     return promoted, acc * unit
+
+
+#: The first GEMM beside vLLM 0.34.0's block-FP8 Triton kernel on an H100, each with the tiles it ships
+#: for that GPU (``measurements/scripts/vllm_fp8_anchor.py``; cold-l2, the faster of two orders).
+VLLM_ANCHOR = DATA / "h100_vllm_fp8_anchor.csv"
+
+
+def vllm_margins(path: Path | None = None) -> dict[str, dict[int, float]]:
+    """``{model: {M: vLLM's time / the package's}}`` from :data:`VLLM_ANCHOR` (above 1: ours faster)."""
+    out: dict[str, dict[int, float]] = {}
+    for r in _load(path or VLLM_ANCHOR, ("vllm_over_ours",)):
+        if r["impl"] == "fp8":
+            out.setdefault(r["model"], {})[r["M"]] = r["vllm_over_ours"]
+    return out

@@ -238,6 +238,20 @@ def measure_ms(fn: Callable, *, protocol: str = "cold-l2", max_seconds: float = 
         return _cold_events_ms(fn, COLD_REPLAYS, how), CAPTURE_FAILED_TIMER
 
 
+def time_both_orders(calls: dict[str, Callable], *, protocol: str = "cold-l2",
+                     max_seconds: float = 5.0) -> dict[str, list[float]]:
+    """``{name: [ms in call order, ms in reverse order]}``: the GPU warmed up, then every call of
+    ``calls`` timed by :func:`measure_ms` in the dict's order and again in reverse, so that a drift
+    of the clocks over the run favours neither; the caller keeps the faster, and the two readings'
+    difference is the noise of the comparison."""
+    warm_up_gpu()
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for order in (list(calls), list(reversed(calls))):
+        for name in order:
+            times[name].append(measure_ms(calls[name], protocol=protocol, max_seconds=max_seconds)[0])
+    return times
+
+
 def gpu_driver() -> str:
     """The NVIDIA driver version from ``nvidia-smi``, or "" where there is none."""
     try:
