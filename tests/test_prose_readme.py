@@ -217,3 +217,18 @@ def test_results_the_rescaled_form():
     sentence = f"the layer {min(layer):.2f}x to {max(layer):.2f}x faster from 256 rows an expert on all three models"
     assert sentence in " ".join(RESULTS.read_text().split()), sentence
     assert all(g["layer"] < g["layer_rescaled"] for g in gains.values() if g["rows"] < 256)     # "slower under that"
+
+
+def test_results_beside_vllm():
+    import math
+
+    from moe_tutorial.experiments import gluon_fp8
+
+    margins = gluon_fp8.vllm_margins()
+    gm = [math.prod(m.values()) ** (1 / len(m)) for m in margins.values()]
+    worst = min(r for m in margins.values() for r in m.values())
+    big = [m[16384] for m in margins.values()]
+    assert sorted({M for m in margins.values() for M in m}) == [1, 8, 64, 256, 1024, 4096, 16384]
+    sentence = (f"the package {min(gm):.2f}x to {max(gm):.2f}x faster by geometric mean over M = 1 to 16384, slower "
+                f"at some M by up to {1 / worst:.2f}x, and {min(big):.2f}x to {max(big):.2f}x faster at M = 16384")
+    assert sentence in " ".join(RESULTS.read_text().split()), sentence
