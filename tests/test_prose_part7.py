@@ -217,11 +217,9 @@ def test_the_later_vllm_beside_it():
     M, and M = 16384, each from the run's ratios of vLLM's time to the package's."""
     from moe_tutorial.experiments import gluon_fp8
 
-    margins = gluon_fp8.vllm_margins()
-    assert set(margins) == {"DeepSeek-V3", "Qwen3-30B-A3B", "Kimi-K2"}
-    gm = [math.prod(m.values()) ** (1 / len(m)) for m in margins.values()]
-    worst = min((r, model, M) for model, m in margins.items() for M, r in m.items())
-    big = [m[16384] for m in margins.values()]
+    summary = gluon_fp8.vllm_summary()
+    assert set(summary["geomeans"]) == {"DeepSeek-V3", "Qwen3-30B-A3B", "Kimi-K2"}
+    gm, worst, big = summary["geomeans"].values(), summary["worst"], summary["at_16384"].values()
     assert worst[0] < 1 < min(gm)                 # "faster by geometric mean, slower at some M"
     assert_says(P7, "the package is {}x to {}x faster by geometric mean, slower at some M by up to {}x ({}, M = {}), "
                     "and {}x to {}x faster at M = 16384,", fmt2(min(gm)), fmt2(max(gm)), fmt2(1 / worst[0]),

@@ -228,3 +228,16 @@ def vllm_margins(path: Path | None = None) -> dict[str, dict[int, float]]:
         if r["impl"] == "fp8":
             out.setdefault(r["model"], {})[r["M"]] = r["vllm_over_ours"]
     return out
+
+
+def vllm_summary(path: Path | None = None) -> dict:
+    """What the prose says of :func:`vllm_margins`: ``geomeans`` ``{model: geometric mean over M}``,
+    ``worst`` ``(margin, model, M)``, the least margin of all, ``at_16384`` ``{model: margin}``, and
+    ``sizes``, the M measured."""
+    from ..perf.traffic import geomean
+
+    margins = vllm_margins(path)
+    return {"geomeans": {m: geomean(by_m.values()) for m, by_m in margins.items()},
+            "worst": min((r, m, M) for m, by_m in margins.items() for M, r in by_m.items()),
+            "at_16384": {m: by_m[16384] for m, by_m in margins.items()},
+            "sizes": sorted({M for by_m in margins.values() for M in by_m})}
