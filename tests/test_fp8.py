@@ -151,7 +151,9 @@ def _problem(seed, M, K, N, E, topk):
 
 
 CONFIGS = [None, KernelConfig(block_m=16, block_n=32, block_k=64, group_m=2, num_stages=1, swap_ab=True),
-           KernelConfig(block_m=32, block_n=64, block_k=128, group_m=1, num_stages=1)]
+           KernelConfig(block_m=32, block_n=64, block_k=128, group_m=1, num_stages=1),
+           # 256 columns span two weight-scale blocks: one scale per column, not one per tile
+           KernelConfig(block_m=16, block_n=256, block_k=128, group_m=1, num_stages=1)]
 
 
 @pytest.mark.parametrize("seed, M, K, N, E, topk", [(0, 5, 256, 160, 4, 2), (1, 3, 200, 64, 3, 3),

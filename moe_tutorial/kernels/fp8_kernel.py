@@ -55,6 +55,14 @@ def load_fp8_weight_tile(w_ptrs, w_desc, w_row, k0, k_ok, B_TMA: tl.constexpr):
 
 
 @triton.jit
+def weight_scales(ptrs, BLOCK_N: tl.constexpr):
+    """One K step's weight-block scales for the tile's BLOCK_N columns, fp32 ``[BLOCK_N]``: ``ptrs``
+    holds one pointer per column, or a single pointer where the whole tile lies in one 128 x 128
+    block; then one scale is loaded and broadcast, not BLOCK_N copies of it."""
+    return tl.load(ptrs) + tl.zeros([BLOCK_N], dtype=tl.float32)
+
+
+@triton.jit
 def quantize_epilogue(acc, col_ok, E4M3_MAX: tl.constexpr, MIN_AMAX: tl.constexpr):
     """The gate/up GEMM's output tile, ``[rows, 128]`` fp32, as e4m3 values and one scale per row:
     the down GEMM's activations, quantised before they ever reach memory."""
@@ -98,7 +106,10 @@ def fp8_tile(
     # B as [E * rows, K] for TMA: N rows an expert, gate then up rows (2N) with the SiLU epilogue.
     b_rows_per_expert = 2 * N if EPILOGUE == "silu_and_mul" else N
     b_row = (expert * b_rows_per_expert + pid_n * BLOCK_N).to(tl.int32)   # TMA path only
-    b_scale_ptrs = b_scale_ptr + expert * stride_bse + (offs_n // 128) * stride_bsn
+    if 128 % BLOCK_N == 0:                           # the tile lies in one scale block: one pointer
+        b_scale_ptrs = b_scale_ptr + expert * stride_bse + (pid_n * BLOCK_N // 128) * stride_bsn
+    else:
+        b_scale_ptrs = b_scale_ptr + expert * stride_bse + (offs_n // 128) * stride_bsn
     up_scale_rows = tl.cdiv(N, 128)                  # the up rows' scales: after the gate rows' blocks
     B_TMA: tl.constexpr = b_desc is not None        # the launcher made a descriptor where TMA can read B
 
@@ -115,12 +126,12 @@ def fp8_tile(
         a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         a_s = tl.load(a_scale_ptrs + group * stride_ask, mask=row_ok, other=0.0)
         b = load_fp8_weight_tile(b_ptrs, b_desc, b_row, k * BLOCK_K, k_ok, B_TMA)
-        b_s = tl.load(b_scale_ptrs + group * stride_bsk)
+        b_s = weight_scales(b_scale_ptrs + group * stride_bsk, BLOCK_N)
         acc = scaled_dot(a, b, a_s, b_s, acc, SWAP_AB)
         if EPILOGUE == "silu_and_mul":
             # The up rows sit N rows after the gate rows; their scales up_scale_rows rows on.
             b_up = load_fp8_weight_tile(b_ptrs + N * stride_bn, b_desc, b_row + N, k * BLOCK_K, k_ok, B_TMA)
-            b_up_s = tl.load(b_scale_ptrs + up_scale_rows * stride_bsn + group * stride_bsk)
+            b_up_s = weight_scales(b_scale_ptrs + up_scale_rows * stride_bsn + group * stride_bsk, BLOCK_N)
             acc_up = scaled_dot(a, b_up, a_s, b_up_s, acc_up, SWAP_AB)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
@@ -189,4 +200,4 @@ def fp8_moe_kernel(
     fp8_tile(pid_m, pid_n, expert, shared, BLOCK_M, BLOCK_N, BLOCK_K, A_ROWS, C_ROWS, EPILOGUE, SWAP_AB)
 
 
-__all__ = ["scaled_dot", "load_fp8_weight_tile", "quantize_epilogue", "fp8_tile", "fp8_moe_kernel"]
+__all__ = ["scaled_dot", "load_fp8_weight_tile", "weight_scales", "quantize_epilogue", "fp8_tile", "fp8_moe_kernel"]
