@@ -3,6 +3,7 @@ package: the GPU ones run only on a lent GPU, so nothing else would notice when 
 changes under them."""
 import ast
 import importlib.util
+import itertools
 import sys
 import types
 from pathlib import Path
@@ -163,3 +164,43 @@ def test_vllm_anchor_reads_only_vllms_kernels_and_its_configs(tmp_path):
     (tmp_path / name).write_text(json.dumps({"1": {"BLOCK_SIZE_M": 16}, "16": {"BLOCK_SIZE_M": 64}}))
     assert module.vllm_config(10, 128, 768, str(tmp_path), "NVIDIA_H200") == ({"BLOCK_SIZE_M": 64}, name)
     assert module.vllm_config(5, 128, 768, str(tmp_path), "NVIDIA_H200")[0] == {"BLOCK_SIZE_M": 16}
+
+
+def test_small_m_sweep_changes_one_thing_per_candidate():
+    """measurements/scripts/fp8_small_m_sweep.py: the heuristic first; each neighbour differs from it
+    where its name says; gate/up tiles stay 128 wide (whole quantisation groups); the down GEMM keeps
+    the layer's row blocks; vLLM's rule is the anchor script's default, in our terms."""
+    from dataclasses import asdict
+
+    from moe_tutorial.kernels.configs import fp8_heuristic_config
+    from moe_tutorial.perf.tuning import problem_dims
+    from moe_tutorial.shapes import MODEL_SHAPES
+
+    module = load_script("fp8_small_m_sweep.py")
+    fields = {"n64": {"block_n"}, "n128": {"block_n"}, "s3": {"num_stages"}, "s4": {"num_stages"},
+              "swap": {"swap_ab"}, "noswap": {"swap_ab"}, "g1": {"group_m"}, "m16": {"block_m"},
+              "n128-w4": {"block_n", "num_warps"}}
+    for M, model, variant in itertools.product((1, 8, 64, 256, 1024), ("DeepSeek-V3", "Qwen3-30B-A3B"),
+                                               ("plain", "gated", "down")):
+        shape = MODEL_SHAPES[model]
+        cands = module.candidates(shape, M, variant)
+        N, K = problem_dims(shape, variant)
+        h = fp8_heuristic_config(M, shape.topk, shape.num_experts, variant, N=N, K=K, kernel="tl")
+        assert list(cands)[0] == "heuristic" and cands["heuristic"] == h
+        assert len(set(cands.values())) == len(cands)
+        for name, c in cands.items():
+            changed = {f for f, v in asdict(c).items() if v != asdict(h)[f]}
+            if name in fields:
+                assert changed == fields[name], (M, model, variant, name)
+            if name == "before":
+                assert (c.block_n, c.num_stages) == (128, 4) and changed <= {"block_n", "num_stages"}
+            if variant == "gated":
+                assert c.block_n == 128
+            if variant == "down" and name != "m16":
+                assert c.block_m == h.block_m
+        vllm, _ = module.vllm_config(M, shape.num_experts, shape.intermediate, None, "")
+        rule = module.vllm_rule(M, shape.num_experts, shape.intermediate, variant == "gated")
+        assert (rule.block_m, rule.block_k, rule.group_m, rule.num_warps, rule.num_stages) == (
+            vllm["BLOCK_SIZE_M"], vllm["BLOCK_SIZE_K"], vllm["GROUP_SIZE_M"], vllm["num_warps"], vllm["num_stages"])
+        assert rule.block_n == (128 if variant == "gated" else vllm["BLOCK_SIZE_N"])
+        assert rule.swap_ab == (rule.block_m < 64) and rule.use_tma

@@ -202,6 +202,28 @@ def test_search_keeps_only_correct_candidates_and_saves_the_fastest(pretend_gpu,
     assert "gain" in tuning.results_table(results)
 
 
+@pytest.mark.skipif(runtime.ON_GPU, reason="exercises the comparison in the interpreter")
+def test_compare_configs_checks_each_against_the_first_then_times_them_both_ways(monkeypatch):
+    """Named configurations side by side (measurements/scripts/fp8_small_m_sweep.py): a candidate
+    that computes something else is not timed (inf), every other one gets two readings."""
+    from moe_tutorial.perf import bench
+
+    first = KernelConfig(block_m=16, block_n=32, block_k=32)
+    other = KernelConfig(block_m=16, block_n=16, block_k=32)
+    wrong = KernelConfig(block_m=16, block_n=32, block_k=64)
+    real_run = tuning._Problem.run_checked
+    monkeypatch.setattr(tuning._Problem, "run_checked",
+                        lambda self, c: real_run(self, c) * (1.5 if c == wrong else 1.0))
+    w13, w2 = bench.make_weights(TINY, torch.float32, with_w2=True)
+    logs = []
+    times = tuning.compare_configs(TINY, "down", 4, torch.float32, {"first": first, "other": other, "wrong": wrong},
+                                   w13, w2, max_seconds=5.0, log=logs.append)
+    assert list(times) == ["first", "other", "wrong"]
+    assert all(len(times[n]) == 2 and all(0 < t < float("inf") for t in times[n]) for n in ("first", "other"))
+    assert times["wrong"] == [float("inf")] * 2
+    assert any("differs" in line for line in logs)
+
+
 def test_stage_one_compares_tiles_with_the_heuristics_weight_path():
     """Large M: the heuristic loads weights through TMA, so every stage-1 tile does too
     (where the space offers it); at decode without TMA in the space, none does."""

@@ -324,11 +324,12 @@ def fp8_heuristic_config(M: int, topk: int, E: int, variant: str = "plain", *, N
     """An untuned choice for Part 7's FP8 GEMMs on a GPU: ``kernel`` "tl" (:mod:`.fp8_kernel`'s
     kernel), "gluon" (:mod:`.gluon_fp8_kernel`'s) or None (Gluon where it ran faster, on Hopper).
 
-    K steps are 128 wide (one scale group each). BLOCK_N is 128: the gate/up GEMM quantises its
-    output per 128 columns in the epilogue, so its tiles must hold whole groups. For the ``tl``
+    K steps are 128 wide (one scale group each). BLOCK_N is 128 for the gate/up GEMM: it quantises
+    its output per 128 columns in the epilogue, so its tiles must hold whole groups. For the ``tl``
     kernel, row blocks follow the bf16 heuristic (about twice an expert's rows); under 64 rows the
-    operands are swapped, so the weights' 128 rows fill the tensor cores' 64-row tile instead of 16
-    tokens. The Gluon kernel takes the configurations above once an expert has enough rows
+    operands are swapped, so the weights' rows fill the tensor cores' 64-row tile instead of 16
+    tokens, and up to 16 rows an expert the other GEMMs take 64-wide tiles (3 stages where ``K``,
+    given, is 4096 or more). The Gluon kernel takes the configurations above once an expert has enough rows
     (:data:`GLUON_MIN_ROWS`); the down GEMM follows the gate/up GEMM's choice (the layer's). From
     :data:`GLUON_RESCALED_ROWS` the layer rescales its sums in place, and so does the plain GEMM where
     one wave's weights fit the L2 (``K`` given, :func:`wave_weight_bytes`).
@@ -343,11 +344,14 @@ def fp8_heuristic_config(M: int, topk: int, E: int, variant: str = "plain", *, N
         if rows_per_expert >= GLUON_RESCALED_ROWS:
             return GLUON_RESCALED if variant == "gated" else GLUON_RESCALED_WIDE
         return GLUON_FUSED_UP if variant == "gated" else GLUON_FUSED_DOWN
-    if rows_per_expert <= 4:
-        cfg = KernelConfig(block_m=16, block_n=128, block_k=128, num_warps=4, num_stages=4, use_tma=True,
-                           short_tails=False, swap_ab=True)
-    elif rows_per_expert <= 16:
-        cfg = KernelConfig(block_m=32, block_n=128, block_k=128, num_warps=4, num_stages=4, use_tma=True,
+    if rows_per_expert <= 16:
+        # Without the quantising epilogue a tile may be 64 wide: twice the programs over the few
+        # weight rows a decode step reads, and over a long K (the hidden size of DeepSeek-V3 or
+        # Kimi-K2) 3 stages, so more programs fit an SM (measured on an H100:
+        # measurements/scripts/fp8_small_m_sweep.py).
+        long_k = K is not None and K >= 4096
+        cfg = KernelConfig(block_m=16 if rows_per_expert <= 4 else 32, block_n=128 if gated else 64, block_k=128,
+                           num_warps=4, num_stages=3 if long_k and not gated else 4, use_tma=True,
                            short_tails=False, swap_ab=True)
     elif rows_per_expert < 64:
         cfg = KernelConfig(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=4, use_tma=True,

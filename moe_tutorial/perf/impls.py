@@ -450,14 +450,14 @@ def first_fp8(inp: Inputs, config=None, kernel: str | None = None) -> Prepared:
 FP8_STEPS = ("fp8-step0", "fp8+swap", "fp8+tma")
 
 
-def step_config(step: str, M: int, topk: int, E: int, N: int):
+def step_config(step: str, M: int, topk: int, E: int, N: int, K: int | None = None):
     """The ``tl`` kernel's configuration for ``step``: the tl heuristic's (never the Gluon kernel's,
     which the plain heuristic takes for large experts on Hopper), less what later steps add."""
     from dataclasses import replace
 
     from ..kernels.configs import fp8_heuristic_config
 
-    config = fp8_heuristic_config(M, topk, E, "plain", N=N, kernel="tl")
+    config = fp8_heuristic_config(M, topk, E, "plain", N=N, K=K, kernel="tl")
     return replace(config, swap_ab=config.swap_ab and step != "fp8-step0", use_tma=step == "fp8+tma")
 
 
@@ -468,7 +468,7 @@ def first_fp8_step(step: str):
 
     def prepare(inp: Inputs) -> Prepared:
         s = inp.shape
-        config = step_config(step, inp.M, s.topk, s.num_experts, 2 * s.intermediate)
+        config = step_config(step, inp.M, s.topk, s.num_experts, 2 * s.intermediate, s.hidden)
         return first_fp8(inp, config=config)
     return prepare
 

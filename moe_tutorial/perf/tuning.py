@@ -36,7 +36,7 @@ from ..reference import rel_error
 from ..shapes import ModelShape
 from .bench import free_device_memory, make_inputs, make_weights, rotations
 from .report import format_table
-from .timing import cycle, measure_ms
+from .timing import cycle, measure_ms, time_both_orders
 from .traffic import experts_touched
 
 VARIANTS = ("plain", "gated", "down")
@@ -298,6 +298,45 @@ class _Problem:
         return out[self.rows].clone()
 
 
+def check_against(problem: _Problem, config: KernelConfig, expected: torch.Tensor,
+                  log: Callable[[str], None] = print) -> bool:
+    """Run ``config`` once (it compiles) and compare its sampled rows with ``expected``: True if they
+    match (relative error < 1e-2); False, with the reason logged, if it fails to compile or launch
+    (out of shared memory, say) or computes something else."""
+    try:
+        err = rel_error(problem.run_checked(config), expected)
+        if not err < 1e-2:
+            raise ValueError(f"differs from the heuristic configuration's result (rel. error {err:.1e})")
+        return True
+    except Exception as e:  # noqa: BLE001  (out of shared memory, compile errors, wrong results)
+        first_line = str(e).strip().splitlines()[0][:120] if str(e).strip() else ""
+        log(f"    rejected {config}: {type(e).__name__}: {first_line}")
+        if runtime.ON_GPU:
+            torch.cuda.synchronize()
+        return False
+
+
+def compare_configs(shape: ModelShape, variant: str, M: int, dtype: torch.dtype, candidates: dict[str, KernelConfig],
+                    w13: torch.Tensor, w2: torch.Tensor | None, *, seed: int = 0, max_seconds: float = 1.0,
+                    log: Callable[[str], None] = print) -> dict[str, list[float]]:
+    """Named configurations of one (variant, M) problem side by side, as the tuner sees them.
+
+    The first candidate is the reference: each other one must match its output (as the tuner
+    checks a candidate against the heuristic). Then all that pass are timed by
+    :func:`timing.time_both_orders` (cold-l2, rotated routings); returns ``{name: [ms, ms reversed]}``,
+    ``[inf, inf]`` for a candidate that failed its check. ``w13`` ``[E, 2 * inter, hidden]`` and
+    ``w2`` ``[E, hidden, inter]`` (None unless ``variant`` is "down") in bf16 for FP8 problems, as
+    :func:`tune` makes them.
+    """
+    problem = _Problem(shape, variant, M, dtype, w13, w2, seed=seed)
+    names = list(candidates)
+    expected = problem.run_checked(candidates[names[0]])
+    passed = {name: cycle(problem.calls(candidates[name])) for name in names
+              if name == names[0] or check_against(problem, candidates[name], expected, log)}
+    times = time_both_orders(passed, max_seconds=max_seconds)
+    return {name: times.get(name, [math.inf, math.inf]) for name in names}
+
+
 def tune_problem(problem: _Problem, dtype: torch.dtype, deadline: float, *,
                  measure: Callable | None = None, log: Callable[[str], None] = print) -> TuneResult:
     """Search one problem until ``deadline`` (``time.monotonic()``); the heuristic is always timed."""
@@ -310,7 +349,8 @@ def tune_problem(problem: _Problem, dtype: torch.dtype, deadline: float, *,
         # The layer's two GEMMs stay on the tl kernel here: the layer's Gluon form is chosen on the
         # whole layer (measurements/scripts/h200_gluon_fp8.py), since its gate/up GEMM and down GEMM go together.
         plain = problem.variant == "plain"
-        heuristic = fp8_heuristic_config(M, topk, E, problem.variant, N=problem.N, kernel=None if plain else "tl")
+        heuristic = fp8_heuristic_config(M, topk, E, problem.variant, N=problem.N, K=problem.K,
+                                         kernel=None if plain else "tl")
         space = fp8_config_space(M, E, problem.N, problem.K, topk, gated=gated, tma=tma_available(),
                                  gluon=plain and configs.gluon_fp8_available())
     else:
@@ -326,18 +366,11 @@ def tune_problem(problem: _Problem, dtype: torch.dtype, deadline: float, *,
         nonlocal failed
         if config in results or time.monotonic() > deadline:
             return
-        try:
-            err = rel_error(problem.run_checked(config), expected)
-            if not err < 1e-2:
-                raise ValueError(f"differs from the heuristic configuration's result (rel. error {err:.1e})")
+        if check_against(problem, config, expected, log):
             results[config] = measure(cycle(problem.calls(config)))
-        except Exception as e:  # noqa: BLE001  (out of shared memory, compile errors, wrong results)
+        else:
             failed += 1
             results[config] = math.inf
-            first_line = str(e).strip().splitlines()[0][:120] if str(e).strip() else ""
-            log(f"    rejected {config}: {type(e).__name__}: {first_line}")
-            if runtime.ON_GPU:
-                torch.cuda.synchronize()
 
     for config in tile_candidates(space, heuristic):
         attempt(config)
