@@ -386,3 +386,27 @@ def test_the_fp8_kernel_refuses_the_persistent_grid():
     xq, xs = quantize_rows(x)
     with pytest.raises(ValueError, match=r"^config\.persistent: the FP8 kernel has no persistent grid"):
         fp8_moe_matmul(xq, xs, w13q, w13s, ids, config=walk)
+
+
+@pytest.mark.parametrize("model, M", [(m, M) for m in ("DeepSeek-V3", "Qwen3-30B-A3B", "Kimi-K2", "Mixtral-8x7B")
+                                      for M in (1, 8, 64, 256) if (m, M) != ("Mixtral-8x7B", 256)])
+def test_the_untuned_small_m_tiles_as_the_h100_sweeps_chose_them(model, M):
+    """``fp8_heuristic_config`` up to 16 rows an expert (measurements/gpu-notes.md, twenty-third
+    session): swapped 16- or 32-row tiles; the gate/up GEMM 128 wide (its epilogue quantises whole
+    groups), the others 64 wide with 3 stages over a K of 4096 or more; each one the kernel accepts."""
+    from moe_tutorial.kernels.configs import check_fp8_config, fp8_heuristic_config
+    from moe_tutorial.perf.tuning import problem_dims
+    from moe_tutorial.shapes import get_shape
+
+    s = get_shape(model)
+    rows = M * s.topk // s.num_experts
+    assert rows <= 16                 # Mixtral-8x7B at M = 256 has 64: past this branch
+    for variant in ("plain", "gated", "down"):
+        N, K = problem_dims(s, variant)
+        c = fp8_heuristic_config(M, s.topk, s.num_experts, variant, N=N, K=K, kernel="tl")
+        check_fp8_config(c, quant_out=variant == "gated")
+        assert c.swap_ab and c.use_tma and c.block_m == (16 if max(rows, 1) <= 4 else 32)
+        assert c.block_n == (128 if variant == "gated" else 64)
+        assert c.num_stages == (3 if variant != "gated" and K >= 4096 else 4), (variant, K)
+    # without K (a caller that does not know it) the deeper pipeline stays
+    assert fp8_heuristic_config(M, s.topk, s.num_experts, "plain", kernel="tl").num_stages == 4
