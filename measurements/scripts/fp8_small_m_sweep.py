@@ -59,7 +59,8 @@ def candidates(shape: ModelShape, M: int, variant: str) -> dict[str, KernelConfi
     gated = variant == "gated"
     out = {"heuristic": h}
     if not gated and h.block_m < 64:
-        out["n128" if h.block_n == 64 else "n64"] = replace(h, block_n=192 - h.block_n)
+        other_n = 128 if h.block_n == 64 else 64
+        out[f"n{other_n}"] = replace(h, block_n=other_n)
         # the heuristic of 94c61f2, before this script's sweeps: 128 wide, 4 stages
         out["before"] = replace(h, block_n=128, num_stages=4)
     out["s4" if h.num_stages == 3 else "s3"] = replace(h, num_stages=4 if h.num_stages == 3 else 3)
@@ -73,10 +74,9 @@ def candidates(shape: ModelShape, M: int, variant: str) -> dict[str, KernelConfi
     vllm = vllm_rule(M, E, inter, gated)
     if variant != "down" or vllm.block_m == h.block_m:     # the down GEMM keeps the layer's row blocks
         out["vllm-rule"] = vllm
-    seen, unique = set(), {}
+    unique = {}
     for name, c in out.items():
-        if c not in seen:
-            seen.add(c)
+        if c not in unique.values():
             unique[name] = c
     return unique
 
