@@ -231,6 +231,22 @@ def test_the_later_vllm_beside_it():
     assert_says(P7, "vLLM 0.34.0's kernel loads the weights through TMA and swaps the operands under 64 rows")
 
 
+def test_how_far_ahead_of_vllm_any_kernel_could_be():
+    """Section 9's bound: up to M = 1024 vLLM's time over the FP8 floor caps any kernel's margin."""
+    from moe_tutorial.experiments import gluon_fp8
+
+    bound = gluon_fp8.vllm_ceiling()
+    reached = [f for by_m in bound["reached"].values() for f in by_m.values()]
+    ceilings = bound["ceiling"].values()
+    assert all(0 < f <= 1 for f in reached)                       # no kernel beats its floor
+    margins = gluon_fp8.vllm_summary()["geomeans"]
+    assert all(bound["ceiling"][m] > margins[m] for m in margins)   # the bound lies above what ran
+    assert_says(P7, "Up to M = 1024 both kernels wait on the weights they read, and vLLM's already reaches "
+                    "{:.2f} to {:.2f} of the FP8 floor of the same run", min(reached), max(reached))
+    assert_says(P7, "would be only {}x to {}x faster by geometric mean.", fmt2(min(ceilings)), fmt2(max(ceilings)))
+    assert max(ceilings) < 1.15                                     # "little left to win"
+
+
 def test_what_the_block_scales_still_cost():
     """Appendix A's last section: the same pipeline with one scale per tensor, from
     ``data/h200_fp8_scale_cost.csv`` (one run, the shipped kernel beside it)."""

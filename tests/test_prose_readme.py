@@ -228,3 +228,10 @@ def test_results_beside_vllm():
     sentence = (f"the package {min(gm):.2f}x to {max(gm):.2f}x faster by geometric mean over M = 1 to 16384, slower "
                 f"at some M by up to {1 / worst:.2f}x, and {min(big):.2f}x to {max(big):.2f}x faster at M = 16384")
     assert sentence in " ".join(RESULTS.read_text().split()), sentence
+    bound = gluon_fp8.vllm_ceiling()
+    reached = [f for by_m in bound["reached"].values() for f in by_m.values()]
+    ceilings = bound["ceiling"].values()
+    sentence = (f"Up to M = 1024 vLLM's kernel reaches {min(reached):.2f} to {max(reached):.2f} of the FP8 floor "
+                f"of the same run, so a kernel at that floor there (and as fast as the package's above) would be "
+                f"at most {min(ceilings):.2f}x to {max(ceilings):.2f}x faster by geometric mean.")
+    assert sentence in " ".join(RESULTS.read_text().split()), sentence

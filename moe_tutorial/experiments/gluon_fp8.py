@@ -241,3 +241,31 @@ def vllm_summary(path: Path | None = None) -> dict:
             "worst": min((r, m, M) for m, by_m in margins.items() for M, r in by_m.items()),
             "at_16384": {m: by_m[16384] for m, by_m in margins.items()},
             "sizes": sorted({M for by_m in margins.values() for M in by_m})}
+
+
+def vllm_ceiling(path: Path | None = None, up_to: int = 1024) -> dict:
+    """How far ahead of vLLM any kernel could be where both read every weight (M <= ``up_to``).
+
+    A GEMM cannot beat its floor (``floor_ms``: the slower of reading its bytes at the measured HBM
+    rate and its multiplies at the measured FP8 rate, from the same run as :data:`VLLM_ANCHOR`). So
+    vLLM's time over the floor bounds the margin of a kernel that reached the floor exactly.
+
+    Returns:
+        ``reached`` ``{model: {M: floor / vLLM's time}}`` (the share of the floor vLLM's kernel
+        reaches) for M <= ``up_to``; ``ceiling`` ``{model: geometric mean over every M of the margin
+        if ours ran at the floor up to ``up_to`` and as measured above it}``.
+    """
+    from ..perf.traffic import geomean
+
+    reached: dict[str, dict[int, float]] = {}
+    bound: dict[str, dict[int, float]] = {}
+    for r in _load(path or VLLM_ANCHOR, ("ms", "floor_ms", "vllm_over_ours")):
+        if r["impl"] != "vllm-fp8":
+            continue
+        model, M = r["model"], r["M"]
+        if M <= up_to:
+            reached.setdefault(model, {})[M] = r["floor_ms"] / r["ms"]
+            bound.setdefault(model, {})[M] = r["ms"] / r["floor_ms"]
+        else:
+            bound.setdefault(model, {})[M] = r["vllm_over_ours"]
+    return {"reached": reached, "ceiling": {m: geomean(by_m.values()) for m, by_m in bound.items()}}
