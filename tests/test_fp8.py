@@ -410,3 +410,26 @@ def test_the_untuned_small_m_tiles_as_the_h100_sweeps_chose_them(model, M):
         assert c.num_stages == (3 if variant != "gated" and K >= 4096 else 4), (variant, K)
     # without K (a caller that does not know it) the deeper pipeline stays
     assert fp8_heuristic_config(M, s.topk, s.num_experts, "plain", kernel="tl").num_stages == 4
+
+
+@pytest.mark.parametrize("model, M", [("Qwen3-30B-A3B", 1024), ("DeepSeek-V3", 2048), ("Kimi-K2", 4096),
+                                      ("Mixtral-8x7B", 256)])
+def test_the_untuned_tiles_from_64_rows_an_expert(model, M):
+    """``fp8_heuristic_config`` from 64 rows an expert (measurements/gpu-notes.md, twenty-fourth
+    session): 64-row tiles; 256 wide at 8 warps over a K of 4096 or more, else (and for the gate/up
+    GEMM) 128 wide at 4 warps; each one the kernel accepts."""
+    from moe_tutorial.kernels.configs import check_fp8_config, fp8_heuristic_config
+    from moe_tutorial.perf.tuning import problem_dims
+    from moe_tutorial.shapes import get_shape
+
+    s = get_shape(model)
+    assert 64 <= M * s.topk // s.num_experts < 128            # this branch, and the tl kernel's rows
+    for variant in ("plain", "gated", "down"):
+        N, K = problem_dims(s, variant)
+        c = fp8_heuristic_config(M, s.topk, s.num_experts, variant, N=N, K=K, kernel="tl")
+        check_fp8_config(c, quant_out=variant == "gated")
+        wide = variant != "gated" and K >= 4096
+        assert (c.block_m, c.block_n, c.num_warps, c.swap_ab) == (64, 256 if wide else 128, 8 if wide else 4, False), (
+            variant, K)
+    # without K the wide tile stays, as before the sweep
+    assert fp8_heuristic_config(M, s.topk, s.num_experts, "plain", kernel="tl").block_n == 256

@@ -179,8 +179,9 @@ def test_small_m_sweep_changes_one_thing_per_candidate():
     module = load_script("fp8_small_m_sweep.py")
     fields = {"n64": {"block_n"}, "n128": {"block_n"}, "s3": {"num_stages"}, "s4": {"num_stages"},
               "swap": {"swap_ab"}, "noswap": {"swap_ab"}, "g1": {"group_m"}, "m16": {"block_m"},
-              "n128-w4": {"block_n", "num_warps"}}
-    for M, model, variant in itertools.product((1, 8, 64, 256, 1024), ("DeepSeek-V3", "Qwen3-30B-A3B"),
+              "n128-w4": {"block_n", "num_warps"}, "n256-w8": {"block_n", "num_warps"}}
+    seen = set()
+    for M, model, variant in itertools.product((1, 8, 64, 256, 1024, 2048), ("DeepSeek-V3", "Qwen3-30B-A3B"),
                                                ("plain", "gated", "down")):
         shape = MODEL_SHAPES[model]
         cands = module.candidates(shape, M, variant)
@@ -188,6 +189,7 @@ def test_small_m_sweep_changes_one_thing_per_candidate():
         h = fp8_heuristic_config(M, shape.topk, shape.num_experts, variant, N=N, K=K, kernel="tl")
         assert list(cands)[0] == "heuristic" and cands["heuristic"] == h
         assert len(set(cands.values())) == len(cands)
+        seen |= set(cands)
         for name, c in cands.items():
             changed = {f for f, v in asdict(c).items() if v != asdict(h)[f]}
             if name in fields:
@@ -204,3 +206,4 @@ def test_small_m_sweep_changes_one_thing_per_candidate():
             vllm["BLOCK_SIZE_M"], vllm["BLOCK_SIZE_K"], vllm["GROUP_SIZE_M"], vllm["num_warps"], vllm["num_stages"])
         assert rule.block_n == (128 if variant == "gated" else vllm["BLOCK_SIZE_N"])
         assert rule.swap_ab == (rule.block_m < 64) and rule.use_tma
+    assert {"n128-w4", "n256-w8"} <= seen       # the two widths from 64 rows an expert, each beside the other

@@ -4,16 +4,16 @@
         [--M 1 8 64 256 1024] [--variants plain gated down]
 
 A GPU without a tuned table for Part 7 (an H100, say) runs ``fp8_heuristic_config``. vLLM 0.34.0's
-block-FP8 kernel, with its own default rule, came out ahead of it by 2-5% at a few small M on an
-H100 (``moe_tutorial/data/h100_vllm_fp8_anchor.csv``). For each model, GEMM ("plain": the first
-GEMM; "gated": the layer's gate/up GEMM with its quantising epilogue; "down") and M, this script
-times the heuristic's ``tl`` configuration beside the same configuration with one change (the other
-of 64 and 128 columns, of 3 and 4 stages, the operands swapped or not, GROUP_M 1, 16-row tiles, a
-128-wide tile at 4 warps), the heuristic as it was before these sweeps (``before``: 128 columns,
-4 stages), and vLLM's default rule written as our configuration. Every candidate must match the
-heuristic's output first (``tuning.compare_configs``: the tuner's check), then all are timed
-cold-l2 in one order and the reverse. Rows go to ``$OUT/fp8_small_m_sweep.csv``: the least of the
-two timings and its ratio to the heuristic's.
+block-FP8 kernel, with its own default rule, came out ahead of it by 2-5% at a few M on an H100
+(measurements/gpu-notes.md, twenty-second session). For each model, GEMM ("plain": the first GEMM;
+"gated": the layer's gate/up GEMM with its quantising epilogue; "down") and M, this script times the
+heuristic's ``tl`` configuration beside the same configuration with one change (the other of 64 and
+128 columns, of 3 and 4 stages, the operands swapped or not, GROUP_M 1, 16-row tiles, the other of
+a 128-wide tile at 4 warps and a 256-wide one at 8), the heuristic as it was before these sweeps
+(``before``: 128 columns, 4 stages), and vLLM's default rule written as our configuration. Every
+candidate must match the heuristic's output first (``tuning.compare_configs``: the tuner's check),
+then all are timed cold-l2 in one order and the reverse. Rows go to ``$OUT/fp8_small_m_sweep.csv``:
+the least of the two timings and its ratio to the heuristic's.
 """
 from __future__ import annotations
 
@@ -71,6 +71,8 @@ def candidates(shape: ModelShape, M: int, variant: str) -> dict[str, KernelConfi
         out["m16"] = replace(h, block_m=16)
     if h.block_n == 256:
         out["n128-w4"] = replace(h, block_n=128, num_warps=4)
+    elif h.block_m == 64 and not gated:
+        out["n256-w8"] = replace(h, block_n=256, num_warps=8)    # the tile of 50d12f0 from 64 rows
     vllm = vllm_rule(M, E, inter, gated)
     if variant != "down" or vllm.block_m == h.block_m:     # the down GEMM keeps the layer's row blocks
         out["vllm-rule"] = vllm

@@ -329,8 +329,10 @@ def fp8_heuristic_config(M: int, topk: int, E: int, variant: str = "plain", *, N
     kernel, row blocks follow the bf16 heuristic (about twice an expert's rows); under 64 rows the
     operands are swapped, so the weights' rows fill the tensor cores' 64-row tile instead of 16
     tokens, and up to 16 rows an expert the other GEMMs take 64-wide tiles (3 stages where ``K``,
-    given, is 4096 or more). The Gluon kernel takes the configurations above once an expert has enough rows
-    (:data:`GLUON_MIN_ROWS`); the down GEMM follows the gate/up GEMM's choice (the layer's). From
+    given, is 4096 or more). From 64 rows an expert they take 256-wide tiles at 8 warps, unless ``K``
+    is given and under 4096 (then 128 wide at 4 warps). The Gluon kernel takes the configurations
+    above once an expert has enough rows (:data:`GLUON_MIN_ROWS`); the down GEMM follows the gate/up
+    GEMM's choice (the layer's). From
     :data:`GLUON_RESCALED_ROWS` the layer rescales its sums in place, and so does the plain GEMM where
     one wave's weights fit the L2 (``K`` given, :func:`wave_weight_bytes`).
     """
@@ -358,8 +360,11 @@ def fp8_heuristic_config(M: int, topk: int, E: int, variant: str = "plain", *, N
                            short_tails=False)
     else:
         # 64-row tiles, as the tuner chose on all three FP8 models at M >= 1024 (H200); gated
-        # 128x128 tiles keep three fp32 tiles live per K step and spill (6x slower).
-        cfg = KernelConfig(block_m=64, block_n=128 if gated else 256, block_k=128, num_warps=4 if gated else 8,
+        # 128x128 tiles keep three fp32 tiles live per K step and spill (6x slower). Over a K under
+        # 4096 (Qwen3-30B-A3B's GEMMs, the down GEMMs) 128-wide tiles at 4 warps beat 256-wide ones
+        # at 8 on an H100 (measurements/scripts/fp8_small_m_sweep.py).
+        wide = not gated and (K is None or K >= 4096)
+        cfg = KernelConfig(block_m=64, block_n=256 if wide else 128, block_k=128, num_warps=8 if wide else 4,
                            num_stages=4, use_tma=True, short_tails=False)
     return cfg
 
