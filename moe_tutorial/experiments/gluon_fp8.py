@@ -244,7 +244,7 @@ def vllm_summary(path: Path | None = None) -> dict:
 
 
 def vllm_ceiling(path: Path | None = None, up_to: int = 1024) -> dict:
-    """How far ahead of vLLM any kernel could be where both read every weight (M <= ``up_to``).
+    """How far ahead of vLLM any kernel could be where both wait on the weights (M <= ``up_to``).
 
     A GEMM cannot beat its floor (``floor_ms``: the slower of reading its bytes at the measured HBM
     rate and its multiplies at the measured FP8 rate, from the same run as :data:`VLLM_ANCHOR`). So
