@@ -222,9 +222,7 @@ def test_the_later_vllm_beside_it():
     gm, worst, big = summary["geomeans"].values(), summary["worst"], summary["at_16384"].values()
     with open(gluon_fp8.VLLM_ANCHOR) as f:
         rows = list(csv.DictReader(f))
-    # the worst case's spread: the larger gap between one order's timing and the reverse's, of the two kernels
-    spread = max(abs(float(r["ms_forward"]) - float(r["ms_reverse"])) / float(r["ms"]) for r in rows
-                 if (r["model"], int(r["M"])) == worst[1:])
+    spread = summary["worst_spread"]
     assert 0 < 1 - worst[0] < spread and 1 < min(gm)     # "behind at no M by more than ..., inside ..."
     assert_says(P7, "the package is {}x to {}x faster by geometric mean, behind at no M by more than {:.1%} ({}, "
                     "M = {}, inside the {:.1%} between its two timing orders), and {}x to {}x faster at M = 16384,",
@@ -237,12 +235,13 @@ def test_the_later_vllm_beside_it():
 def test_how_far_ahead_of_vllm_any_kernel_could_be():
     """Section 9's bound: up to M = 1024 vLLM's time over the FP8 floor caps any kernel's margin."""
     from moe_tutorial.experiments import gluon_fp8
+    from moe_tutorial.perf.traffic import first_gemm_flops
 
     bound = gluon_fp8.vllm_ceiling()
     with open(gluon_fp8.VLLM_ANCHOR) as f:
         small = [r for r in csv.DictReader(f) if int(r["M"]) <= 1024]
     for r in small:                                # "wait on the weights": the multiplies take less time
-        flops = 2 * int(r["M"]) * int(r["topk"]) * int(r["N"]) * int(r["K"])
+        flops = first_gemm_flops(int(r["M"]), int(r["N"]), int(r["K"]), int(r["topk"]))
         assert flops / (float(r["fp8_tflops"]) * 1e9) < float(r["floor_ms"]) / 2, (r["model"], r["M"])
     reached = [f for by_m in bound["reached"].values() for f in by_m.values()]
     ceilings = bound["ceiling"].values()

@@ -225,6 +225,7 @@ def test_results_beside_vllm():
     summary = gluon_fp8.vllm_summary()
     gm, worst, big = summary["geomeans"].values(), summary["worst"][0], summary["at_16384"].values()
     assert summary["sizes"] == [1, 8, 64, 256, 1024, 4096, 16384]
+    assert 1 - worst < summary["worst_spread"]              # "inside that case's timing spread"
     sentence = (f"the package {min(gm):.2f}x to {max(gm):.2f}x faster by geometric mean over M = 1 to 16384, behind "
                 f"at no M by more than {1 - worst:.1%} (inside that case's timing spread), and {min(big):.2f}x to "
                 f"{max(big):.2f}x faster at M = 16384")

@@ -232,13 +232,17 @@ def vllm_margins(path: Path | None = None) -> dict[str, dict[int, float]]:
 
 def vllm_summary(path: Path | None = None) -> dict:
     """What the prose says of :func:`vllm_margins`: ``geomeans`` ``{model: geometric mean over M}``,
-    ``worst`` ``(margin, model, M)``, the least margin of all, ``at_16384`` ``{model: margin}``, and
-    ``sizes``, the M measured."""
+    ``worst`` ``(margin, model, M)``, the least margin of all, ``worst_spread`` the timing spread of
+    that case (the larger of the two kernels' gaps between one order's time and the reverse's, over
+    the least), ``at_16384`` ``{model: margin}``, and ``sizes``, the M measured."""
     from ..perf.traffic import geomean
 
     margins = vllm_margins(path)
+    worst = min((r, m, M) for m, by_m in margins.items() for M, r in by_m.items())
+    rows = _load(path or VLLM_ANCHOR, ("ms", "ms_forward", "ms_reverse"))
+    spread = max(abs(r["ms_forward"] - r["ms_reverse"]) / r["ms"] for r in rows if (r["model"], r["M"]) == worst[1:])
     return {"geomeans": {m: geomean(by_m.values()) for m, by_m in margins.items()},
-            "worst": min((r, m, M) for m, by_m in margins.items() for M, r in by_m.items()),
+            "worst": worst, "worst_spread": spread,
             "at_16384": {m: by_m[16384] for m, by_m in margins.items()},
             "sizes": sorted({M for by_m in margins.values() for M in by_m})}
 
@@ -258,14 +262,9 @@ def vllm_ceiling(path: Path | None = None, up_to: int = 1024) -> dict:
     from ..perf.traffic import geomean
 
     reached: dict[str, dict[int, float]] = {}
-    bound: dict[str, dict[int, float]] = {}
-    for r in _load(path or VLLM_ANCHOR, ("ms", "floor_ms", "vllm_over_ours")):
-        if r["impl"] != "vllm-fp8":
-            continue
-        model, M = r["model"], r["M"]
-        if M <= up_to:
-            reached.setdefault(model, {})[M] = r["floor_ms"] / r["ms"]
-            bound.setdefault(model, {})[M] = r["ms"] / r["floor_ms"]
-        else:
-            bound.setdefault(model, {})[M] = r["vllm_over_ours"]
+    for r in _load(path or VLLM_ANCHOR, ("ms", "floor_ms")):
+        if r["impl"] == "vllm-fp8" and r["M"] <= up_to:
+            reached.setdefault(r["model"], {})[r["M"]] = r["floor_ms"] / r["ms"]
+    bound = {m: {M: 1 / reached[m][M] if M <= up_to else margin for M, margin in by_m.items()}
+             for m, by_m in vllm_margins(path).items()}
     return {"reached": reached, "ceiling": {m: geomean(by_m.values()) for m, by_m in bound.items()}}

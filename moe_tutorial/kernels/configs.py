@@ -296,6 +296,10 @@ GLUON_RESCALED_WIDE = replace(GLUON_RESCALED, block_n=256)
 #: there on all three FP8 models on an H100, and lost under 256 rows to the fused 64-row form).
 GLUON_MIN_ROWS = {"plain": 128, "gated": 32}
 GLUON_RESCALED_ROWS = 256
+#: Where the ``tl`` kernel's untuned tiles count K as long (DeepSeek-V3's and Kimi-K2's hidden size;
+#: Qwen3-30B-A3B's GEMMs and every down GEMM here are shorter): 3 stages up to 16 rows an expert,
+#: 256-wide tiles from 64 (both measured on an H100, measurements/scripts/fp8_small_m_sweep.py).
+LONG_K = 4096
 #: The most weight bytes one wave of 256-wide plain tiles may stream at once and still find them in
 #: the L2 (50 MB on an H100 or H200) beside the activations: see :func:`wave_weight_bytes`.
 RESCALED_WAVE_BYTES = 40 << 20
@@ -329,8 +333,8 @@ def fp8_heuristic_config(M: int, topk: int, E: int, variant: str = "plain", *, N
     kernel, row blocks follow the bf16 heuristic (about twice an expert's rows); under 64 rows the
     operands are swapped, so the weights' rows fill the tensor cores' 64-row tile instead of 16
     tokens, and up to 16 rows an expert the other GEMMs take 64-wide tiles (3 stages where ``K``,
-    given, is 4096 or more). From 64 rows an expert they take 256-wide tiles at 8 warps, unless ``K``
-    is given and under 4096 (then 128 wide at 4 warps). The Gluon kernel takes the configurations
+    given, is :data:`LONG_K` or more). From 64 rows an expert they take 256-wide tiles at 8 warps,
+    unless ``K`` is given and under :data:`LONG_K` (then 128 wide at 4 warps). The Gluon kernel takes the configurations
     above once an expert has enough rows (:data:`GLUON_MIN_ROWS`); the down GEMM follows the gate/up
     GEMM's choice (the layer's). From
     :data:`GLUON_RESCALED_ROWS` the layer rescales its sums in place, and so does the plain GEMM where
@@ -351,7 +355,7 @@ def fp8_heuristic_config(M: int, topk: int, E: int, variant: str = "plain", *, N
         # weight rows a decode step reads, and over a long K (the hidden size of DeepSeek-V3 or
         # Kimi-K2) 3 stages, so more programs fit an SM (measured on an H100:
         # measurements/scripts/fp8_small_m_sweep.py).
-        long_k = K is not None and K >= 4096
+        long_k = K is not None and K >= LONG_K
         cfg = KernelConfig(block_m=16 if rows_per_expert <= 4 else 32, block_n=128 if gated else 64, block_k=128,
                            num_warps=4, num_stages=3 if long_k and not gated else 4, use_tma=True,
                            short_tails=False, swap_ab=True)
@@ -360,10 +364,10 @@ def fp8_heuristic_config(M: int, topk: int, E: int, variant: str = "plain", *, N
                            short_tails=False)
     else:
         # 64-row tiles, as the tuner chose on all three FP8 models at M >= 1024 (H200); gated
-        # 128x128 tiles keep three fp32 tiles live per K step and spill (6x slower). Over a K under
-        # 4096 (Qwen3-30B-A3B's GEMMs, the down GEMMs) 128-wide tiles at 4 warps beat 256-wide ones
-        # at 8 on an H100 (measurements/scripts/fp8_small_m_sweep.py).
-        wide = not gated and (K is None or K >= 4096)
+        # 128x128 tiles keep three fp32 tiles live per K step and spill (6x slower). Over a shorter K
+        # 128-wide tiles at 4 warps beat 256-wide ones at 8 (1.03x to 1.16x on an H100); a caller
+        # without K keeps the wide tile, as before that sweep.
+        wide = not gated and (K is None or K >= LONG_K)
         cfg = KernelConfig(block_m=64, block_n=256 if wide else 128, block_k=128, num_warps=8 if wide else 4,
                            num_stages=4, use_tma=True, short_tails=False)
     return cfg
