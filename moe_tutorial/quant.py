@@ -29,7 +29,7 @@ from .fp8_format import BLOCK, E4M3_MAX, FP8_DTYPE, MIN_AMAX, scale_shape
 
 #: The format's constants and checks, importable from here as before (they live in fp8_format and checks).
 __all__ = ["FP8_DTYPE", "E4M3_MAX", "BLOCK", "MIN_AMAX", "scale_shape", "check_fp8_pair", "quantize_weight",
-           "quantize_w13", "quantize_activations", "dequantize_weight", "dequantize_activations"]
+           "quantize_w13", "quantize_activations", "dequantize_weight", "dequantize_activations", "quantize_rowwise"]
 
 
 #: Elements handled at once where a whole layer's experts would need a temporary copy of every weight.
@@ -125,6 +125,23 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     _check_float("x", x, 2)
     check_tensor("x", x, 2)
     return _quantize(x, 1, BLOCK)
+
+
+def quantize_rowwise(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantise with one scale per row of the last two dims ("rowwise"): what CUTLASS's FP8 grouped
+    GEMM behind ``torch._scaled_grouped_mm`` takes on Hopper, for a token's row of x and for each
+    output column of an expert's weights. No scale changes along K, so that kernel has nothing to
+    promote inside its K loop: an easier problem than the 128 x 128 blocks, kept only as an anchor.
+
+    Args:
+        t: ``[..., R, C]`` float (``[M, K]`` activations, ``[E, N, K]`` weights).
+
+    Returns:
+        ``(q, scale)``: ``q`` e4m3 of t's shape, ``scale`` fp32 ``[..., R]``, ``t ~= q * scale[..., None]``.
+    """
+    _check_float("t", t, 2)
+    q, scale = _quantize(t, 1, max(1, t.shape[-1]))
+    return q, scale[..., 0]
 
 
 def dequantize_weight(q: torch.Tensor, scale: torch.Tensor, *, halves: bool = False) -> torch.Tensor:

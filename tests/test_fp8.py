@@ -86,6 +86,28 @@ def test_one_outlier_spoils_a_per_tensor_scale_not_a_block_scale():
     assert rel_error(blocked[rest], w.double()[rest]) < 0.04 < 0.1 < rel_error(q_t[rest], w.double()[rest])
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_quantize_rowwise_property(seed):
+    """One scale per row (the anchor's CUTLASS kernel's format): each row's largest magnitude lands
+    on 448, every element within half an e4m3 step of the float64 value, zero rows stay zero."""
+    g = torch.Generator().manual_seed(seed)
+    E, N, K = (int(v) for v in torch.randint(1, 200, (3,), generator=g))
+    w = torch.randn(E % 3 + 1, N, K, generator=g) * float(torch.rand(1, generator=g) * 10 + 0.01)
+    w[0, 0] = 0.0
+    q, s = quant.quantize_rowwise(w)
+    assert q.dtype == torch.float8_e4m3fn and s.dtype == torch.float32 and tuple(s.shape) == tuple(w.shape[:-1])
+    amax = q[:, 1:].float().abs().amax(dim=-1)
+    assert torch.equal(amax, torch.full_like(amax, 448.0))
+    deq = q.double() * s.double()[..., None]
+    assert bool(((deq - w.double()).abs() <= w.double().abs() * 2 ** -4 + s.double()[..., None] * 2 ** -10).all())
+    assert bool((s[0, 0] > 0) & (deq[0, 0] == 0).all())
+    # the rows of a [M, K] batch: the same numbers as one 128-wide group each when K = 128
+    x = torch.randn(5, 128, generator=g)
+    assert torch.equal(quant.quantize_rowwise(x)[1], quant.quantize_activations(x)[1][:, 0])
+    with pytest.raises(ValueError, match="at least 2 dims"):
+        quant.quantize_rowwise(torch.ones(4))
+
+
 @pytest.mark.parametrize("bad, kind, words", [
     (torch.tensor([[1.0, float("nan")]]), ValueError, "finite"),
     (torch.tensor([[1.0, float("inf")]]), ValueError, "finite"),

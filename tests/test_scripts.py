@@ -207,3 +207,30 @@ def test_small_m_sweep_changes_one_thing_per_candidate():
         assert rule.block_n == (128 if variant == "gated" else vllm["BLOCK_SIZE_N"])
         assert rule.swap_ab == (rule.block_m < 64) and rule.use_tma
     assert {"n128-w4", "n256-w8"} <= seen       # the two widths from 64 rows an expert, each beside the other
+
+
+def test_fp8_grouped_anchor_dry_run_writes_one_row_per_implementation(tmp_path):
+    """measurements/scripts/fp8_grouped_anchor.py on the toy shape in the interpreter: a row for each
+    implementation in order, each judged in its own precision; the kernels that run here agree with
+    float64, and those that need a Hopper GPU say so in their row instead of a time."""
+    import csv
+
+    from moe_tutorial import runtime
+    from moe_tutorial.perf import impls
+    from moe_tutorial.shapes import MODEL_SHAPES
+
+    module = load_script("fp8_grouped_anchor.py")
+    module.OUT = str(tmp_path)
+    try:
+        assert module.main(["--dry-run"]) == 0
+    finally:
+        MODEL_SHAPES.pop(module.TOY.name, None)
+    with open(tmp_path / "fp8_grouped_anchor.csv") as f:
+        rows = {r["impl"]: r for r in csv.DictReader(f)}
+    assert list(rows) == list(module.PRECISION)
+    assert {n: r["precision"] for n, r in rows.items()} == module.PRECISION
+    for name in ("fp8", "sorted"):
+        assert rows[name]["status"] == "ok" and float(rows[name]["rel_error"]) < 1e-2, rows[name]
+    if not runtime.ON_GPU:
+        assert rows["cutlass-fp8"]["status"] == f"skipped: Skip: {impls.scaled_grouped_mm_support()}"
+        assert rows["cutlass-fp8"]["ms"] == "" and "tl kernel" in rows["fp8-gemm"]["status"]

@@ -292,6 +292,62 @@ def first_grouped_mm(inp: Inputs) -> Prepared:
     return Prepared(calls, output=unsort)
 
 
+def scaled_grouped_mm_support() -> str | None:
+    """None if ``torch._scaled_grouped_mm`` (FP8, rowwise scales) can run here, else why not."""
+    if not hasattr(torch, "_scaled_grouped_mm"):
+        return f"this torch ({torch.__version__}) has no torch._scaled_grouped_mm"
+    if not runtime.ON_GPU:
+        return "torch._scaled_grouped_mm is timed on a CUDA GPU of compute capability 9.0 (Hopper) only"
+    if torch.cuda.get_device_capability() != (9, 0):
+        major, minor = torch.cuda.get_device_capability()
+        return f"torch._scaled_grouped_mm with rowwise FP8 scales runs on sm90 only, this GPU is sm{major}{minor}"
+    return None
+
+
+def first_scaled_grouped_mm(inp: Inputs, fast_accum: bool = True) -> Prepared:
+    """CUTLASS's FP8 grouped GEMM through ``torch._scaled_grouped_mm``: x and the weights quantised
+    with one scale per row (:func:`moe_tutorial.quant.quantize_rowwise`, once, outside the timing),
+    x's rows pre-sorted by expert as for ``torch._grouped_mm``. With one scale along all of K the
+    kernel promotes nothing inside its loop, so it is an anchor for what an FP8 grouped GEMM reaches
+    on the shape, not a rival to Part 7's 128 x 128 blocks. ``fast_accum`` False asks for CUTLASS's
+    periodic promotion of the tensor cores' sums into fp32. Checked against float64 on its own
+    dequantised inputs; ``[M, topk, N]`` bf16."""
+    from ..quant import FP8_DTYPE, quantize_rowwise
+    from ..reference import reference_moe_matmul
+
+    if reason := scaled_grouped_mm_support():
+        raise Skip(reason)
+    cache = inp.__dict__.setdefault("_fp8_rowwise", {})
+    if "w13" not in cache:
+        cache["w13"] = quantize_rowwise(inp.w13)
+    wq, ws = cache["w13"]
+    E, N, K = wq.shape
+    M, topk = inp.M, inp.shape.topk
+    w_t = wq.transpose(1, 2)                    # [E, K, N] "column-major", as CUTLASS takes B
+    quantised = [quantize_rowwise(x) for x in inp.xs]
+    runs = []
+    for (xq, xs), ids in zip(quantised, inp.ids):
+        # e4m3 rows moved as bytes: indexing needs no float8 kernel that way
+        a, offs, order = sort_rows_by_expert(xq.view(torch.uint8), ids, E)
+        runs.append((a.view(FP8_DTYPE), xs[order // topk].contiguous(), offs, order))
+    calls = [lambda a=a, s=s, offs=offs: torch._scaled_grouped_mm(a, w_t, s, ws, offs=offs, out_dtype=torch.bfloat16,
+                                                                  use_fast_accum=fast_accum)
+             for a, s, offs, _ in runs]
+    order = runs[0][3]
+
+    def unsort(ret):
+        out = ret.new_empty(M * topk, N)
+        out[order] = ret
+        return out.view(M, topk, N)
+
+    def reference(rows):
+        used, local = _used_experts(inp.ids[0][rows])
+        xq, xs = quantised[0]
+        x = xq[rows].double() * xs[rows].double()[:, None]
+        return reference_moe_matmul(x, wq[used].double() * ws[used].double()[..., None], local)
+    return Prepared(calls, output=unsort, reference=reference)
+
+
 # ---------------------------------------------------------------- the whole layer, [M, K]
 
 def layer_of(impl: str):

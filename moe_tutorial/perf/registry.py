@@ -91,6 +91,12 @@ IMPLEMENTATIONS: tuple[Implementation, ...] = (
         "layer as a composition around it (gate/up, SiLU * up, down, weighted sum) and autograd's backward",
         first=impls.first_grouped_mm, step=impls.step_grouped_mm),
     Implementation(
+        "cutlass-fp8", "torch._scaled_grouped_mm (CUTLASS), FP8 rowwise", "#2ca02c",
+        "CUTLASS's FP8 grouped GEMM (torch._scaled_grouped_mm, Hopper only) on x rows pre-sorted by expert, "
+        "one scale per row of x and per output column of the weights: nothing to promote along K, an anchor "
+        "for what an FP8 grouped GEMM reaches on the shape", first=impls.first_scaled_grouped_mm,
+        precision="fp8", linestyle="--", in_default_sweep=False),
+    Implementation(
         "liger", "Liger-Kernel fused_moe", "#8c564b",
         "Liger-Kernel's fused_moe (LigerFusedMoEFunction, pip install liger-kernel), forward + backward only "
         "(bench --backward; skipped where it is not installed or there is no GPU)",

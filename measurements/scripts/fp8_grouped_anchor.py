@@ -1,0 +1,167 @@
+"""CUTLASS's FP8 grouped GEMM beside Part 7's first GEMM, and the bf16 pair beside them: one run, one timer.
+
+    python3 measurements/scripts/fp8_grouped_anchor.py [--models DeepSeek-V3 Qwen3-30B-A3B Kimi-K2] \\
+        [--M 256 1024 4096 16384] [--dry-run]
+
+Issue 31 asks Part 7's first GEMM for 0.70 of the FP8 matmul rate at M >= 4096 (the rate of an 8192^3
+``torch._scaled_mm`` in the same run) and its layer for 1.5x the bf16 layer. How far does a production
+FP8 grouped GEMM get on the same shapes, and how much faster than its own bf16 twin is it?
+``torch._scaled_grouped_mm`` runs CUTLASS's Hopper FP8 grouped GEMM with one scale per row of x and per
+output column of the weights (rowwise): no scale changes along K, so nothing to promote inside its
+loop, an easier problem than Part 7's 128 x 128 blocks. Timed on the same routing, cold-l2 (L2 flushed
+before each call, one call per CUDA graph replay), in one order and then the reverse, keeping the faster:
+
+* ``fp8``: Part 7's first GEMM as the bench times it (the dispatcher's kernel; with the Gluon kernel,
+  x's e4m3 rows are gathered into sorted order inside the call);
+* ``fp8-gemm``: the Gluon kernel alone on rows gathered beforehand (where the dispatcher takes it):
+  what the layer pays, whose quantiser writes the rows in sorted order;
+* ``cutlass-fp8``: CUTLASS with fast accumulation; ``cutlass-fp8-exact`` without it (the
+  tensor cores' sums promoted into fp32 now and then), where this torch runs it;
+* ``sorted``: Part 4's bf16 first GEMM; ``grouped_mm``: ``torch._grouped_mm`` (CUTLASS, bf16) on x
+  pre-sorted by expert.
+
+Each is checked against float64 on its own inputs (dequantised for the FP8 rows). Rows go to
+``$OUT/fp8_grouped_anchor.csv`` with the run's ceilings, the floor of each row's precision and
+``fraction_of_rate``: its multiplies' rate over the FP8 rate (FP8 rows) or the bf16 rate (bf16 rows).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import moe_tutorial as mt  # noqa: F401  (first: picks the runtime)
+from moe_tutorial import runtime
+from moe_tutorial.kernels.align import align_block_size
+from moe_tutorial.kernels.configs import fp8_config
+from moe_tutorial.kernels.fp8_quant import quantize_rows
+from moe_tutorial.perf import bench, impls
+from moe_tutorial.perf.ceilings import measure_ceilings
+from moe_tutorial.perf.results import write_csv
+from moe_tutorial.perf.timing import machine_info, time_both_orders
+from moe_tutorial.reference import rel_error
+from moe_tutorial.shapes import MODEL_SHAPES, ModelShape
+
+import torch
+
+OUT = os.environ.get("OUT", ".")
+TOY = ModelShape("toy-K256-I128", 8, 2, 256, 128)
+#: Each row's precision: the FP8 rows are judged against the FP8 rate and floor, the rest against bf16's.
+PRECISION = {"fp8": "fp8", "fp8-gemm": "fp8", "cutlass-fp8": "fp8", "cutlass-fp8-exact": "fp8",
+             "sorted": "bf16", "grouped_mm": "bf16"}
+
+
+def gluon_gemm_alone(inp, fp8: impls.Prepared):
+    """Part 7's Gluon first GEMM without its gather (x's rows put in sorted order once, beforehand), or
+    None where the dispatcher runs the ``tl`` kernel (that one reads the token rows itself)."""
+    from moe_tutorial.kernels.gluon_fp8_kernel import gather_sorted_fp8, launch_gluon_fp8_gemm
+
+    wq, ws = impls.fp8_experts(inp, layer=False)
+    E, N, K = wq.shape
+    M, topk = inp.M, inp.shape.topk
+    config = fp8_config(M, E, N, K, topk, "plain")
+    if not config.gluon:
+        return None
+    alignment = align_block_size(inp.ids[0], config.block_m, E)
+    a, a_scale_t = gather_sorted_fp8(*quantize_rows(inp.xs[0]), alignment, M * topk, topk, config.block_m)
+    out = torch.empty(M * topk, N, dtype=torch.bfloat16, device=wq.device)
+    return impls.Prepared([lambda: launch_gluon_fp8_gemm(a, a_scale_t, wq, ws, out, alignment, M * topk, config)],
+                          output=lambda _: out.view(M, topk, N), reference=fp8.reference)
+
+
+def prepared_calls(inp, names=tuple(PRECISION)) -> dict:
+    """``{name: Prepared or the reason it does not run}`` for one case, in the CSV's order (those of
+    ``names``; "fp8-gemm" prepares "fp8" too)."""
+    builders = {"fp8": impls.first_fp8, "fp8-gemm": None, "cutlass-fp8": impls.first_scaled_grouped_mm,
+                "cutlass-fp8-exact": lambda i: impls.first_scaled_grouped_mm(i, fast_accum=False),
+                "sorted": impls.first_sorted, "grouped_mm": impls.first_grouped_mm}
+    out = {}
+    for name, build in builders.items():
+        if name not in names and not (name == "fp8" and "fp8-gemm" in names):
+            continue
+        try:
+            out[name] = gluon_gemm_alone(inp, out["fp8"]) if name == "fp8-gemm" else build(inp)
+        except Exception as e:  # noqa: BLE001  (Skip, or a torch that refuses the call: the row says why)
+            out[name] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}"
+    if "fp8-gemm" in out and out["fp8-gemm"] is None:
+        out["fp8-gemm"] = "the dispatcher runs the tl kernel here: no gather to leave out"
+    return {name: out[name] for name in names}
+
+
+def case_rows(shape: ModelShape, M: int, w13, caches: dict, ceil, info: dict, names=tuple(PRECISION)) -> list[dict]:
+    """Check, then time every implementation on one batch; one row each (a reason where it did not run)."""
+    inp = bench.make_inputs(shape, M, runtime.DEFAULT_DTYPE, w13, None)
+    inp.__dict__.update(caches)                 # the weights quantised once per model, not per M
+    prepared = prepared_calls(inp, names)
+    caches.update({k: v for k, v in inp.__dict__.items() if k.startswith("_fp8")})
+    rows_idx, expected_bf16 = bench.reference_rows("first", inp)
+    errors, calls, status = {}, {}, {}
+    for name, p in prepared.items():
+        if isinstance(p, str):
+            status[name] = f"skipped: {p}"
+            continue
+        try:
+            out = p.output(p.calls[0]())
+            expected = p.reference(rows_idx) if p.reference is not None else expected_bf16
+            errors[name] = rel_error(out[rows_idx].float(), expected)
+            calls[name] = p.calls[0]
+        except Exception as e:  # noqa: BLE001
+            status[name] = f"skipped: {type(e).__name__}: {str(e).strip().splitlines()[0][:160]}"
+    times = time_both_orders(calls) if runtime.ON_GPU else {n: [float("nan")] * 2 for n in calls}
+    rows = []
+    for name in prepared:
+        precision = PRECISION[name]
+        nbytes, flops = bench.traffic_of("first", inp, precision)
+        row = dict(info, model=shape.name, M=M, E=shape.num_experts, N=w13.shape[1], K=w13.shape[2],
+                   topk=shape.topk, impl=name, precision=precision,
+                   floor_ms=ceil.floor_ms(nbytes, flops, precision), status=status.get(name, "ok"))
+        if name in calls:
+            best = min(times[name])
+            rate = ceil.compute_tflops(precision)
+            row.update(ms=best, ms_forward=times[name][0], ms_reverse=times[name][1],
+                       noise=abs(times[name][0] - times[name][1]) / best, tflops=flops / (best * 1e-3) / 1e12,
+                       fraction_of_rate=flops / (best * 1e-3) / 1e12 / rate, fraction_of_floor=row["floor_ms"] / best,
+                       rel_error=errors[name])
+        rows.append(row)
+    line = " | ".join(f"{r['impl']} {r['ms'] * 1e3:8.1f} us ({r['fraction_of_rate']:.2f})" if "ms" in r
+                      else f"{r['impl']} -" for r in rows)
+    print(f"{shape.name:14s} M={M:5d}: {line}", flush=True)
+    for r in rows:
+        if r["status"] != "ok":
+            print(f"    {r['impl']}: {r['status']}", flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="+", default=["Qwen3-30B-A3B", "DeepSeek-V3", "Kimi-K2"])
+    p.add_argument("--M", nargs="+", type=int, default=[256, 1024, 4096, 16384])
+    p.add_argument("--impls", nargs="+", choices=list(PRECISION), default=list(PRECISION))
+    p.add_argument("--dry-run", action="store_true", help="on a CPU: the toy shape in the interpreter")
+    args = p.parse_args(argv)
+    if args.dry_run:
+        MODEL_SHAPES[TOY.name] = TOY
+        args.models, args.M = [TOY.name], [3]
+    elif not runtime.ON_GPU:
+        print("needs a CUDA GPU")
+        return 2
+    ceil = measure_ceilings(runtime.DEFAULT_DTYPE, "cold-l2")
+    info = {**machine_info(), **ceil.columns()}
+    rows = []
+    for model in args.models:
+        shape = MODEL_SHAPES[model]
+        w13, _ = bench.make_weights(shape, runtime.DEFAULT_DTYPE, with_w2=False)
+        caches: dict = {}
+        for M in args.M:
+            rows += case_rows(shape, M, w13, caches, ceil, info, tuple(args.impls))
+            columns = list(dict.fromkeys(k for r in rows for k in r))
+            write_csv(Path(OUT) / "fp8_grouped_anchor.csv", rows, columns)
+            if runtime.ON_GPU:
+                torch.cuda.empty_cache()
+        del w13, caches
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
