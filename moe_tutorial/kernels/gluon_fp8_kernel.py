@@ -57,7 +57,7 @@ if HAVE_GLUON:
         warpgroup_mma_wait,
     )
 
-    from .gluon_kernel import mma_layout, ring_barriers, silu_mul, store_rows, tile_of, tma_load
+    from .gluon_kernel import mma_layout, ring_barriers, silu_mul, store_layout, store_rows, tile_of, tma_load
 
 #: Why the Gluon FP8 kernel cannot run here, or None where it can.
 UNAVAILABLE = (None if HAVE_GLUON and runtime.ON_GPU and torch.cuda.get_device_capability()[0] == 9
@@ -195,7 +195,6 @@ if HAVE_GLUON:
         BLOCK_N: gl.constexpr = b_bufs.type.shape[1]
         layout: gl.constexpr = mma_layout(BLOCK_M, BLOCK_N, gl.num_warps(), 32)
         rows_layout: gl.constexpr = gl.SliceLayout(1, layout)
-        cols_layout: gl.constexpr = gl.SliceLayout(0, layout)
         num_pid_m = gl.cdiv(gl.load(num_post_ptr), BLOCK_M)
         num_pid_n = gl.cdiv(N, BLOCK_N)
         num_k = gl.cdiv(K, BLOCK_K)
@@ -241,7 +240,7 @@ if HAVE_GLUON:
 
             # [epilogue]
             store_rows(acc, pid_m * BLOCK_M, pid_n, c_ptr, router_w_ptr, sorted_ids_ptr, N, num_pairs, stride_cm,
-                       rows_layout, cols_layout, C_SORTED, ROUTER_WEIGHTS)
+                       rows_layout, C_SORTED, ROUTER_WEIGHTS)
 
     @gluon.jit
     def fp8_two_wave_mma_partition(a_bufs, as_bufs, b_bufs, ready, empty, b_scale_ptr, c_ptr, router_w_ptr,
@@ -257,7 +256,6 @@ if HAVE_GLUON:
         WAVE: gl.constexpr = BLOCK_M // 2
         layout: gl.constexpr = mma_layout(WAVE, BLOCK_N, gl.num_warps(), 32)
         rows_layout: gl.constexpr = gl.SliceLayout(1, layout)
-        cols_layout: gl.constexpr = gl.SliceLayout(0, layout)
         num_pid_m = gl.cdiv(gl.load(num_post_ptr), BLOCK_M)
         num_pid_n = gl.cdiv(N, BLOCK_N)
         num_k = gl.cdiv(K, BLOCK_K)
@@ -288,9 +286,9 @@ if HAVE_GLUON:
                 mbarrier.arrive(empty.index(s))
                 step += 1
             store_rows(acc0, pid_m * BLOCK_M, pid_n, c_ptr, router_w_ptr, sorted_ids_ptr, N, num_pairs, stride_cm,
-                       rows_layout, cols_layout, C_SORTED, ROUTER_WEIGHTS)
+                       rows_layout, C_SORTED, ROUTER_WEIGHTS)
             store_rows(acc1, pid_m * BLOCK_M + WAVE, pid_n, c_ptr, router_w_ptr, sorted_ids_ptr, N, num_pairs,
-                       stride_cm, rows_layout, cols_layout, C_SORTED, ROUTER_WEIGHTS)
+                       stride_cm, rows_layout, C_SORTED, ROUTER_WEIGHTS)
 
     @gluon.jit
     def issue_gated_step(a_bufs, as_bufs, b_bufs, bu_bufs, ready, g_spare, u_spare, step, bs_gate, bs_up,
@@ -378,19 +376,23 @@ if HAVE_GLUON:
     def store_quantised(acc_g, acc_u, first_row, pid_n, c_ptr, cs_ptr, sorted_ids_ptr, N, num_pairs, stride_cm,
                         stride_csn, rows_layout: gl.constexpr, cols_layout: gl.constexpr):
         """[quantising epilogue] ``silu(gate) * up``, then per row one scale for these 128 columns: the
-        down GEMM's e4m3 input at the sorted rows, its scales transposed (``cs[pid_n, row]``)."""
+        down GEMM's e4m3 input at the sorted rows, its scales transposed (``cs[pid_n, row]``). The
+        scales are taken in the MMA's layout (a row's 128 columns lie in four threads); the e4m3 tile
+        is then stored as :func:`store_rows` stores, 16 columns a thread."""
         BLOCK_M: gl.constexpr = acc_g.type.shape[0]
         BLOCK_N: gl.constexpr = acc_g.type.shape[1]
         offs_m = first_row + gl.arange(0, BLOCK_M, layout=rows_layout)
         offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=cols_layout)
         row_ok = gl.load(sorted_ids_ptr + offs_m) < num_pairs
-        col_ok = offs_n < N
-        h = gl.where(col_ok[None, :], silu_mul(acc_g, acc_u), 0.0)
+        h = gl.where((offs_n < N)[None, :], silu_mul(acc_g, acc_u), 0.0)
         q, scale = quantize_group(h, E4M3_MAX_C, MIN_AMAX_C)
-        rows64 = offs_m.to(gl.int64)
-        gl.store(c_ptr + rows64[:, None] * stride_cm + offs_n[None, :], q.to(c_ptr.dtype.element_ty),
-                 mask=row_ok[:, None] & col_ok[None, :])
-        gl.store(cs_ptr + pid_n * stride_csn + rows64, scale, mask=row_ok)
+        gl.store(cs_ptr + pid_n * stride_csn + offs_m.to(gl.int64), scale, mask=row_ok)
+        layout: gl.constexpr = store_layout(c_ptr.dtype.element_ty.primitive_bitwidth, BLOCK_N, gl.num_warps())
+        q = gl.convert_layout(q.to(c_ptr.dtype.element_ty), layout)
+        offs_m = first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
+        offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
+        ok = (gl.load(sorted_ids_ptr + offs_m) < num_pairs)[:, None] & (offs_n < N)[None, :]
+        gl.store(c_ptr + offs_m.to(gl.int64)[:, None] * stride_cm + offs_n[None, :], q, mask=ok)
 
     @gluon.jit
     def rescale_by(acc, unit, new_unit):
@@ -486,9 +488,9 @@ if HAVE_GLUON:
             else:
                 first_row = pid_m * BLOCK_M + ROW0
                 store_rows(acc0, first_row, 2 * pid_n, c_ptr, router_w_ptr, sorted_ids_ptr, N, num_pairs,
-                           stride_cm, rows_layout, cols_layout, C_SORTED, ROUTER_WEIGHTS)
+                           stride_cm, rows_layout, C_SORTED, ROUTER_WEIGHTS)
                 store_rows(acc1, first_row, 2 * pid_n + 1, c_ptr, router_w_ptr, sorted_ids_ptr, N, num_pairs,
-                           stride_cm, rows_layout, cols_layout, C_SORTED, ROUTER_WEIGHTS)
+                           stride_cm, rows_layout, C_SORTED, ROUTER_WEIGHTS)
 
     @gluon.jit
     def gluon_fp8_moe_kernel(a_desc, as_desc, b_desc, b_scale_ptr, c_ptr, cs_ptr, router_w_ptr,

@@ -90,26 +90,42 @@ if HAVE_GLUON:
         rows = gl.minimum(num_pid_m - first_m, group_m)
         return first_m + (t % per_group) % rows, (t % per_group) // rows
 
+    @gluon.constexpr_function
+    def store_layout(bits, block_n, num_warps):
+        """The layout a ``[rows, block_n]`` tile of ``bits``-bit elements is stored from: 16 consecutive
+        bytes of one row a thread, a warp's threads side by side along its rows (two rows of 128 bf16,
+        four of 128 e4m3), so that a store writes whole 32-byte sectors."""
+        bits, block_n, num_warps = (int(getattr(v, "value", v)) for v in (bits, block_n, num_warps))
+        per_thread = 128 // bits
+        along = min(32, block_n // per_thread)
+        return gl.BlockedLayout([1, per_thread], [32 // along, along], [num_warps, 1], [1, 0])
+
     @gluon.jit
     def store_rows(acc, first_row, pid_n, c_ptr, router_w_ptr, sorted_ids_ptr, N, num_pairs, stride_cm,
-                   rows_layout: gl.constexpr, cols_layout: gl.constexpr,
+                   rows_layout: gl.constexpr,
                    C_SORTED: gl.constexpr, ROUTER_WEIGHTS: gl.constexpr):
         """[epilogue] Each row of ``acc`` is one (token, slot) pair: its router weight, then its row of C
-        (at the pair's row, or at its sorted position), padding rows and columns past N masked."""
+        (at the pair's row, or at its sorted position), padding rows and columns past N masked.
+
+        The MMA's layout gives a thread two neighbouring columns of a row, so a warp's store would write
+        4 bytes in each of 8 rows; the tile is first moved (through shared memory) into
+        :func:`store_layout`, 16 bytes of one row a thread, and a warp writes whole rows."""
         BLOCK_M: gl.constexpr = acc.type.shape[0]
         BLOCK_N: gl.constexpr = acc.type.shape[1]
-        offs_m = first_row + gl.arange(0, BLOCK_M, layout=rows_layout)
-        offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=cols_layout)
+        if ROUTER_WEIGHTS:
+            pair_mma = gl.load(sorted_ids_ptr + first_row + gl.arange(0, BLOCK_M, layout=rows_layout))
+            acc = acc * gl.load(router_w_ptr + pair_mma, mask=pair_mma < num_pairs, other=0.0)[:, None]
+        layout: gl.constexpr = store_layout(c_ptr.dtype.element_ty.primitive_bitwidth, BLOCK_N, gl.num_warps())
+        c = gl.convert_layout(acc.to(c_ptr.dtype.element_ty), layout)
+        offs_m = first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
+        offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
         pair = gl.load(sorted_ids_ptr + offs_m)
         row_ok = pair < num_pairs
-        if ROUTER_WEIGHTS:
-            acc = acc * gl.load(router_w_ptr + pair, mask=row_ok, other=0.0)[:, None]
         if C_SORTED:
             c_row = offs_m.to(gl.int64)
         else:
             c_row = pair.to(gl.int64)
-        ptrs = c_ptr + c_row[:, None] * stride_cm + offs_n[None, :]
-        gl.store(ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_n[None, :] < N))
+        gl.store(c_ptr + c_row[:, None] * stride_cm + offs_n[None, :], c, mask=row_ok[:, None] & (offs_n[None, :] < N))
 
     @gluon.jit
     def silu_mul(gate, up):
@@ -177,7 +193,6 @@ if HAVE_GLUON:
         # One MMA instruction covers 32 bytes of K: 16 bf16 values, 32 e4m3 ones.
         layout: gl.constexpr = mma_layout(BLOCK_M, BLOCK_N, gl.num_warps(), 256 // a_desc.dtype.primitive_bitwidth)
         rows_layout: gl.constexpr = gl.SliceLayout(1, layout)
-        cols_layout: gl.constexpr = gl.SliceLayout(0, layout)
         num_pid_m = gl.cdiv(gl.load(num_post_ptr), BLOCK_M)
         num_pid_n = gl.cdiv(N, BLOCK_N)
         step = 0
@@ -207,13 +222,13 @@ if HAVE_GLUON:
 
             if SAVE_H:      # H = [gate | up], one row per pair: what the training step's backward reads
                 store_rows(acc, pid_m * BLOCK_M, pid_n, h_ptr, h_ptr, sorted_ids_ptr, N, num_pairs, stride_hm,
-                           rows_layout, cols_layout, False, False)
+                           rows_layout, False, False)
                 store_rows(up, pid_m * BLOCK_M, pid_n, h_ptr + N, h_ptr, sorted_ids_ptr, N, num_pairs, stride_hm,
-                           rows_layout, cols_layout, False, False)
+                           rows_layout, False, False)
             if GATED:       # the last buffer is back with the load warp: it fills the ring meanwhile
                 acc = silu_mul(acc, up)
             store_rows(acc, pid_m * BLOCK_M, pid_n, c_ptr, router_w_ptr, sorted_ids_ptr, N, num_pairs, stride_cm,
-                       rows_layout, cols_layout, C_SORTED, ROUTER_WEIGHTS)
+                       rows_layout, C_SORTED, ROUTER_WEIGHTS)
 
     @gluon.jit
     def gluon_moe_kernel(a_desc, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
