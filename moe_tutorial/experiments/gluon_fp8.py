@@ -5,7 +5,8 @@ The rows come from ``measurements/scripts/h200_gluon_fp8.py sweep`` (``data/h200
 every variant of one case timed in forward, then in reverse order, cold-l2; ``h200_fp8_scale_cost.csv``:
 the shipped kernel against the same pipeline with one scale per tensor; ``h200_fp8_quantiser.csv``: the
 layer's first step both ways; ``h100_fp8_rescaled.csv``: the sums rescaled in place, on an H100;
-``h100_vllm_fp8_anchor.csv``: the first GEMM beside vLLM 0.34.0's block-FP8 Triton kernel, on an H100) and
+``h100_vllm_fp8_anchor.csv``: the first GEMM beside vLLM 0.34.0's block-FP8 Triton kernel, on an H100;
+``h100_fp8_store_layout.csv``: the Gluon epilogues' two store layouts, on an H100) and
 from Nsight Compute on the ``tl`` and Gluon kernels at DeepSeek-V3, M = 16384 (``data/h200_fp8_profile.csv``,
 and ``h100_fp8_rescaled_profile.csv`` for the rescaled form).
 """
@@ -183,6 +184,77 @@ def load_rescaled_profile(path: Path | None = None) -> dict[tuple[str, str], dic
     with open(path or DATA / "h100_fp8_rescaled_profile.csv") as f:
         return {(r["model"], r["kernel"]): {k: (v if k in text else float(v)) for k, v in r.items()}
                 for r in csv.DictReader(f)}
+
+
+#: The Gluon epilogues' store layouts measured on an H100 (``measurements/scripts/store_layout_table.py``).
+STORE_LAYOUT = DATA / "h100_fp8_store_layout.csv"
+STORE_LAYOUT_FIELDS = ("gpu", "driver", "torch", "triton", "date", "protocol", "fp8_tflops", "matmul_tflops",
+                       "read_tbps", "model", "M", "gemm", "impl", "store", "ms", "fraction_of_rate", "floor_ms",
+                       "fraction_of_floor", "rel_error", "source")
+
+
+def load_store_layout(path: Path | None = None) -> list[dict]:
+    """The rows of :data:`STORE_LAYOUT` (or ``path``): ``store`` is "mma" (the MMA's register layout,
+    4 bytes of a row a thread), "rows" (16 bytes, ``gluon_kernel.store_layout``), "none" (the tile
+    never written: what the stores cost at most) or "" for the anchors beside them (``cutlass-fp8``:
+    CUTLASS's rowwise FP8 grouped GEMM; ``sorted``: Part 4's bf16 GEMM or layer)."""
+    return _load(path or STORE_LAYOUT, ("ms", "fraction_of_rate", "fp8_tflops"))
+
+
+def store_layout_gains(rows: list[dict]) -> list[dict]:
+    """Per model, M and gemm ("first": Part 7's Gluon GEMM alone; "layer": the FP8 layer), in ms: the
+    time with each store (``mma``, ``rows``, ``none``; None where not measured), the anchors
+    (``cutlass``: CUTLASS's FP8 grouped GEMM, first GEMM only; ``bf16``: Part 4's layer, layer only),
+    ``gain`` = mma / rows, and for the first GEMM the fraction of the FP8 rate with each store
+    (``rate_mma``, ``rate_rows``, ``rate_cutlass``). Within a case every time comes from one GPU
+    session; the runs of each store are separate processes, and the anchors are those of the run with
+    the row-wise store where it timed them."""
+    out = []
+    for model, M, gemm in dict.fromkeys((r["model"], r["M"], r["gemm"]) for r in rows):
+        case = [r for r in rows if (r["model"], r["M"], r["gemm"]) == (model, M, gemm)]
+        ours = "fp8-gemm" if gemm == "first" else "fp8"
+        by_store = {r["store"]: r for r in case if r["impl"] == ours}
+        # the anchors of the run that timed the row-wise store where there is one (the same process)
+        near = by_store["rows"]["source"] if "rows" in by_store else None
+        anchor = {r["impl"]: r for r in sorted(case, key=lambda r: r["source"] == near) if r["store"] == ""}
+        t = {k: by_store[k]["ms"] if k in by_store else None for k in ("mma", "rows", "none")}
+        g = dict(model=model, M=M, gemm=gemm, **t, gain=t["mma"] / t["rows"] if t["mma"] and t["rows"] else None,
+                 cutlass=anchor["cutlass-fp8"]["ms"] if "cutlass-fp8" in anchor else None,
+                 bf16=anchor["sorted"]["ms"] if gemm == "layer" and "sorted" in anchor else None)
+        if gemm == "first":
+            g.update({f"rate_{k}": by_store[k]["fraction_of_rate"] if k in by_store else None for k in ("mma", "rows")},
+                     rate_cutlass=anchor["cutlass-fp8"]["fraction_of_rate"] if "cutlass-fp8" in anchor else None)
+        out.append(g)
+    return out
+
+
+def store_cost(rows: int, cols: int, size: int, bytes_a_thread: int, rows_a_store: int,
+               warps: int = 4) -> tuple[int, int, int]:
+    """What storing a ``[rows, cols]`` tile of ``size``-byte elements costs each of ``warps`` warps when a
+    thread holds ``bytes_a_thread`` consecutive bytes of a row and one store of a warp spans
+    ``rows_a_store`` rows: ``(store instructions, consecutive bytes each row receives from one,
+    32-byte sectors written)``. The MMA's layout: 4 bytes of bf16 a thread, 8 rows a store."""
+    stores = rows * cols * size // warps // (32 * bytes_a_thread)
+    piece = 32 * bytes_a_thread // rows_a_store
+    return stores, piece, stores * rows_a_store * -(-piece // 32)
+
+
+def store_layout_lines(gains: list[dict]) -> list[str]:
+    """:func:`store_layout_gains` as notebook 07 prints them: per first GEMM the time with the MMA-layout
+    stores and with whole rows (the fraction of the FP8 rate beside each), with no stores at all, and
+    CUTLASS's; per layer the two stores and the bf16 layer over the FP8 one after."""
+    def ms(v):
+        return f"{v:6.3f}" if v else "     -"
+    lines = []
+    for g in gains:
+        head = f"  {g['model']:14s} M = {g['M']:<6d} {g['gemm']:6s}"
+        if g["gemm"] == "first" and g["mma"] and g["rows"]:
+            lines.append(f"{head}{ms(g['mma'])} ({g['rate_mma']:.2f}) -> {ms(g['rows'])} ({g['rate_rows']:.2f})   "
+                         f"no stores {ms(g['none'])}   CUTLASS {ms(g['cutlass'])} ({g['rate_cutlass']:.2f})")
+        elif g["gemm"] == "layer" and g["mma"] and g["rows"]:
+            lines.append(f"{head}{ms(g['mma'])} -> {ms(g['rows'])}          bf16 / FP8 {g['bf16'] / g['mma']:.2f}x "
+                         f"-> {g['bf16'] / g['rows']:.2f}x")
+    return lines
 
 
 def promoted_and_rescaled(products: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -115,6 +115,7 @@ if HAVE_GLUON:
         if ROUTER_WEIGHTS:
             pair_mma = gl.load(sorted_ids_ptr + first_row + gl.arange(0, BLOCK_M, layout=rows_layout))
             acc = acc * gl.load(router_w_ptr + pair_mma, mask=pair_mma < num_pairs, other=0.0)[:, None]
+        # [16 bytes of a row a thread]
         layout: gl.constexpr = store_layout(c_ptr.dtype.element_ty.primitive_bitwidth, BLOCK_N, gl.num_warps())
         c = gl.convert_layout(acc.to(c_ptr.dtype.element_ty), layout)
         offs_m = first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
