@@ -436,3 +436,34 @@ def test_the_rescaled_form():
     assert_says(P7, "still runs at {:.2f} of the FP8 rate (Qwen3-30B-A3B, M = 16384): its tensor pipe is busy {:.0%} "
                     "of the time, the L2 at {:.0%}", best, p["tensor_pipe_active"], p["l2_throughput"])
     assert p["stall_barrier"] > p["stall_long_scoreboard"]                # "its warps wait most at barriers"
+
+
+def test_appendix_a_store_layout_numbers():
+    """Appendix A's epilogue section (``data/h100_fp8_store_layout.csv``): what whole-row stores gained on
+    the first GEMM and the layer, what the stores still cost, and CUTLASS beside it."""
+    from moe_tutorial.experiments import gluon_fp8
+
+    g = {(r["model"], r["M"], r["gemm"]): r for r in gluon_fp8.store_layout_gains(gluon_fp8.load_store_layout())}
+    q4, q16 = g["Qwen3-30B-A3B", 4096, "first"], g["Qwen3-30B-A3B", 16384, "first"]
+    assert_says(P7, "Whole rows made Qwen3-30B-A3B's first GEMM {}x faster at M = 4096 and {}x at M = 16384, where "
+                "it now runs at {} of the FP8 rate, past CUTLASS's {} on the same rows.", fmt2(q4["gain"]),
+                fmt2(q16["gain"]), fmt2(q16["rate_rows"]), fmt2(q16["rate_cutlass"]))
+    assert q16["rate_rows"] > q16["rate_cutlass"] and q16["rows"] < q16["cutlass"]
+    assert_says(P7, "the stores would save another {}x at M = 4096 and {}x at 16384", fmt2(q4["rows"] / q4["none"]),
+                fmt2(q16["rows"] / q16["none"]))
+    layers = [g[m, M, "layer"] for m in ("Qwen3-30B-A3B", "DeepSeek-V3") for M in (4096, 16384)]
+    assert_says(P7, "The layer gains {}x and {}x on Qwen3-30B-A3B and {}x and {}x on DeepSeek-V3",
+                *(fmt2(r["gain"]) for r in layers))
+    assert_says(P7, "the FP8 layer is now {}x and {}x as fast as the bf16 one on Qwen3-30B-A3B at M = 4096 and "
+                "16384, and {}x and {}x on DeepSeek-V3", *(fmt2(r["bf16"] / r["rows"]) for r in layers))
+
+
+def test_appendix_a_store_count_by_hand():
+    """The epilogue section's count: the MMA layout's stores against 16 bytes a thread, as the prose says."""
+    from moe_tutorial.experiments import gluon_fp8
+
+    mma, rows = gluon_fp8.store_cost(64, 128, 2, 4, 8), gluon_fp8.store_cost(64, 128, 2, 16, 2)
+    assert mma == (32, 16, 256) and rows == (8, 256, 128)
+    words = {2: "twice", 4: "Four times"}
+    assert_says(P7, "{} the instructions and {} the sector writes", words[mma[0] // rows[0]],
+                words[mma[2] // rows[2]])

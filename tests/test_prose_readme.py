@@ -237,3 +237,24 @@ def test_results_beside_vllm():
                 f"of the same run, so a kernel at that floor there (and as fast as the package's above) would be "
                 f"at most {min(ceilings):.2f}x to {max(ceilings):.2f}x faster by geometric mean.")
     assert sentence in " ".join(RESULTS.read_text().split()), sentence
+
+
+def test_results_page_store_layout_sentence():
+    """The results page's sentence on whole-row stores, from ``data/h100_fp8_store_layout.csv``."""
+    from moe_tutorial.experiments import gluon_fp8
+
+    g = {(r["model"], r["M"], r["gemm"]): r for r in gluon_fp8.store_layout_gains(gluon_fp8.load_store_layout())}
+    q4, q16 = g["Qwen3-30B-A3B", 4096, "first"], g["Qwen3-30B-A3B", 16384, "first"]
+    layer = {m: [g[m, M, "layer"] for M in (4096, 16384)] for m in ("Qwen3-30B-A3B", "DeepSeek-V3")}
+
+    def span(values):
+        return f"{min(values):.2f}x to {max(values):.2f}x"
+    sentence = (f"this made Qwen3-30B-A3B's Gluon first GEMM {q4['gain']:.2f}x faster at M = 4096 and "
+                f"{q16['gain']:.2f}x at M = 16384 ({q16['rate_rows']:.2f} of the FP8 rate, where CUTLASS's FP8 "
+                f"grouped GEMM, "
+                f"`torch._scaled_grouped_mm` with one scale per row, reaches {q16['rate_cutlass']:.2f} on the same "
+                f"rows), and the FP8 layer {span([r['gain'] for r in layer['Qwen3-30B-A3B']])} faster on "
+                f"Qwen3-30B-A3B and {span([r['gain'] for r in layer['DeepSeek-V3']])} on DeepSeek-V3: the FP8 layer "
+                f"there is {span([r['bf16'] / r['rows'] for r in layer['Qwen3-30B-A3B']])} as fast as the bf16 one "
+                f"on Qwen3-30B-A3B and {span([r['bf16'] / r['rows'] for r in layer['DeepSeek-V3']])} on DeepSeek-V3")
+    assert sentence in " ".join(RESULTS.read_text().split()), sentence
