@@ -3,6 +3,8 @@ for Hopper (any machine: Triton compiles for sm90 without a GPU), and the kernel
 float64 (GPU tests: Gluon does not run in the interpreter)."""
 import moe_tutorial as mt  # noqa: I001  (first: picks the runtime)
 
+import re
+
 import pytest
 import torch
 
@@ -110,6 +112,20 @@ def test_every_gluon_kernel_compiles_for_hopper_without_spills_or_serialised_mma
     assert r["spill_bytes"] <= KNOWN_SPILLS.get(kernel, 0), f"{kernel}: {r['spill_bytes']} bytes of spills"
     assert r["serialised"] == "", f"{kernel}: ptxas serialised its wgmmas: {r['serialised']}"
     assert "wgmma.mma_async" in r["ptx"] and ("QGMMA" in r["sass"] or "HGMMA" in r["sass"])
+
+
+@pytest.mark.parametrize("kernel", ["gluon-plain", "gluon-rescaled-plain-split", "gluon-rescaled-gated",
+                                    "gluon-bf16-plain", "gluon-bf16-plain-256"])
+def test_the_gluon_epilogues_store_16_bytes_a_thread(reports, kernel):
+    """``gluon_kernel.store_layout``: the tile's stores to global memory are 16-byte vectors
+    (``st.global.v4.b32``), not the MMA layout's 4-byte (bf16 pairs) or 2-byte (e4m3 pairs) pieces.
+    The gated epilogue's only narrow stores are its row scales (one fp32 each)."""
+    stores = re.findall(r"^\s*(?:@%p\d+\s+)?(st\.global[\w.]*)", _report(reports, kernel)["ptx"], re.M)
+    wide = stores.count("st.global.v4.b32")
+    narrow = [s for s in stores if s != "st.global.v4.b32"]
+    assert wide >= 4, f"{kernel}: {stores}"
+    assert not narrow if "gated" not in kernel else set(narrow) == {"st.global.b32"} and len(narrow) <= 2, (
+        f"{kernel}: narrow stores {narrow}")
 
 
 def test_the_tl_kernel_waits_for_every_mma_and_the_gluon_kernel_keeps_one_in_flight(reports):
