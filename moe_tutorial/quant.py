@@ -29,7 +29,8 @@ from .fp8_format import BLOCK, E4M3_MAX, FP8_DTYPE, MIN_AMAX, scale_shape
 
 #: The format's constants and checks, importable from here as before (they live in fp8_format and checks).
 __all__ = ["FP8_DTYPE", "E4M3_MAX", "BLOCK", "MIN_AMAX", "scale_shape", "check_fp8_pair", "quantize_weight",
-           "quantize_w13", "quantize_activations", "dequantize_weight", "dequantize_activations", "quantize_rowwise"]
+           "quantize_w13", "quantize_activations", "dequantize_weight", "dequantize_activations", "quantize_rowwise",
+           "dequantize_rowwise"]
 
 
 #: Elements handled at once where a whole layer's experts would need a temporary copy of every weight.
@@ -142,6 +143,11 @@ def quantize_rowwise(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     _check_float("t", t, 2)
     q, scale = _quantize(t, 1, max(1, t.shape[-1]))
     return q, scale[..., 0]
+
+
+def dequantize_rowwise(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``q * scale`` row by row, float64; ``q`` and ``scale`` as :func:`quantize_rowwise` returns them."""
+    return q.double() * scale.double()[..., None]
 
 
 def dequantize_weight(q: torch.Tensor, scale: torch.Tensor, *, halves: bool = False) -> torch.Tensor:

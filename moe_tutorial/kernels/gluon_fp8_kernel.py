@@ -57,7 +57,7 @@ if HAVE_GLUON:
         warpgroup_mma_wait,
     )
 
-    from .gluon_kernel import mma_layout, ring_barriers, silu_mul, store_layout, store_rows, tile_of, tma_load
+    from .gluon_kernel import mma_layout, ring_barriers, silu_mul, store_rows, tile_of, tma_load
 
 #: Why the Gluon FP8 kernel cannot run here, or None where it can.
 UNAVAILABLE = (None if HAVE_GLUON and runtime.ON_GPU and torch.cuda.get_device_capability()[0] == 9
@@ -377,8 +377,8 @@ if HAVE_GLUON:
                         stride_csn, rows_layout: gl.constexpr, cols_layout: gl.constexpr):
         """[quantising epilogue] ``silu(gate) * up``, then per row one scale for these 128 columns: the
         down GEMM's e4m3 input at the sorted rows, its scales transposed (``cs[pid_n, row]``). The
-        scales are taken in the MMA's layout (a row's 128 columns lie in four threads); the e4m3 tile
-        is then stored as :func:`store_rows` stores, 16 columns a thread."""
+        scales are taken in the MMA's layout (a row's 128 columns lie in four threads); the tile, its
+        values already e4m3's, then goes out through :func:`store_rows` (16 columns a thread)."""
         BLOCK_M: gl.constexpr = acc_g.type.shape[0]
         BLOCK_N: gl.constexpr = acc_g.type.shape[1]
         offs_m = first_row + gl.arange(0, BLOCK_M, layout=rows_layout)
@@ -387,12 +387,7 @@ if HAVE_GLUON:
         h = gl.where((offs_n < N)[None, :], silu_mul(acc_g, acc_u), 0.0)
         q, scale = quantize_group(h, E4M3_MAX_C, MIN_AMAX_C)
         gl.store(cs_ptr + pid_n * stride_csn + offs_m.to(gl.int64), scale, mask=row_ok)
-        layout: gl.constexpr = store_layout(c_ptr.dtype.element_ty.primitive_bitwidth, BLOCK_N, gl.num_warps())
-        q = gl.convert_layout(q.to(c_ptr.dtype.element_ty), layout)
-        offs_m = first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
-        offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
-        ok = (gl.load(sorted_ids_ptr + offs_m) < num_pairs)[:, None] & (offs_n < N)[None, :]
-        gl.store(c_ptr + offs_m.to(gl.int64)[:, None] * stride_cm + offs_n[None, :], q, mask=ok)
+        store_rows(q, first_row, pid_n, c_ptr, c_ptr, sorted_ids_ptr, N, num_pairs, stride_cm, rows_layout, True, False)
 
     @gluon.jit
     def rescale_by(acc, unit, new_unit):

@@ -312,7 +312,7 @@ def first_scaled_grouped_mm(inp: Inputs, fast_accum: bool = True) -> Prepared:
     on the shape, not a rival to Part 7's 128 x 128 blocks. ``fast_accum`` False asks for CUTLASS's
     periodic promotion of the tensor cores' sums into fp32. Checked against float64 on its own
     dequantised inputs; ``[M, topk, N]`` bf16."""
-    from ..quant import FP8_DTYPE, quantize_rowwise
+    from ..quant import FP8_DTYPE, dequantize_rowwise, quantize_rowwise
     from ..reference import reference_moe_matmul
 
     if reason := scaled_grouped_mm_support():
@@ -343,8 +343,8 @@ def first_scaled_grouped_mm(inp: Inputs, fast_accum: bool = True) -> Prepared:
     def reference(rows):
         used, local = _used_experts(inp.ids[0][rows])
         xq, xs = quantised[0]
-        x = xq[rows].double() * xs[rows].double()[:, None]
-        return reference_moe_matmul(x, wq[used].double() * ws[used].double()[..., None], local)
+        return reference_moe_matmul(dequantize_rowwise(xq[rows], xs[rows]), dequantize_rowwise(wq[used], ws[used]),
+                                    local)
     return Prepared(calls, output=unsort, reference=reference)
 
 
