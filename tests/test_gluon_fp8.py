@@ -11,7 +11,7 @@ import torch
 from moe_tutorial import runtime
 from moe_tutorial.exercises.guard import memory_guard
 from moe_tutorial.experiments.gluon_fp8 import promoted_and_rescaled
-from moe_tutorial.experiments.sm90 import KERNELS, compile_report
+from moe_tutorial.experiments.sm90 import KERNELS, TMA_KERNELS, compile_report
 from moe_tutorial.kernels import gluon_fp8_kernel as gk
 from moe_tutorial.kernels.align import align_block_size, sorted_positions
 from moe_tutorial.kernels import configs
@@ -128,6 +128,20 @@ def test_the_gluon_epilogues_store_16_bytes_a_thread(reports, kernel):
         f"{kernel}: narrow stores {narrow}")
 
 
+@pytest.mark.parametrize("kernel", TMA_KERNELS)
+def test_the_tma_forms_copy_their_tiles_out_through_tma(reports, kernel):
+    """``config.tma_store``: the tile leaves shared memory in TMA copies (``cp.async.bulk.tensor``),
+    each buffer written again only after its last copy has read it (``cp.async.bulk.wait_group.read``);
+    no ``st.global`` of the tile is left (the gated form stores only its row scales), and the copies'
+    buffers fit beside the ring in the 232,448 bytes of shared memory a program may have."""
+    r = _report(reports, kernel)
+    copies = re.findall(r"cp\.async\.bulk\.tensor\.2d\.global\.shared::cta", r["ptx"])
+    stores = re.findall(r"^\s*(?:@%p\d+\s+)?(st\.global[\w.]*)", r["ptx"], re.M)
+    assert copies and "cp.async.bulk.wait_group.read" in r["ptx"], kernel
+    assert set(stores) <= ({"st.global.b32"} if "gated" in kernel else set()), f"{kernel}: {stores}"
+    assert r["shared"] <= 232448, f"{kernel}: {r['shared']} bytes of shared memory"
+
+
 def test_the_tl_kernel_waits_for_every_mma_and_the_gluon_kernel_keeps_one_in_flight(reports):
     """What notebook 07 shows: the ``tl`` kernel's K loop has one ``wgmma.wait_group 0`` (each
     step's MMA finished before its promotion); the Gluon kernel's loop waits with 1 outstanding,
@@ -152,7 +166,12 @@ FIRST_CONFIGS = {"128x8": _cfg(128, 8, 4), "64x4": _cfg(64, 4, 6), "256 two wave
 #: The layer's Gluon forms: (gate/up config, down config).
 LAYER_CONFIGS = {"fused": (_cfg(64, 8, 4), _cfg(64, 4, 6)), "unfused": (_cfg(128, 8, 4), _cfg(128, 8, 4)),
                  "rescaled": (_cfg(128, 8, 4, rescale=True), _cfg(128, 8, 4, 256, rescale=True)),
-                 "rescaled, split": (_cfg(128, 4, 4, rescale=True), _cfg(128, 4, 4, 256, rescale=True))}
+                 "rescaled, split": (_cfg(128, 4, 4, rescale=True), _cfg(128, 4, 4, 256, rescale=True)),
+                 # C out through TMA copies (the down GEMM's rows left in sorted order): the 256-wide
+                 # down tile's four buffers take a stage's room.
+                 "fused, tma": (_cfg(64, 8, 4, tma_store=True), _cfg(64, 4, 6, tma_store=True)),
+                 "rescaled, split, tma": (_cfg(128, 4, 4, rescale=True, tma_store=True),
+                                          _cfg(128, 4, 3, 256, rescale=True, tma_store=True))}
 
 
 def _problem(M, E, N, K, topk, seed=0, skip_expert=None):
@@ -229,6 +248,22 @@ def test_the_sorted_quantiser_gives_the_layer_the_same_bits(form):
 
 @needs_hopper
 @pytest.mark.gpu
+@pytest.mark.parametrize("form", ["fused", "rescaled, split"])
+def test_tma_copies_out_give_the_layer_the_same_bits(form):
+    """The same tiles, stored through ``gl.store`` (down rows to their pairs) or through TMA copies
+    (down rows left in sorted order, summed through their positions): the same bits, an expert
+    with no tokens and a padded last row block included."""
+    M, E, inter, K, topk = 700, 16, 256, 512, 4
+    x, w13, tw, ids = _problem(M, E, 2 * inter, K, topk, skip_expert=0)
+    w2 = torch.randn(E, K, inter, device=DEV, dtype=torch.bfloat16) * inter ** -0.5
+    q13, s13 = quantize_w13(w13)
+    q2, s2 = quantize_weight(w2)
+    outs = [fp8_moe_layer(x, q13, s13, q2, s2, tw, ids, configs=LAYER_CONFIGS[name]) for name in (form, form + ", tma")]
+    assert bool(torch.isfinite(outs[1]).all()) and torch.equal(outs[0], outs[1])
+
+
+@needs_hopper
+@pytest.mark.gpu
 def test_a_layer_that_mixes_the_two_kernels_is_refused():
     x, w13, tw, ids = _problem(64, 8, 256, 256, 2)
     q13, s13 = quantize_w13(w13)
@@ -273,9 +308,21 @@ def test_the_rescaled_kernel_refuses_rows_its_warps_do_not_hold():
                                  bad)
 
 
+@pytest.mark.parametrize("bad,c,match", [
+    (_cfg(128, 8, 4, tma_store=True), torch.empty(1, 1), "C must be in sorted order"),
+    (_cfg(256, 8, 3, tma_store=True), torch.empty(4, 8), "two-wave form"),
+    (_cfg(128, 8, 4, tma_store=True), torch.empty(4, 9), "16-byte aligned rows")])
+def test_a_tma_copy_out_refuses_c_it_cannot_write(bad, c, match):
+    with pytest.raises(ValueError, match=match):
+        gk.launch_gluon_fp8_gemm(None, None, torch.empty(1, 1, 1), None, c, (None, None, None), 1, bad,
+                                 c_sorted=c.shape != (1, 1))
+
+
 def test_only_the_gluon_kernel_rescales():
     with pytest.raises(ValueError, match="config.rescale: only the Gluon kernel"):
         check_fp8_config(KernelConfig(block_m=64, block_n=128, block_k=128, rescale=True))
+    with pytest.raises(ValueError, match="config.tma_store: only the Gluon kernel"):
+        check_fp8_config(KernelConfig(block_m=64, block_n=128, block_k=128, tma_store=True))
 
 
 # (model, M) -> (plain GEMM, gate/up, down) as the H100 sweep of 2026-12-06 ranked them: where the

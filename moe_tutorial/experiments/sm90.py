@@ -33,6 +33,13 @@ from pathlib import Path
 KERNELS = ("tl-plain", "gluon-plain", "gluon-plain-nooverlap", "gluon-gated", "gluon-two-wave",
            "gluon-rescaled-plain", "gluon-rescaled-gated", "gluon-rescaled-plain-split")
 
+#: The Gluon FP8 forms whose C goes out through TMA copies (``tma_store``: rows in sorted order, a
+#: plain form's with router weights, as the layer's down GEMM writes them), as the layer launches
+#: them: name -> (block_m, warps, stages).
+TMA_KERNELS = {"gluon-gated-tma": (64, 8, 4), "gluon-plain-tma": (64, 4, 6),
+               "gluon-rescaled-gated-split-tma": (128, 4, 4), "gluon-rescaled-plain-split-tma": (128, 4, 3)}
+KERNELS += tuple(TMA_KERNELS)
+
 #: The bf16 Gluon kernel (:mod:`moe_tutorial.kernels.gluon_kernel`) at prefill, as
 #: :func:`~moe_tutorial.kernels.gluon_kernel.gluon_layer` runs it: name -> (block_n, stages), all
 #: 128 rows, 64 of K and 8 warps (two consumer warpgroups). The plain ones are the down GEMM.
@@ -164,19 +171,25 @@ def _compile(kernel: str):
             fp8_layer.launch_fp8_gemm(x_q, x_s, w, w_s, out, align_block_size(ids, 64, E), pairs, topk, config)
         return cap.compiled[0]
     bm, warps, stages = {"gluon-gated": (64, 8, 4), "gluon-two-wave": (256, 8, 3),
-                         "gluon-rescaled-plain-split": (128, 4, 4)}.get(kernel, (128, 8, 4))
+                         "gluon-rescaled-plain-split": (128, 4, 4), **TMA_KERNELS}.get(kernel, (128, 8, 4))
     rescale = kernel.startswith("gluon-rescaled")
+    tma_store = kernel in TMA_KERNELS
     config = KernelConfig(block_m=bm, block_n=256 if kernel.startswith("gluon-rescaled-plain") else 128, block_k=128,
-                          num_warps=warps, num_stages=stages, short_tails=False, gluon=True, rescale=rescale)
+                          num_warps=warps, num_stages=stages, short_tails=False, gluon=True, rescale=rescale,
+                          tma_store=tma_store)
     alignment = align_block_size(ids, bm, E)
     rows = gluon_fp8_kernel.sorted_rows(alignment, bm)
     a, a_st = torch.zeros(rows, K, dtype=FP8_DTYPE), torch.ones(K // 128, rows)
     gluon_fp8_kernel.UNAVAILABLE = None              # compiling, not running
     with _captured(gluon_fp8_kernel, "gluon_fp8_moe_kernel") as cap:
-        if kernel in ("gluon-gated", "gluon-rescaled-gated"):
+        if kernel in ("gluon-gated", "gluon-rescaled-gated") or "gated" in kernel and tma_store:
             act = torch.empty(a.shape[0], inter, dtype=FP8_DTYPE)
             act_st = torch.empty(inter // 128, a.shape[0])
             gluon_fp8_kernel.launch_gluon_fp8_gemm(a, a_st, w, w_s, act, alignment, pairs, config, c_scale_t=act_st)
+        elif tma_store:     # the down GEMM's epilogue: router weights, rows left in sorted order
+            out = torch.empty(rows, 2 * inter, dtype=torch.bfloat16)
+            gluon_fp8_kernel.launch_gluon_fp8_gemm(a, a_st, w, w_s, out, alignment, pairs, config,
+                                                   router_weights=torch.ones(pairs), c_sorted=True)
         else:
             out = torch.empty(pairs, 2 * inter, dtype=torch.bfloat16)
             gluon_fp8_kernel.launch_gluon_fp8_gemm(a, a_st, w, w_s, out, alignment, pairs, config,

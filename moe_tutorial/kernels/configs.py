@@ -37,6 +37,7 @@ class KernelConfig:
     persistent: bool = False   # one program per SM walks the tiles (kernels/persistent_kernel.py); no short tails
     gluon: bool = False        # FP8 and Part 8's dW GEMMs: the Gluon kernel (gluon_fp8_kernel.py, gluon_grad_kernel.py)
     rescale: bool = False      # Gluon FP8 only: accumulators rescaled in place, no raw products (256-wide tiles)
+    tma_store: bool = False    # Gluon FP8 only: C out through TMA copies, its rows in sorted order
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -68,7 +69,7 @@ def check_config(config, name: str = "config") -> KernelConfig:
         if value < 1:
             raise ValueError(f"{name}.{field}: expected an int of at least 1, got {value}")
         fields[field] = value
-    for field in ("use_tma", "short_tails", "persistent", "gluon", "rescale"):
+    for field in ("use_tma", "short_tails", "persistent", "gluon", "rescale", "tma_store"):
         if not isinstance(getattr(config, field), bool):
             raise TypeError(f"{name}.{field}: expected True or False, got {getattr(config, field)!r}")
     return replace(config, **fields)
@@ -86,6 +87,8 @@ def check_fp8_config(config, name: str = "config", *, quant_out: bool = False) -
     if config.rescale and not config.gluon:
         raise ValueError(f"{name}.rescale: only the Gluon kernel rescales its accumulators in place; expected False "
                          f"or gluon=True")
+    if config.tma_store and not config.gluon:
+        raise ValueError(f"{name}.tma_store: only the Gluon kernel stores C through TMA; expected False or gluon=True")
     if FP8_BLOCK % config.block_k:
         raise ValueError(f"{name}.block_k: expected a power of two dividing {FP8_BLOCK} (one scale per K step), "
                          f"got {config.block_k}")

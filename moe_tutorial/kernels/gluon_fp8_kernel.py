@@ -24,6 +24,14 @@ grid is persistent (one program per SM walks the real tiles in Part 4's grouped 
 the device), and the weight block scales (one per 128 x 128 block, so one per tile and step
 for BLOCK_N = 128) are read by the MMA warps two steps ahead.
 
+Each tile leaves through ``gl.store`` in whole rows (:func:`~moe_tutorial.kernels.gluon_kernel.store_rows`),
+the MMA warps waiting while they issue the stores. With ``config.tma_store`` (not the dispatcher's
+choice until a GPU has measured it: ``measurements/scripts/tma_store_layer.py``) they write the tile
+into shared memory and hand it to a TMA copy instead, which writes it while they start the next
+tile's MMAs. A copy writes a box of rows as they lie, so C must be in sorted order: the gate/up
+GEMM's output is; the layer's down GEMM then leaves its rows sorted too, and the sum over each
+token's rows gathers them (:func:`~moe_tutorial.kernels.topk_sum.sorted_topk_sum`).
+
 Gluon does not run in Triton's CPU interpreter: on a laptop Part 7's ``tl`` kernel runs, and the
 source of this one is there to read (notebook 07).
 """
@@ -46,18 +54,19 @@ from .fp8_quant import (
 )
 from .gluon_kernel import HAVE_GLUON, gluon_descriptor, sorted_rows
 from .tma import stacked_rows
-from .topk_sum import topk_sum
+from .topk_sum import sorted_topk_sum, topk_sum
 
 if HAVE_GLUON:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (
         mbarrier,
+        tma,
         warpgroup_mma,
         warpgroup_mma_wait,
     )
 
-    from .gluon_kernel import mma_layout, ring_barriers, silu_mul, store_rows, tile_of, tma_load
+    from .gluon_kernel import copy_rows, mma_layout, ring_barriers, silu_mul, store_rows, tile_of, tma_load
 
 #: Why the Gluon FP8 kernel cannot run here, or None where it can.
 UNAVAILABLE = (None if HAVE_GLUON and runtime.ON_GPU and torch.cuda.get_device_capability()[0] == 9
@@ -186,9 +195,11 @@ if HAVE_GLUON:
     @gluon.jit
     def fp8_mma_partition(a_bufs, as_bufs, b_bufs, ready, empty, b_scale_ptr, c_ptr, router_w_ptr,
                           sorted_ids_ptr, expert_ids_ptr, num_post_ptr, N, K, num_pairs,
-                          stride_bse, stride_bsn, stride_bsk, stride_cm, group_m,
-                          C_SORTED: gl.constexpr, ROUTER_WEIGHTS: gl.constexpr, OVERLAP: gl.constexpr):
-        """The MMA warps: step k+1 on the tensor cores while step k is promoted; then each tile's epilogue."""
+                          stride_bse, stride_bsn, stride_bsk, stride_cm, group_m, c_desc, c_bufs,
+                          C_SORTED: gl.constexpr, ROUTER_WEIGHTS: gl.constexpr, OVERLAP: gl.constexpr,
+                          TMA_C: gl.constexpr):
+        """The MMA warps: step k+1 on the tensor cores while step k is promoted; then each tile's epilogue
+        (with TMA_C through a TMA copy at the sorted rows, :func:`copy_rows`)."""
         STAGES: gl.constexpr = a_bufs.type.shape[0]
         BLOCK_M: gl.constexpr = a_bufs.type.shape[1]
         BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
@@ -239,8 +250,14 @@ if HAVE_GLUON:
             mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES))
 
             # [epilogue]
-            store_rows(acc, pid_m * BLOCK_M, pid_n, c_ptr, router_w_ptr, sorted_ids_ptr, N, num_pairs, stride_cm,
-                       rows_layout, C_SORTED, ROUTER_WEIGHTS)
+            if TMA_C:
+                copy_rows(acc, pid_m * BLOCK_M, pid_n * BLOCK_N, c_desc, c_bufs, 0, router_w_ptr, sorted_ids_ptr,
+                          num_pairs, rows_layout, ROUTER_WEIGHTS)
+            else:
+                store_rows(acc, pid_m * BLOCK_M, pid_n, c_ptr, router_w_ptr, sorted_ids_ptr, N, num_pairs,
+                           stride_cm, rows_layout, C_SORTED, ROUTER_WEIGHTS)
+        if TMA_C:
+            tma.store_wait(0)           # the last copies have read the buffers before the program ends
 
     @gluon.jit
     def fp8_two_wave_mma_partition(a_bufs, as_bufs, b_bufs, ready, empty, b_scale_ptr, c_ptr, router_w_ptr,
@@ -308,7 +325,8 @@ if HAVE_GLUON:
     @gluon.jit
     def fp8_gated_mma_partition(a_bufs, as_bufs, b_bufs, bu_bufs, ready, empty, b_scale_ptr, c_ptr, cs_ptr,
                                 sorted_ids_ptr, expert_ids_ptr, num_post_ptr, N, K, num_pairs, up_scale_rows,
-                                stride_bse, stride_bsn, stride_bsk, stride_cm, stride_csn, group_m):
+                                stride_bse, stride_bsn, stride_bsk, stride_cm, stride_csn, group_m, c_desc, c_bufs,
+                                TMA_C: gl.constexpr):
         """The gate/up GEMM's MMA warps: gate and up products for the same rows and columns, each
         promoted one step behind; the epilogue forms ``silu(gate) * up`` and quantises it, per row and
         128 columns, into the down GEMM's e4m3 input (rows in sorted order, scales transposed)."""
@@ -370,15 +388,19 @@ if HAVE_GLUON:
             mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES))
 
             store_quantised(acc_g, acc_u, pid_m * BLOCK_M, pid_n, c_ptr, cs_ptr, sorted_ids_ptr, N, num_pairs,
-                            stride_cm, stride_csn, rows_layout, cols_layout)
+                            stride_cm, stride_csn, c_desc, c_bufs, rows_layout, cols_layout, TMA_C)
+        if TMA_C:
+            tma.store_wait(0)
 
     @gluon.jit
     def store_quantised(acc_g, acc_u, first_row, pid_n, c_ptr, cs_ptr, sorted_ids_ptr, N, num_pairs, stride_cm,
-                        stride_csn, rows_layout: gl.constexpr, cols_layout: gl.constexpr):
+                        stride_csn, c_desc, c_bufs, rows_layout: gl.constexpr, cols_layout: gl.constexpr,
+                        TMA_C: gl.constexpr):
         """[quantising epilogue] ``silu(gate) * up``, then per row one scale for these 128 columns: the
         down GEMM's e4m3 input at the sorted rows, its scales transposed (``cs[pid_n, row]``). The
         scales are taken in the MMA's layout (a row's 128 columns lie in four threads); the tile, its
-        values already e4m3's, then goes out through :func:`store_rows` (16 columns a thread)."""
+        values already e4m3's, then goes out through :func:`store_rows` (16 columns a thread), or with
+        TMA_C through :func:`copy_rows` (one TMA copy, its buffer ``c_bufs`` of one)."""
         BLOCK_M: gl.constexpr = acc_g.type.shape[0]
         BLOCK_N: gl.constexpr = acc_g.type.shape[1]
         offs_m = first_row + gl.arange(0, BLOCK_M, layout=rows_layout)
@@ -387,7 +409,12 @@ if HAVE_GLUON:
         h = gl.where((offs_n < N)[None, :], silu_mul(acc_g, acc_u), 0.0)
         q, scale = quantize_group(h, E4M3_MAX_C, MIN_AMAX_C)
         gl.store(cs_ptr + pid_n * stride_csn + offs_m.to(gl.int64), scale, mask=row_ok)
-        store_rows(q, first_row, pid_n, c_ptr, c_ptr, sorted_ids_ptr, N, num_pairs, stride_cm, rows_layout, True, False)
+        if TMA_C:
+            copy_rows(q, first_row, pid_n * BLOCK_N, c_desc, c_bufs, 0, c_ptr, sorted_ids_ptr, num_pairs, rows_layout,
+                      False)
+        else:
+            store_rows(q, first_row, pid_n, c_ptr, c_ptr, sorted_ids_ptr, N, num_pairs, stride_cm, rows_layout, True,
+                       False)
 
     @gluon.jit
     def rescale_by(acc, unit, new_unit):
@@ -403,8 +430,9 @@ if HAVE_GLUON:
     def fp8_rescaled_mma_partition(a_bufs, as_bufs, b_bufs, bu_bufs, ready, empty, b_scale_ptr, c_ptr, cs_ptr,
                                    router_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr, N, K, num_pairs,
                                    second_scale_rows, stride_bse, stride_bsn, stride_bsk, stride_cm, stride_csn,
-                                   group_m, GATED: gl.constexpr, C_SORTED: gl.constexpr,
-                                   ROUTER_WEIGHTS: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr):
+                                   group_m, c_desc, c_bufs, GATED: gl.constexpr, C_SORTED: gl.constexpr,
+                                   ROUTER_WEIGHTS: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr,
+                                   TMA_C: gl.constexpr):
         """The MMA warps with two accumulators of 128 columns (gate and up, or a 256-wide tile's two
         halves) and no raw product at all: before each K step's MMA adds into an accumulator, the
         accumulator is *rescaled in place* into that step's units (``acc * old scale / new scale``,
@@ -477,24 +505,32 @@ if HAVE_GLUON:
             acc1 = acc1 * unit1[:, None]
 
             # [epilogue]
+            first_row = pid_m * BLOCK_M + ROW0
             if GATED:
-                store_quantised(acc0, acc1, pid_m * BLOCK_M + ROW0, pid_n, c_ptr, cs_ptr, sorted_ids_ptr, N,
-                                num_pairs, stride_cm, stride_csn, rows_layout, cols_layout)
+                store_quantised(acc0, acc1, first_row, pid_n, c_ptr, cs_ptr, sorted_ids_ptr, N, num_pairs, stride_cm,
+                                stride_csn, c_desc, c_bufs, rows_layout, cols_layout, TMA_C)
+            elif TMA_C:             # two buffers, one a half: half 0's copy runs while half 1 is written
+                copy_rows(acc0, first_row, pid_n * TILE_N, c_desc, c_bufs, 0, router_w_ptr, sorted_ids_ptr,
+                          num_pairs, rows_layout, ROUTER_WEIGHTS)
+                copy_rows(acc1, first_row, pid_n * TILE_N + HALF, c_desc, c_bufs, 1, router_w_ptr, sorted_ids_ptr,
+                          num_pairs, rows_layout, ROUTER_WEIGHTS)
             else:
-                first_row = pid_m * BLOCK_M + ROW0
                 store_rows(acc0, first_row, 2 * pid_n, c_ptr, router_w_ptr, sorted_ids_ptr, N, num_pairs,
                            stride_cm, rows_layout, C_SORTED, ROUTER_WEIGHTS)
                 store_rows(acc1, first_row, 2 * pid_n + 1, c_ptr, router_w_ptr, sorted_ids_ptr, N, num_pairs,
                            stride_cm, rows_layout, C_SORTED, ROUTER_WEIGHTS)
+        if TMA_C:
+            tma.store_wait(0)
 
     @gluon.jit
-    def gluon_fp8_moe_kernel(a_desc, as_desc, b_desc, b_scale_ptr, c_ptr, cs_ptr, router_w_ptr,
+    def gluon_fp8_moe_kernel(a_desc, as_desc, b_desc, b_scale_ptr, c_ptr, cs_ptr, router_w_ptr, c_desc,
                              sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
                              N, K, num_pairs, b_rows_per_expert, second_rows, second_scale_rows,
                              stride_bse, stride_bsn, stride_bsk, stride_cm, stride_csn, group_m,
                              STAGES: gl.constexpr, GATED: gl.constexpr, RESCALE: gl.constexpr,
                              SPLIT: gl.constexpr, TWO_B: gl.constexpr, TILE_N: gl.constexpr,
-                             C_SORTED: gl.constexpr, ROUTER_WEIGHTS: gl.constexpr, OVERLAP: gl.constexpr):
+                             C_SORTED: gl.constexpr, ROUTER_WEIGHTS: gl.constexpr, OVERLAP: gl.constexpr,
+                             TMA_C: gl.constexpr):
         """C[pair] = (A[sorted position] . B[expert]^T) with block scales, for every real tile.
 
         With GATED, B holds gate rows then up rows (``second_rows`` further on, their scales
@@ -502,7 +538,11 @@ if HAVE_GLUON:
         one scale per row and 128 columns in ``cs`` (transposed: ``[N / 128, rows]``). With RESCALE
         the accumulators are rescaled in place (:func:`fp8_rescaled_mma_partition`); a plain tile is
         then two B tiles wide (``TILE_N`` = 256, the second ``second_rows`` = 128 rows on), and with
-        SPLIT its two MMA warpgroups are two partitions of 4 warps (the kernel's ``num_warps`` is 4)."""
+        SPLIT its two MMA warpgroups are two partitions of 4 warps (the kernel's ``num_warps`` is 4).
+
+        With TMA_C (C at the sorted rows) the tiles go out through TMA copies, ``c_desc`` over C in
+        boxes of one partition's rows by 128 columns: each partition has a shared-memory buffer per
+        box it writes (two for a 256-wide tile), so a tile's copies run during the next tile's MMAs."""
         a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
         as_bufs = gl.allocate_shared_memory(as_desc.dtype, [STAGES] + as_desc.block_type.shape, as_desc.layout)
         b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
@@ -514,19 +554,29 @@ if HAVE_GLUON:
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
         HALF_M: gl.constexpr = BLOCK_M // 2
         FIRST: gl.constexpr = 0
+        BOXES: gl.constexpr = 2 if RESCALE and not GATED else 1        # C's boxes a partition writes a tile
+        if TMA_C:
+            c0 = gl.allocate_shared_memory(c_desc.dtype, [BOXES] + c_desc.block_type.shape, c_desc.layout)
+            if SPLIT:
+                c1 = gl.allocate_shared_memory(c_desc.dtype, [BOXES] + c_desc.block_type.shape, c_desc.layout)
+            else:
+                c1 = c0
+        else:
+            c0 = a_bufs            # (not used)
+            c1 = a_bufs
         # (each branch names the load partition in full: a constexpr passed inside a tuple stops being one)
         if RESCALE and SPLIT:
             gl.warp_specialize([
                 (fp8_rescaled_mma_partition, (a_bufs, as_bufs, b_bufs, bu_bufs, ready, empty, b_scale_ptr, c_ptr,
                                               cs_ptr, router_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr, N,
                                               K, num_pairs, second_scale_rows, stride_bse, stride_bsn, stride_bsk,
-                                              stride_cm, stride_csn, group_m, GATED, C_SORTED, ROUTER_WEIGHTS,
-                                              FIRST, HALF_M)),
+                                              stride_cm, stride_csn, group_m, c_desc, c0, GATED, C_SORTED,
+                                              ROUTER_WEIGHTS, FIRST, HALF_M, TMA_C)),
                 (fp8_rescaled_mma_partition, (a_bufs, as_bufs, b_bufs, bu_bufs, ready, empty, b_scale_ptr, c_ptr,
                                               cs_ptr, router_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr, N,
                                               K, num_pairs, second_scale_rows, stride_bse, stride_bsn, stride_bsk,
-                                              stride_cm, stride_csn, group_m, GATED, C_SORTED, ROUTER_WEIGHTS,
-                                              HALF_M, HALF_M)),
+                                              stride_cm, stride_csn, group_m, c_desc, c1, GATED, C_SORTED,
+                                              ROUTER_WEIGHTS, HALF_M, HALF_M, TMA_C)),
                 (fp8_load_partition, (a_desc, as_desc, b_desc, a_bufs, as_bufs, b_bufs, bu_bufs, ready, empty,
                                       expert_ids_ptr, num_post_ptr, N, K, b_rows_per_expert, second_rows, group_m,
                                       TWO_B, TILE_N))], [4, 1], [232, 40])
@@ -535,8 +585,8 @@ if HAVE_GLUON:
                 (fp8_rescaled_mma_partition, (a_bufs, as_bufs, b_bufs, bu_bufs, ready, empty, b_scale_ptr, c_ptr,
                                               cs_ptr, router_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr, N,
                                               K, num_pairs, second_scale_rows, stride_bse, stride_bsn, stride_bsk,
-                                              stride_cm, stride_csn, group_m, GATED, C_SORTED, ROUTER_WEIGHTS,
-                                              FIRST, BLOCK_M)),
+                                              stride_cm, stride_csn, group_m, c_desc, c0, GATED, C_SORTED,
+                                              ROUTER_WEIGHTS, FIRST, BLOCK_M, TMA_C)),
                 (fp8_load_partition, (a_desc, as_desc, b_desc, a_bufs, as_bufs, b_bufs, bu_bufs, ready, empty,
                                       expert_ids_ptr, num_post_ptr, N, K, b_rows_per_expert, second_rows, group_m,
                                       TWO_B, TILE_N))], [1], [40])
@@ -545,7 +595,7 @@ if HAVE_GLUON:
                 (fp8_gated_mma_partition, (a_bufs, as_bufs, b_bufs, bu_bufs, ready, empty, b_scale_ptr, c_ptr, cs_ptr,
                                            sorted_ids_ptr, expert_ids_ptr, num_post_ptr, N, K, num_pairs,
                                            second_scale_rows, stride_bse, stride_bsn, stride_bsk, stride_cm,
-                                           stride_csn, group_m)),
+                                           stride_csn, group_m, c_desc, c0, TMA_C)),
                 (fp8_load_partition, (a_desc, as_desc, b_desc, a_bufs, as_bufs, b_bufs, bu_bufs, ready, empty,
                                       expert_ids_ptr, num_post_ptr, N, K, b_rows_per_expert, second_rows, group_m,
                                       TWO_B, TILE_N))], [1], [40])
@@ -562,8 +612,8 @@ if HAVE_GLUON:
             gl.warp_specialize([
                 (fp8_mma_partition, (a_bufs, as_bufs, b_bufs, ready, empty, b_scale_ptr, c_ptr, router_w_ptr,
                                      sorted_ids_ptr, expert_ids_ptr, num_post_ptr, N, K, num_pairs,
-                                     stride_bse, stride_bsn, stride_bsk, stride_cm, group_m, C_SORTED,
-                                     ROUTER_WEIGHTS, OVERLAP)),
+                                     stride_bse, stride_bsn, stride_bsk, stride_cm, group_m, c_desc, c0, C_SORTED,
+                                     ROUTER_WEIGHTS, OVERLAP, TMA_C)),
                 (fp8_load_partition, (a_desc, as_desc, b_desc, a_bufs, as_bufs, b_bufs, bu_bufs, ready, empty,
                                       expert_ids_ptr, num_post_ptr, N, K, b_rows_per_expert, second_rows, group_m,
                                       TWO_B, TILE_N))], [1], [40])
@@ -592,6 +642,9 @@ def launch_gluon_fp8_gemm(a: torch.Tensor, a_scale_t: torch.Tensor, b: torch.Ten
     per tile) 128, or 256 for a plain GEMM with ``config.rescale``: the accumulators rescaled in place
     (:func:`fp8_rescaled_mma_partition`), which with ``c_scale_t`` holds gate and up for 128 rows;
     such a tile of 128 rows on 4 warps runs as two partitions of one warpgroup each.
+
+    With ``config.tma_store`` C must lie in sorted order (``c_sorted``, or the gate/up GEMM's output)
+    with 16-byte aligned rows: its tiles go out through TMA copies, padding rows included.
     """
     gated = c_scale_t is not None
     tile_n = 2 * BLOCK if config.rescale and not gated else BLOCK
@@ -605,24 +658,45 @@ def launch_gluon_fp8_gemm(a: torch.Tensor, a_scale_t: torch.Tensor, b: torch.Ten
     if config.rescale and not split and config.num_warps * 16 != config.block_m:
         raise ValueError(f"config: the rescaled kernel takes 16 rows a warp (8 warps, or 4 warps split in two "
                          f"partitions, for 128 rows), got block_m = {config.block_m}, num_warps = {config.num_warps}")
+    if config.tma_store:
+        check_tma_out(c, gated or c_sorted, config)
     if UNAVAILABLE:
         raise RuntimeError(UNAVAILABLE)
     sorted_ids, expert_ids, num_post = alignment
     E, rows, K = b.shape
     N = c.shape[1]
     a_desc, as_desc, b_desc = _descriptors(a, a_scale_t, b, config.block_m)
+    # A box of C: the rows one MMA partition holds, by one 128-column half (or gate/up tile).
+    c_desc = gluon_descriptor(c, [config.block_m // 2 if split else config.block_m, BLOCK]) if config.tma_store \
+        else a_desc
     max_tiles = triton.cdiv(sorted_ids.numel(), config.block_m) * triton.cdiv(N, tile_n)
     # The second B tile of a step: the up rows (gated) or the next 128 rows (a 256-wide tile).
     second_rows, second_scale_rows = (N, b_scale.shape[1] // 2) if gated else (BLOCK, 1)
     gluon_fp8_moe_kernel[(max(1, min(runtime.sm_count(), max_tiles)),)](
         a_desc, as_desc, b_desc, b_scale, c, c_scale_t if gated else b_scale,
-        router_weights if router_weights is not None else b_scale,
+        router_weights if router_weights is not None else b_scale, c_desc,
         sorted_ids, expert_ids, num_post,
         N, K, num_pairs, rows, second_rows, second_scale_rows,
         b_scale.stride(0), b_scale.stride(1), b_scale.stride(2), c.stride(0), c_scale_t.stride(0) if gated else 0,
         config.group_m, STAGES=config.num_stages, GATED=gated, RESCALE=config.rescale, SPLIT=split,
         TWO_B=gated or config.rescale, TILE_N=tile_n, C_SORTED=c_sorted or gated,
-        ROUTER_WEIGHTS=router_weights is not None, OVERLAP=overlap, num_warps=config.num_warps)
+        ROUTER_WEIGHTS=router_weights is not None, OVERLAP=overlap, TMA_C=config.tma_store,
+        num_warps=config.num_warps)
+
+
+def check_tma_out(c: torch.Tensor, sorted_out: bool, config) -> None:
+    """What a TMA copy out needs of C (``config.tma_store``): rows in sorted order (a box is whole
+    rows of a tile: rows to their pairs would be a scatter, which Hopper's TMA cannot do), unit column
+    stride and 16-byte aligned rows, and not the two-wave form (its epilogue stores through ``gl.store``)."""
+    if not sorted_out:
+        raise ValueError("config.tma_store: a TMA copy writes a tile's rows as they lie, so C must be in sorted "
+                         "order (c_sorted=True, or the gate/up GEMM's output); got C with one row per pair")
+    if config.block_m == 256 and not config.rescale:
+        raise ValueError("config.tma_store: the two-wave form (block_m = 256) stores through gl.store; expected "
+                         "tma_store=False there")
+    if c.stride(1) != 1 or (c.stride(0) * c.element_size()) % 16 or c.data_ptr() % 16:
+        raise ValueError(f"c: a TMA copy needs unit column stride and 16-byte aligned rows, got strides "
+                         f"{tuple(c.stride())} of {c.element_size()}-byte elements")
 
 
 # ------------------------------------------------------------------ the first GEMM and the layer
@@ -656,14 +730,17 @@ def gluon_fp8_layer(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor,
     * otherwise (128 rows, promoted): the plain kernel over w13's ``2I`` rows into a bf16 buffer, then
       one launch of :func:`moe_tutorial.kernels.fp8_quant.silu_mul_quantize`: one more pass over memory.
 
+    With ``cfg_down.tma_store`` the down GEMM writes its rows in sorted order through TMA copies, and
+    the sum over each token's rows gathers them (:func:`~moe_tutorial.kernels.topk_sum.sorted_topk_sum`).
+
     Returns ``[M, K]`` in x's dtype.
     """
     M, K = x.shape
     inter = w2.shape[2]
     num_pairs = M * topk
+    positions = sorted_positions(alignment, num_pairs) if sorted_quantiser or cfg_down.tma_store else None
     if sorted_quantiser:                        # x was checked at the door (fp8_moe_layer)
-        a, a_scale_t = quantize_rows_sorted(x, sorted_positions(alignment, num_pairs), topk,
-                                            sorted_rows(alignment, cfg_up.block_m))
+        a, a_scale_t = quantize_rows_sorted(x, positions, topk, sorted_rows(alignment, cfg_up.block_m))
     else:
         x_q, x_s = launch_quantize_rows(x)
         a, a_scale_t = gather_sorted_fp8(x_q, x_s, alignment, num_pairs, topk, cfg_up.block_m)
@@ -679,7 +756,13 @@ def gluon_fp8_layer(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor,
         h = torch.empty(R, 2 * inter, dtype=torch.bfloat16, device=x.device)
         launch_gluon_fp8_gemm(a, a_scale_t, w13, w13_scale, h, alignment, num_pairs, cfg_up, c_sorted=True)
         act, act_scale_t = silu_mul_quantize(h, alignment[2])
+    router_weights = topk_weights.reshape(-1).float().contiguous()
+    if cfg_down.tma_store:
+        down = x.new_empty(R, K)
+        launch_gluon_fp8_gemm(act, act_scale_t, w2, w2_scale, down, alignment, num_pairs, cfg_down,
+                              router_weights=router_weights, c_sorted=True)
+        return sorted_topk_sum(down, positions.view(M, topk))
     down = x.new_empty(num_pairs, K)
     launch_gluon_fp8_gemm(act, act_scale_t, w2, w2_scale, down, alignment, num_pairs, cfg_down,
-                          router_weights=topk_weights.reshape(-1).float().contiguous())
+                          router_weights=router_weights)
     return topk_sum(down.view(M, topk, K))

@@ -52,8 +52,9 @@ try:   # Gluon ships with Triton 3.4+; its Hopper module is what this kernel nee
         warpgroup_mma_wait,
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
-    # Triton 3.7 renamed the TMA copy into shared memory (3.9 removed the old name).
+    # Triton 3.7 renamed the TMA copies (3.9 removed the old names).
     tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
     HAVE_GLUON = True
 except ImportError:  # pragma: no cover  (older Triton)
     HAVE_GLUON = False
@@ -101,6 +102,37 @@ if HAVE_GLUON:
         return gl.BlockedLayout([1, per_thread], [32 // along, along], [num_warps, 1], [1, 0])
 
     @gluon.jit
+    def weighted_rows(acc, first_row, router_w_ptr, sorted_ids_ptr, num_pairs, rows_layout: gl.constexpr):
+        """``acc``'s rows (sorted rows ``first_row ..``) times their pairs' router weights; padding rows by 0."""
+        BLOCK_M: gl.constexpr = acc.type.shape[0]
+        pair = gl.load(sorted_ids_ptr + first_row + gl.arange(0, BLOCK_M, layout=rows_layout))
+        return acc * gl.load(router_w_ptr + pair, mask=pair < num_pairs, other=0.0)[:, None]
+
+    @gluon.jit
+    def copy_out(tile, c_desc, c_bufs, buf, row, col):
+        """[a TMA copy out] ``tile`` (registers) into shared-memory buffer ``buf`` of ``c_bufs`` in C's
+        dtype, then one TMA copy of it to C at ``(row, col)``: the copy engine writes it while the
+        warps go on. The buffers are used in turn (0, 1, .. then 0 again): before one is written,
+        the copies of all but the last ``len(c_bufs) - 1`` are waited for, so the one that read it
+        has finished. Whoever copies out waits for its last copies (``tma.store_wait(0)``) before
+        the program ends."""
+        tma.store_wait(c_bufs.type.shape[0] - 1)
+        c_bufs.index(buf).store(tile.to(c_desc.dtype))
+        fence_async_shared()         # the warps' writes to shared memory, seen by the copy engine
+        tma_store(c_desc, [row, col], c_bufs.index(buf))
+
+    @gluon.jit
+    def copy_rows(acc, first_row, first_col, c_desc, c_bufs, buf, router_w_ptr, sorted_ids_ptr, num_pairs,
+                  rows_layout: gl.constexpr, ROUTER_WEIGHTS: gl.constexpr):
+        """[epilogue through TMA] The tile, its rows in sorted order (times their router weights with
+        ROUTER_WEIGHTS), out through :func:`copy_out` at ``(first_row, first_col)``: the copy runs
+        during the next tile's MMAs. Padding rows are written too (they lie in C's sorted rows and
+        nothing reads them); columns past C's width are clipped by the copy."""
+        if ROUTER_WEIGHTS:
+            acc = weighted_rows(acc, first_row, router_w_ptr, sorted_ids_ptr, num_pairs, rows_layout)
+        copy_out(acc, c_desc, c_bufs, buf, first_row, first_col)
+
+    @gluon.jit
     def store_rows(acc, first_row, pid_n, c_ptr, router_w_ptr, sorted_ids_ptr, N, num_pairs, stride_cm,
                    rows_layout: gl.constexpr,
                    C_SORTED: gl.constexpr, ROUTER_WEIGHTS: gl.constexpr):
@@ -113,8 +145,7 @@ if HAVE_GLUON:
         BLOCK_M: gl.constexpr = acc.type.shape[0]
         BLOCK_N: gl.constexpr = acc.type.shape[1]
         if ROUTER_WEIGHTS:
-            pair_mma = gl.load(sorted_ids_ptr + first_row + gl.arange(0, BLOCK_M, layout=rows_layout))
-            acc = acc * gl.load(router_w_ptr + pair_mma, mask=pair_mma < num_pairs, other=0.0)[:, None]
+            acc = weighted_rows(acc, first_row, router_w_ptr, sorted_ids_ptr, num_pairs, rows_layout)
         # [16 bytes of a row a thread]
         layout: gl.constexpr = store_layout(c_ptr.dtype.element_ty.primitive_bitwidth, BLOCK_N, gl.num_warps())
         c = gl.convert_layout(acc.to(c_ptr.dtype.element_ty), layout)

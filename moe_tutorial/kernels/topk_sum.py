@@ -4,6 +4,10 @@ The down GEMM leaves one row per (token, slot) pair, ``[M, topk, H]``; the layer
 their sum over the topk slots. Each program loads one token's topk rows for a slice of H at
 once (all of them in flight together), adds them in fp32 and rounds once.
 
+:func:`sorted_topk_sum` takes the rows in sorted order instead, as Part 7's down GEMM leaves
+them when it writes them through TMA copies (whole boxes of sorted rows): each token's sum
+gathers its rows from where :func:`~moe_tutorial.kernels.align.sorted_positions` says they lie.
+
 :func:`local_topk_sum` is the expert-parallel layer's variant: it adds only the slots whose
 expert lives on this rank. The rows of the other slots are never written by the GEMMs (their
 pairs were dropped by the alignment), so they must not be read: they contribute exactly zero.
@@ -42,6 +46,42 @@ def topk_sum(rows: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tenso
     topk_pad = triton.next_power_of_2(topk)
     topk_sum_kernel[(M, triton.cdiv(H, block_h))](
         rows, out, H, topk, rows.stride(0), rows.stride(1), rows.stride(2), out.stride(0), out.stride(1),
+        TOPK_PAD=topk_pad, BLOCK_H=block_h, num_warps=4 if topk_pad * block_h <= 8192 else 8,
+    )
+    return out
+
+
+@triton.jit
+def sorted_topk_sum_kernel(rows_ptr, pos_ptr, out_ptr, H, topk, stride_rr, stride_rh, stride_om, stride_oh,
+                           TOPK_PAD: tl.constexpr, BLOCK_H: tl.constexpr):
+    """out[m, h] = sum_j rows[pos[m, j], h] for one token m and one BLOCK_H slice of h; a slot at -1
+    adds nothing. The topk rows are added as :func:`topk_sum_kernel` adds them (one ``tl.sum``)."""
+    m = tl.program_id(0).to(tl.int64)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    slot = tl.arange(0, TOPK_PAD)
+    pos = tl.load(pos_ptr + m * topk + slot, mask=slot < topk, other=-1)
+    found = tl.load(rows_ptr + pos.to(tl.int64)[:, None] * stride_rr + offs_h[None, :] * stride_rh,
+                    mask=(pos >= 0)[:, None] & (offs_h < H)[None, :], other=0.0)
+    tl.store(out_ptr + m * stride_om + offs_h * stride_oh, tl.sum(found.to(tl.float32), axis=0).to(
+        out_ptr.dtype.element_ty), mask=offs_h < H)
+
+
+def sorted_topk_sum(rows: torch.Tensor, positions: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Each token's sum over its topk rows, the rows in sorted order: ``rows`` ``[R, H]``,
+    ``positions`` ``[M, topk]`` int32 (:func:`~moe_tutorial.kernels.align.sorted_positions` viewed
+    so: the row of each pair, -1 for a pair the alignment dropped) -> ``[M, H]`` in rows' dtype,
+    accumulated in fp32. Where the rows hold the same values, the same bits as :func:`topk_sum`."""
+    if positions.dim() != 2 or positions.dtype != torch.int32 or not positions.is_contiguous():
+        raise ValueError(f"positions: expected a contiguous int32 [M, topk], got {positions.dtype} of shape "
+                         f"{tuple(positions.shape)}")
+    (M, topk), H = positions.shape, rows.shape[1]
+    out = rows.new_empty(M, H) if out is None else out
+    if M == 0 or H == 0:
+        return out
+    block_h = min(BLOCK_H, triton.next_power_of_2(H))
+    topk_pad = triton.next_power_of_2(topk)
+    sorted_topk_sum_kernel[(M, triton.cdiv(H, block_h))](
+        rows, positions, out, H, topk, rows.stride(0), rows.stride(1), out.stride(0), out.stride(1),
         TOPK_PAD=topk_pad, BLOCK_H=block_h, num_warps=4 if topk_pad * block_h <= 8192 else 8,
     )
     return out
