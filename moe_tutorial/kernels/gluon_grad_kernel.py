@@ -38,17 +38,13 @@ if HAVE_GLUON:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (
-        fence_async_shared,
         mbarrier,
         tma,
         warpgroup_mma,
         warpgroup_mma_wait,
     )
 
-    from .gluon_kernel import mma_layout, ring_barriers, tile_of, tma_load
-
-    # Triton 3.7 renamed the TMA copy out of shared memory too.
-    tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+    from .gluon_kernel import copy_out, mma_layout, ring_barriers, tile_of, tma_load
 
 #: Why this kernel cannot run here, or None where it can.
 UNAVAILABLE = (None if HAVE_GLUON and runtime.ON_GPU and torch.cuda.get_device_capability()[0] == 9
@@ -112,11 +108,8 @@ if HAVE_GLUON:
                 step += 1
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES), pred=end > first)
-            # [the store] The last tile's store must have left c_smem before it is written again.
-            tma.store_wait(0)
-            c_smem.store(acc.to(c_desc.dtype))
-            fence_async_shared()
-            tma_store(c_desc, [expert * P + pid_p * BLOCK_P, pid_q * BLOCK_Q], c_smem)
+            # [the store] Through c_smem (one buffer: the last tile's copy must have left it first).
+            copy_out(acc, c_desc, c_smem, 0, expert * P + pid_p * BLOCK_P, pid_q * BLOCK_Q)
         tma.store_wait(0)
 
     @gluon.jit
@@ -128,7 +121,7 @@ if HAVE_GLUON:
         BLOCK_Q: gl.constexpr = c_desc.block_type.shape[1]
         l_bufs = gl.allocate_shared_memory(l_desc.dtype, [STAGES] + l_desc.block_type.shape, l_desc.layout)
         r_bufs = gl.allocate_shared_memory(r_desc.dtype, [STAGES] + r_desc.block_type.shape, r_desc.layout)
-        c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+        c_smem = gl.allocate_shared_memory(c_desc.dtype, [1] + c_desc.block_type.shape, c_desc.layout)
         ready, empty = ring_barriers(STAGES)
         num_p = gl.cdiv(P, BLOCK_P)
         num_q = gl.cdiv(Q, BLOCK_Q)
