@@ -217,6 +217,7 @@ def test_fp8_grouped_anchor_dry_run_writes_one_row_per_implementation(tmp_path):
 
     from moe_tutorial import runtime
     from moe_tutorial.perf import impls
+    from moe_tutorial.perf.sweep import TOY
     from moe_tutorial.shapes import MODEL_SHAPES
 
     module = load_script("fp8_grouped_anchor.py")
@@ -224,7 +225,7 @@ def test_fp8_grouped_anchor_dry_run_writes_one_row_per_implementation(tmp_path):
     try:
         assert module.main(["--dry-run"]) == 0
     finally:
-        MODEL_SHAPES.pop(module.TOY.name, None)
+        MODEL_SHAPES.pop(TOY.name, None)
     with open(tmp_path / "fp8_grouped_anchor.csv") as f:
         rows = {r["impl"]: r for r in csv.DictReader(f)}
     assert list(rows) == list(module.PRECISION)
@@ -234,3 +235,33 @@ def test_fp8_grouped_anchor_dry_run_writes_one_row_per_implementation(tmp_path):
     if not runtime.ON_GPU:
         assert rows["cutlass-fp8"]["status"] == f"skipped: Skip: {impls.scaled_grouped_mm_support()}"
         assert rows["cutlass-fp8"]["ms"] == "" and "tl kernel" in rows["fp8-gemm"]["status"]
+
+
+def test_tma_store_layer_dry_run_writes_one_row_per_form(tmp_path):
+    """measurements/scripts/tma_store_layer.py on the toy shape in the interpreter: a row for each form
+    in order; the layers that run here agree with float64, and the TMA forms (the Gluon kernel's) say
+    why they did not run. The down GEMM's TMA form gives up a stage only where its 256-wide tile's
+    buffers need the room."""
+    import csv
+
+    from moe_tutorial import runtime
+    from moe_tutorial.kernels.configs import GLUON_FUSED_DOWN, GLUON_RESCALED_WIDE
+    from moe_tutorial.perf.sweep import TOY
+    from moe_tutorial.shapes import MODEL_SHAPES
+
+    module = load_script("tma_store_layer.py")
+    module.OUT = str(tmp_path)
+    try:
+        assert module.main(["--dry-run"]) == 0
+    finally:
+        MODEL_SHAPES.pop(TOY.name, None)
+    with open(tmp_path / "tma_store_layer.csv") as f:
+        rows = {r["impl"]: r for r in csv.DictReader(f)}
+    assert list(rows) == list(module.FORMS)
+    for name in ("fp8", "sorted"):
+        assert rows[name]["status"] == "ok" and float(rows[name]["rel_error"]) < 5e-2, rows[name]
+    if not runtime.ON_GPU:
+        assert all("tl kernel" in rows[n]["status"] for n in ("fp8-tma-up", "fp8-tma-down", "fp8-tma"))
+        assert rows["fp8"]["ms"] == "nan" and rows["fp8"]["up"].startswith("tl-")     # no timer on a CPU
+    wide, fused = module.tma_down(GLUON_RESCALED_WIDE), module.tma_down(GLUON_FUSED_DOWN)
+    assert wide.tma_store and wide.num_stages == 3 and fused.num_stages == GLUON_FUSED_DOWN.num_stages

@@ -26,7 +26,6 @@ Each is checked against float64 on its own inputs (dequantised for the FP8 rows)
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -37,16 +36,12 @@ from moe_tutorial.kernels.align import align_block_size
 from moe_tutorial.kernels.configs import fp8_config
 from moe_tutorial.kernels.fp8_quant import quantize_rows
 from moe_tutorial.perf import bench, impls
-from moe_tutorial.perf.ceilings import measure_ceilings
-from moe_tutorial.perf.results import write_csv
-from moe_tutorial.perf.timing import machine_info, time_both_orders
-from moe_tutorial.reference import rel_error
-from moe_tutorial.shapes import MODEL_SHAPES, ModelShape
+from moe_tutorial.perf.sweep import cases, check_then_time, skip_reason, sweep_models, sweep_parser
+from moe_tutorial.shapes import ModelShape
 
 import torch
 
 OUT = os.environ.get("OUT", ".")
-TOY = ModelShape("toy-K256-I128", 8, 2, 256, 128)
 #: Each row's precision: the FP8 rows are judged against the FP8 rate and floor, the rest against bf16's.
 PRECISION = {"fp8": "fp8", "fp8-gemm": "fp8", "cutlass-fp8": "fp8", "cutlass-fp8-exact": "fp8",
              "sorted": "bf16", "grouped_mm": "bf16"}
@@ -83,13 +78,13 @@ def prepared_calls(inp, names=tuple(PRECISION)) -> dict:
         try:
             out[name] = gluon_gemm_alone(inp, out["fp8"]) if name == "fp8-gemm" else build(inp)
         except Exception as e:  # noqa: BLE001  (Skip, or a torch that refuses the call: the row says why)
-            out[name] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}"
+            out[name] = skip_reason(e)
     if "fp8-gemm" in out and out["fp8-gemm"] is None:
         out["fp8-gemm"] = "the dispatcher runs the tl kernel here: no gather to leave out"
     return {name: out[name] for name in names}
 
 
-def case_rows(shape: ModelShape, M: int, w13, caches: dict, ceil, info: dict, names=tuple(PRECISION)) -> list[dict]:
+def case_rows(shape: ModelShape, M: int, w13, w2, caches: dict, ceil, info: dict, names=tuple(PRECISION)) -> list[dict]:
     """Check, then time every implementation on one batch; one row each (a reason where it did not run)."""
     inp = bench.make_inputs(shape, M, runtime.DEFAULT_DTYPE, w13, None)
     inp.__dict__.update(caches)                 # the weights quantised once per model, not per M
@@ -97,20 +92,7 @@ def case_rows(shape: ModelShape, M: int, w13, caches: dict, ceil, info: dict, na
     caches.update({k: v for k, v in inp.__dict__.items() if k.startswith("_fp8")})
     # Four rows, as vllm_fp8_anchor.py checks: the FP8 references dequantise the experts those rows touch
     # into float64, and sixteen of DeepSeek-V3's (up to 128 experts) would not fit an 80 GB card beside them.
-    rows_idx, expected_bf16 = bench.reference_rows("first", inp, max_rows=4)
-    errors, calls, status = {}, {}, {}
-    for name, p in prepared.items():
-        if isinstance(p, str):
-            status[name] = f"skipped: {p}"
-            continue
-        try:
-            out = p.output(p.calls[0]())
-            expected = p.reference(rows_idx) if p.reference is not None else expected_bf16
-            errors[name] = rel_error(out[rows_idx].float(), expected)
-            calls[name] = p.calls[0]
-        except Exception as e:  # noqa: BLE001
-            status[name] = f"skipped: {type(e).__name__}: {str(e).strip().splitlines()[0][:160]}"
-    times = time_both_orders(calls) if runtime.ON_GPU else {n: [float("nan")] * 2 for n in calls}
+    times, _, errors, status = check_then_time(prepared, *bench.reference_rows("first", inp, max_rows=4))
     rows = []
     for name in prepared:
         precision = PRECISION[name]
@@ -118,7 +100,7 @@ def case_rows(shape: ModelShape, M: int, w13, caches: dict, ceil, info: dict, na
         row = dict(info, model=shape.name, M=M, E=shape.num_experts, N=w13.shape[1], K=w13.shape[2],
                    topk=shape.topk, impl=name, precision=precision,
                    floor_ms=ceil.floor_ms(nbytes, flops, precision), status=status.get(name, "ok"))
-        if name in calls:
+        if name in times:
             best = min(times[name])
             rate = ceil.compute_tflops(precision)
             row.update(ms=best, ms_forward=times[name][0], ms_reverse=times[name][1],
@@ -136,32 +118,14 @@ def case_rows(shape: ModelShape, M: int, w13, caches: dict, ceil, info: dict, na
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", nargs="+", default=["Qwen3-30B-A3B", "DeepSeek-V3", "Kimi-K2"])
-    p.add_argument("--M", nargs="+", type=int, default=[256, 1024, 4096, 16384])
+    p = sweep_parser(__doc__.splitlines()[0], [256, 1024, 4096, 16384])
     p.add_argument("--impls", nargs="+", choices=list(PRECISION), default=list(PRECISION))
-    p.add_argument("--dry-run", action="store_true", help="on a CPU: the toy shape in the interpreter")
     args = p.parse_args(argv)
-    if args.dry_run:
-        MODEL_SHAPES[TOY.name] = TOY
-        args.models, args.M = [TOY.name], [3]
-    elif not runtime.ON_GPU:
-        print("needs a CUDA GPU")
+    if (todo := cases(args)) is None:
         return 2
-    ceil = measure_ceilings(runtime.DEFAULT_DTYPE, "cold-l2")
-    info = {**machine_info(), **ceil.columns()}
-    rows = []
-    for model in args.models:
-        shape = MODEL_SHAPES[model]
-        w13, _ = bench.make_weights(shape, runtime.DEFAULT_DTYPE, with_w2=False)
-        caches: dict = {}
-        for M in args.M:
-            rows += case_rows(shape, M, w13, caches, ceil, info, tuple(args.impls))
-            columns = list(dict.fromkeys(k for r in rows for k in r))
-            write_csv(Path(OUT) / "fp8_grouped_anchor.csv", rows, columns)
-            if runtime.ON_GPU:
-                torch.cuda.empty_cache()
-        del w13, caches
+    names = tuple(args.impls)
+    sweep_models(*todo, lambda *case: case_rows(*case, names), Path(OUT) / "fp8_grouped_anchor.csv",
+                 with_w2=False)
     return 0
 
 

@@ -1,0 +1,120 @@
+"""Part 7's FP8 layer with its tiles copied out through TMA, form by form, beside the bf16 layer: one run, one timer.
+
+    python3 measurements/scripts/tma_store_layer.py [--models Qwen3-30B-A3B DeepSeek-V3 Kimi-K2] \\
+        [--M 1024 4096 16384] [--dry-run]
+
+Issue 31 asks the FP8 layer for 1.5x the bf16 layer at M >= 4096. The Gluon epilogues store each
+tile with ``gl.store``: the MMA warps wait while they do, and the tensor cores with them. A down GEMM
+tile of Qwen3-30B-A3B is 6 K steps of MMAs and then 64 KB of bf16 to write: its stores are a large
+part of its time. ``config.tma_store`` writes the tile into shared memory instead and hands it to the
+TMA engine, which copies it out while the warps start the next tile's MMAs. A TMA copy writes a box of
+rows as they lie, so the rows must be in sorted order: the gate/up GEMM's are; the down GEMM then
+leaves its rows sorted too and the sum over each token's rows gathers them through their positions
+(``sorted_topk_sum``). Forms, each from the dispatcher's configurations (``layer_configs``):
+
+* ``fp8``: as shipped; ``fp8-tma-up``: the gate/up GEMM's e4m3 tile through TMA;
+* ``fp8-tma-down``: the down GEMM's rows sorted, through TMA (a 256-wide rescaled tile's four
+  buffers take one stage's room: 3 stages); ``fp8-tma``: both;
+* ``sorted``: Part 4's bf16 layer, the ratio's denominator.
+
+Each is checked against the float64 layer that takes the same quantisation steps (4 rows), and each
+TMA form for the same bits as ``fp8``. Timed cold-l2 (L2 flushed before each call, one call per CUDA
+graph replay), in one order and then the reverse, keeping the faster. Rows go to
+``$OUT/tma_store_layer.csv`` with the run's ceilings and ``bf16_over`` (the bf16 layer's time over
+the row's).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import moe_tutorial as mt  # noqa: F401  (first: picks the runtime)
+from moe_tutorial import runtime
+from moe_tutorial.kernels.fp8_layer import layer_configs
+from moe_tutorial.perf import bench, impls
+from moe_tutorial.perf.sweep import cases, check_then_time, sweep_models, sweep_parser
+from moe_tutorial.shapes import ModelShape
+
+import torch
+
+OUT = os.environ.get("OUT", ".")
+FORMS = ("fp8", "fp8-tma-up", "fp8-tma-down", "fp8-tma", "sorted")
+
+
+def tma_down(config):
+    """The down GEMM's configuration with its rows copied out through TMA: a 256-wide rescaled tile
+    holds four buffers of 64 x 128 bf16 (two per warpgroup), 64 KB, which leave room for 3 stages."""
+    stages = min(config.num_stages, 3) if config.rescale and config.block_n == 256 else config.num_stages
+    return replace(config, tma_store=True, num_stages=stages)
+
+
+def form_configs(inp) -> dict:
+    """``{form: (gate/up, down) or the reason it does not run}`` for one case."""
+    s = inp.shape
+    up, down = layer_configs(inp.M, s.num_experts, s.intermediate, s.hidden, s.topk)
+    if not up.gluon:
+        reason = "the dispatcher runs the tl kernel here (the TMA copies are the Gluon kernel's)"
+        return {"fp8": (up, down), "fp8-tma-up": reason, "fp8-tma-down": reason, "fp8-tma": reason}
+    return {"fp8": (up, down), "fp8-tma-up": (replace(up, tma_store=True), down),
+            "fp8-tma-down": (up, tma_down(down)), "fp8-tma": (replace(up, tma_store=True), tma_down(down))}
+
+
+def describe(config) -> str:
+    """A configuration in a few characters: rows x columns, warps, stages, the forms' flags."""
+    flags = "".join(f"-{name}" for name in ("rescale", "tma_store") if getattr(config, name))
+    kernel = "gluon" if config.gluon else "tl"
+    return f"{kernel}-{config.block_m}x{config.block_n}-w{config.num_warps}-s{config.num_stages}{flags}"
+
+
+def case_rows(shape: ModelShape, M: int, w13, w2, caches: dict, ceil, info: dict) -> list[dict]:
+    """Check, then time every form on one batch; one row each (a reason where it did not run)."""
+    inp = bench.make_inputs(shape, M, runtime.DEFAULT_DTYPE, w13, w2)
+    inp.__dict__.update(caches)                 # the experts quantised once per model, not per M
+    forms = form_configs(inp)
+    prepared = {name: impls.layer_fp8(inp, configs=c) if not isinstance(c, str) else c for name, c in forms.items()}
+    prepared["sorted"] = impls.layer_of("sorted")(inp)
+    caches.update({k: v for k, v in inp.__dict__.items() if k.startswith("_fp8")})
+    # Four rows: the FP8 reference dequantises the experts they touch into float64.
+    times, outs, errors, status = check_then_time(prepared, *bench.reference_rows("layer", inp, max_rows=4))
+    bf16_ms = min(times["sorted"]) if "sorted" in times else float("nan")
+    rows = []
+    for name in prepared:
+        precision = "bf16" if name == "sorted" else "fp8"
+        nbytes, flops = bench.traffic_of("layer", inp, precision)
+        config = forms.get(name)
+        row = dict(info, model=shape.name, M=M, E=shape.num_experts, hidden=shape.hidden, inter=shape.intermediate,
+                   topk=shape.topk, impl=name, precision=precision,
+                   up=describe(config[0]) if isinstance(config, tuple) else "",
+                   down=describe(config[1]) if isinstance(config, tuple) else "",
+                   floor_ms=ceil.floor_ms(nbytes, flops, precision), status=status.get(name, "ok"))
+        if name in times:
+            best = min(times[name])
+            row.update(ms=best, ms_forward=times[name][0], ms_reverse=times[name][1],
+                       noise=abs(times[name][0] - times[name][1]) / best, fraction_of_floor=row["floor_ms"] / best,
+                       bf16_over=bf16_ms / best, rel_error=errors[name],
+                       same_bits_as_fp8=(bool(torch.equal(outs[name], outs["fp8"])) if name.startswith("fp8-")
+                                         and "fp8" in outs else ""))
+        rows.append(row)
+    line = " | ".join(f"{r['impl']} {r['ms'] * 1e3:8.1f} us ({r['bf16_over']:.2f}x)" if "ms" in r
+                      else f"{r['impl']} -" for r in rows)
+    print(f"{shape.name:14s} M={M:5d}: {line}", flush=True)
+    for r in rows:
+        if r["status"] != "ok":
+            print(f"    {r['impl']}: {r['status']}", flush=True)
+        elif r.get("same_bits_as_fp8") is False:
+            print(f"    {r['impl']}: NOT the same bits as fp8 (rel_error {r['rel_error']:.2e})", flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    args = sweep_parser(__doc__.splitlines()[0], [1024, 4096, 16384]).parse_args(argv)
+    if (todo := cases(args)) is None:
+        return 2
+    sweep_models(*todo, case_rows, Path(OUT) / "tma_store_layer.csv", with_w2=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

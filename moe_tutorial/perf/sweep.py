@@ -1,0 +1,96 @@
+"""The skeleton of a measurement script: implementations checked, then timed side by side; models
+one by one, batch sizes within, one CSV rewritten as the rows come (a run cut short keeps its rows).
+
+``measurements/scripts/fp8_grouped_anchor.py`` and ``tma_store_layer.py`` are built on it: each says
+what to prepare for one case and how to write its rows; this module runs them.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .. import runtime
+from ..reference import rel_error
+from ..shapes import MODEL_SHAPES, ModelShape
+from . import bench
+from .ceilings import measure_ceilings
+from .results import write_csv
+from .timing import machine_info, time_both_orders
+
+#: The dry run's model: small enough for the interpreter, a few seconds on a CPU.
+TOY = ModelShape("toy-K256-I128", 8, 2, 256, 128)
+
+
+def sweep_parser(description: str, batch_sizes: list[int]) -> argparse.ArgumentParser:
+    """A script's command line: ``--models`` (the three FP8 models by default), ``--M`` and ``--dry-run``."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--models", nargs="+", default=["Qwen3-30B-A3B", "DeepSeek-V3", "Kimi-K2"])
+    p.add_argument("--M", nargs="+", type=int, default=batch_sizes)
+    p.add_argument("--dry-run", action="store_true", help="on a CPU: the toy shape in the interpreter")
+    return p
+
+
+def cases(args) -> tuple[list[str], list[int]] | None:
+    """``(models, batch sizes)`` to run: with ``--dry-run`` :data:`TOY` at M = 3 (registered among the
+    model shapes until the caller removes it); None, having said why, where there is no GPU to time on."""
+    if args.dry_run:
+        MODEL_SHAPES[TOY.name] = TOY
+        return [TOY.name], [3]
+    if not runtime.ON_GPU:
+        print("needs a CUDA GPU")
+        return None
+    return args.models, args.M
+
+
+def skip_reason(e: Exception) -> str:
+    """An exception in one line for a row's status: its type and the first line of its message."""
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0][:160] if text else ''}"
+
+
+def check_then_time(prepared: dict, rows, expected) -> tuple[dict, dict, dict, dict]:
+    """Each of ``prepared`` (``{name: Prepared, or the reason it does not run}``) called once, its
+    output's ``rows`` checked against float64 (its own reference where it has one, else ``expected``),
+    then every one that ran timed cold-l2 in both orders (:func:`time_both_orders`; NaN off a GPU).
+
+    Returns ``(times, outputs, errors, status)``: ``{name: [ms, ms reversed]}``, ``{name: output}``,
+    ``{name: relative error}`` and ``{name: "skipped: why"}`` for those that did not run or raised.
+    """
+    calls, outputs, errors, status = {}, {}, {}, {}
+    for name, p in prepared.items():
+        if isinstance(p, str):
+            status[name] = f"skipped: {p}"
+            continue
+        try:
+            outputs[name] = p.output(p.calls[0]())
+            ref = p.reference(rows) if p.reference is not None else expected
+            errors[name] = rel_error(outputs[name][rows].float(), ref)
+            calls[name] = p.calls[0]
+        except Exception as e:  # noqa: BLE001  (the row says why)
+            status[name] = f"skipped: {skip_reason(e)}"
+    times = time_both_orders(calls) if runtime.ON_GPU else {n: [float("nan")] * 2 for n in calls}
+    return times, outputs, errors, status
+
+
+def sweep_models(models, batch_sizes, case_rows: Callable, csv_path: Path, *, with_w2: bool) -> list[dict]:
+    """For each model (weights made once, :func:`bench.make_weights`) and each M:
+    ``case_rows(shape, M, w13, w2, caches, ceilings, info)`` -> its rows, the CSV rewritten after each.
+    The run's ceilings are measured first (cold-l2); ``caches`` lives as long as one model's weights
+    (the scripts keep their quantised experts there); ``info`` is the machine and the ceilings' columns."""
+    ceil = measure_ceilings(runtime.DEFAULT_DTYPE, "cold-l2")
+    info = {**machine_info(), **ceil.columns()}
+    rows: list[dict] = []
+    for model in models:
+        shape = MODEL_SHAPES[model]
+        w13, w2 = bench.make_weights(shape, runtime.DEFAULT_DTYPE, with_w2=with_w2)
+        caches: dict = {}
+        for M in batch_sizes:
+            rows += case_rows(shape, M, w13, w2, caches, ceil, info)
+            write_csv(csv_path, rows, list(dict.fromkeys(k for r in rows for k in r)))
+            if runtime.ON_GPU:
+                torch.cuda.empty_cache()
+        del w13, w2, caches
+    return rows
