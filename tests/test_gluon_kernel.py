@@ -95,12 +95,16 @@ def test_sorted_rows_in_and_out():
 
 # ------------------------------------------------------------------ the gated form and the layer
 
-def _cfg(bm, bn, warps, stages):
-    return KernelConfig(block_m=bm, block_n=bn, block_k=64, num_warps=warps, num_stages=stages, short_tails=False)
+def _cfg(bm, bn, warps, stages, **kw):
+    return KernelConfig(block_m=bm, block_n=bn, block_k=64, num_warps=warps, num_stages=stages, short_tails=False,
+                        **kw)
 
 
-#: (gate/up, down) pairs: the prefill tiles (two consumer warpgroups) and 64-row tiles (one).
-LAYER_CONFIGS = {"128": (_cfg(128, 128, 8, 4), _cfg(128, 256, 8, 3)), "64": (_cfg(64, 128, 4, 3), _cfg(64, 128, 4, 4))}
+#: (gate/up, down) pairs: the prefill tiles (two consumer warpgroups) and 64-row tiles (one); each also
+#: with its tiles copied out through TMA (the down GEMM's rows then left sorted).
+LAYER_CONFIGS = {"128": (_cfg(128, 128, 8, 4), _cfg(128, 256, 8, 3)), "64": (_cfg(64, 128, 4, 3), _cfg(64, 128, 4, 4)),
+                 "128, tma": (_cfg(128, 128, 8, 4, tma_store=True), _cfg(128, 256, 8, 3, tma_store=True)),
+                 "64, tma": (_cfg(64, 128, 4, 3, tma_store=True), _cfg(64, 128, 4, 4, tma_store=True))}
 
 
 def _layer_problem(M, E, inter, K, topk, seed=0):
@@ -120,7 +124,8 @@ def _layer_problem(M, E, inter, K, topk, seed=0):
 @pytest.mark.parametrize("M,E,inter,K,topk", [(200, 8, 192, 320, 2), (77, 4, 200, 264, 1), (300, 16, 136, 128, 8)])
 def test_gated_gemm_writes_silu_gate_times_up_at_the_sorted_rows(name, M, E, inter, K, topk):
     """I and K past whole tiles (the last tile's gate box runs into the up rows, the up box into the next
-    expert: their columns must not be stored), an expert with no tokens; padding rows stay unwritten."""
+    expert: their columns must not be stored), an expert with no tokens; padding rows stay unwritten
+    (through TMA copies they are written: whole tiles of sorted rows, which nothing reads)."""
     x, w13, _, _, ids = _layer_problem(M, E, inter, K, topk)
     config = LAYER_CONFIGS[name][0]
     alignment = align_block_size(ids, config.block_m, E)
@@ -134,7 +139,9 @@ def test_gated_gemm_writes_silu_gate_times_up_at_the_sorted_rows(name, M, E, int
     real = (pos < alignment[2].long()) & (pair < M * topk)
     ref = silu_and_mul(reference_moe_matmul(x, w13, ids)).reshape(M * topk, inter)
     assert rel_error(act[real], ref[pair[real]]) < tolerance(torch.bfloat16)
-    assert bool(torch.isnan(act[~real]).all())
+    assert bool(torch.isnan(act[~real]).all()) or config.tma_store
+    if config.tma_store:        # the rows past the real tiles are in no tile: nothing copies them
+        assert bool(torch.isnan(act[pos >= alignment[2].long()]).all())
 
 
 @needs_hopper
@@ -147,6 +154,27 @@ def test_gluon_layer_matches_the_float64_reference(name, M, E, inter, K, topk):
     out = gluon_kernel.gluon_layer(x, w13, w2, tw, align_block_size(ids, cfg_up.block_m, E), topk, cfg_up, cfg_down)
     assert out.shape == (M, K) and out.dtype == torch.bfloat16
     assert rel_error(out, reference_moe_layer(x, w13, w2, tw, ids)) < tolerance(torch.bfloat16)
+
+
+@needs_hopper
+@pytest.mark.parametrize("name", ["128", "64"])
+def test_tma_copies_out_give_the_gluon_layer_the_same_bits(name):
+    """The same tiles stored through gl.store (down rows to their pairs) or copied out through TMA (down
+    rows left sorted, summed through their positions): the same bits, I and K past whole tiles."""
+    M, E, inter, K, topk = 300, 16, 136, 392, 8
+    x, w13, w2, tw, ids = _layer_problem(M, E, inter, K, topk, seed=1)
+    alignment = align_block_size(ids, LAYER_CONFIGS[name][0].block_m, E)
+    outs = [gluon_kernel.gluon_layer(x, w13, w2, tw, alignment, topk, *LAYER_CONFIGS[form])
+            for form in (name, name + ", tma")]
+    assert bool(torch.isfinite(outs[1]).all()) and torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("c_sorted, c, match", [(False, torch.empty(8, 16), "C must be in sorted order"),
+                                                (True, torch.empty(8, 9), "16-byte aligned rows")])
+def test_a_tma_copy_out_refuses_c_it_cannot_write(c_sorted, c, match):
+    a, b = torch.empty(8, 16), torch.empty(2, c.shape[1], 16)
+    with pytest.raises(ValueError, match=match):
+        gluon_kernel.launch_gluon_gemm(a, b, c, None, None, 8, _cfg(64, 128, 4, 3, tma_store=True), c_sorted=c_sorted)
 
 
 def test_the_layers_two_gemms_share_one_block_m():

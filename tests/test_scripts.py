@@ -258,6 +258,8 @@ def test_tma_store_layer_dry_run_writes_one_row_per_form(tmp_path):
     with open(tmp_path / "tma_store_layer.csv") as f:
         rows = {r["impl"]: r for r in csv.DictReader(f)}
     assert list(rows) == list(module.FORMS)
+    if not runtime.ON_GPU:
+        assert "Hopper" in rows["gluon-bf16-tma"]["status"] and rows["gluon-bf16-tma"]["down"].endswith("-tma_store")
     for name in ("fp8", "sorted"):
         assert rows[name]["status"] == "ok" and float(rows[name]["rel_error"]) < 5e-2, rows[name]
     if not runtime.ON_GPU:

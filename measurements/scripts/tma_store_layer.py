@@ -1,4 +1,4 @@
-"""Part 7's FP8 layer with its tiles copied out through TMA, form by form, beside the bf16 layer: one run, one timer.
+"""The layers' tiles copied out through TMA (Part 7's FP8 layer, the bf16 Gluon layer), form by form: one timer.
 
     python3 measurements/scripts/tma_store_layer.py [--models Qwen3-30B-A3B DeepSeek-V3 Kimi-K2] \\
         [--M 1024 4096 16384] [--dry-run]
@@ -15,13 +15,17 @@ leaves its rows sorted too and the sum over each token's rows gathers them throu
 * ``fp8``: as shipped; ``fp8-tma-up``: the gate/up GEMM's e4m3 tile through TMA;
 * ``fp8-tma-down``: the down GEMM's rows sorted, through TMA (a 256-wide rescaled tile's four
   buffers take one stage's room: 3 stages); ``fp8-tma``: both;
-* ``sorted``: Part 4's bf16 layer, the ratio's denominator.
+* ``sorted``: Part 4's bf16 layer, the ratio's denominator;
+* ``gluon-bf16``, ``gluon-bf16-tma``: the bf16 layer wholly on the Gluon kernel (``gluon_layer``,
+  the pair notebook 04's appendix measured first: gate/up 128 x 128 with 4 stages, down 128 x 256
+  with 3), its tiles stored with ``gl.store`` or copied out through TMA. The eighth session's profile
+  of its down GEMM found the warps stalled on the barrier and on the store queue ("lg throttle").
 
-Each is checked against the float64 layer that takes the same quantisation steps (4 rows), and each
-TMA form for the same bits as ``fp8``. Timed cold-l2 (L2 flushed before each call, one call per CUDA
-graph replay), in one order and then the reverse, keeping the faster. Rows go to
-``$OUT/tma_store_layer.csv`` with the run's ceilings and ``bf16_over`` (the bf16 layer's time over
-the row's).
+Each is checked against float64 (4 rows; the FP8 forms against the float64 layer that takes the same
+quantisation steps), and each TMA form for the same bits as its ``gl.store`` twin (``same_bits``).
+Timed cold-l2 (L2 flushed before each call, one call per CUDA graph replay), in one order and then
+the reverse, keeping the faster. Rows go to ``$OUT/tma_store_layer.csv`` with the run's ceilings and
+``bf16_over`` (Part 4's bf16 layer's time over the row's).
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ from pathlib import Path
 
 import moe_tutorial as mt  # noqa: F401  (first: picks the runtime)
 from moe_tutorial import runtime
+from moe_tutorial.kernels.configs import KernelConfig
 from moe_tutorial.kernels.fp8_layer import layer_configs
 from moe_tutorial.perf import bench, impls
 from moe_tutorial.perf.sweep import cases, check_then_time, sweep_models, sweep_parser
@@ -40,7 +45,10 @@ from moe_tutorial.shapes import ModelShape
 import torch
 
 OUT = os.environ.get("OUT", ".")
-FORMS = ("fp8", "fp8-tma-up", "fp8-tma-down", "fp8-tma", "sorted")
+FORMS = ("fp8", "fp8-tma-up", "fp8-tma-down", "fp8-tma", "sorted", "gluon-bf16", "gluon-bf16-tma")
+#: gluon_layer's (gate/up, down) pair: 128 rows, 64 of K, 8 warps (two consumer warpgroups).
+BF16_PAIR = (KernelConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4, short_tails=False),
+             KernelConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, short_tails=False))
 
 
 def tma_down(config):
@@ -61,6 +69,12 @@ def form_configs(inp) -> dict:
             "fp8-tma-down": (up, tma_down(down)), "fp8-tma": (replace(up, tma_store=True), tma_down(down))}
 
 
+def same_bits(name: str, outs: dict):
+    """Whether a TMA form gave the bits of its ``gl.store`` twin (``fp8`` for the FP8 forms), or ""."""
+    twin = "fp8" if name.startswith("fp8-") else name.removesuffix("-tma") if name.endswith("-tma") else None
+    return bool(torch.equal(outs[name], outs[twin])) if twin in outs and name in outs else ""
+
+
 def describe(config) -> str:
     """A configuration in a few characters: rows x columns, warps, stages, the forms' flags."""
     flags = "".join(f"-{name}" for name in ("rescale", "tma_store") if getattr(config, name))
@@ -75,13 +89,19 @@ def case_rows(shape: ModelShape, M: int, w13, w2, caches: dict, ceil, info: dict
     forms = form_configs(inp)
     prepared = {name: impls.layer_fp8(inp, configs=c) if not isinstance(c, str) else c for name, c in forms.items()}
     prepared["sorted"] = impls.layer_of("sorted")(inp)
+    for name, tma in (("gluon-bf16", False), ("gluon-bf16-tma", True)):
+        forms[name] = tuple(replace(c, tma_store=tma) for c in BF16_PAIR)
+        try:
+            prepared[name] = impls.gluon_layer_with(inp, forms[name])
+        except impls.Skip as e:
+            prepared[name] = str(e)
     caches.update({k: v for k, v in inp.__dict__.items() if k.startswith("_fp8")})
     # Four rows: the FP8 reference dequantises the experts they touch into float64.
     times, outs, errors, status = check_then_time(prepared, *bench.reference_rows("layer", inp, max_rows=4))
     bf16_ms = min(times["sorted"]) if "sorted" in times else float("nan")
     rows = []
     for name in prepared:
-        precision = "bf16" if name == "sorted" else "fp8"
+        precision = "fp8" if name.startswith("fp8") else "bf16"
         nbytes, flops = bench.traffic_of("layer", inp, precision)
         config = forms.get(name)
         row = dict(info, model=shape.name, M=M, E=shape.num_experts, hidden=shape.hidden, inter=shape.intermediate,
@@ -94,8 +114,7 @@ def case_rows(shape: ModelShape, M: int, w13, w2, caches: dict, ceil, info: dict
             row.update(ms=best, ms_forward=times[name][0], ms_reverse=times[name][1],
                        noise=abs(times[name][0] - times[name][1]) / best, fraction_of_floor=row["floor_ms"] / best,
                        bf16_over=bf16_ms / best, rel_error=errors[name],
-                       same_bits_as_fp8=(bool(torch.equal(outs[name], outs["fp8"])) if name.startswith("fp8-")
-                                         and "fp8" in outs else ""))
+                       same_bits=same_bits(name, outs))
         rows.append(row)
     line = " | ".join(f"{r['impl']} {r['ms'] * 1e3:8.1f} us ({r['bf16_over']:.2f}x)" if "ms" in r
                       else f"{r['impl']} -" for r in rows)
@@ -103,8 +122,9 @@ def case_rows(shape: ModelShape, M: int, w13, w2, caches: dict, ceil, info: dict
     for r in rows:
         if r["status"] != "ok":
             print(f"    {r['impl']}: {r['status']}", flush=True)
-        elif r.get("same_bits_as_fp8") is False:
-            print(f"    {r['impl']}: NOT the same bits as fp8 (rel_error {r['rel_error']:.2e})", flush=True)
+        elif r.get("same_bits") is False:
+            print(f"    {r['impl']}: NOT the same bits as its gl.store twin (rel_error {r['rel_error']:.2e})",
+                  flush=True)
     return rows
 
 

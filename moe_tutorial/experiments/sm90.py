@@ -45,7 +45,10 @@ KERNELS += tuple(TMA_KERNELS)
 #: 128 rows, 64 of K and 8 warps (two consumer warpgroups). The plain ones are the down GEMM.
 BF16_KERNELS = {"gluon-bf16-gated": (128, 4), "gluon-bf16-plain": (128, 4), "gluon-bf16-plain-256": (256, 3),
                 # Part 8's forward: the gated form that also keeps H at each pair's row.
-                "gluon-bf16-gated-save-h": (128, 4)}
+                "gluon-bf16-gated-save-h": (128, 4),
+                # C out through TMA copies (config.tma_store): the down GEMM's rows then left sorted.
+                "gluon-bf16-gated-tma": (128, 4), "gluon-bf16-plain-tma": (128, 4),
+                "gluon-bf16-plain-256-tma": (256, 3)}
 KERNELS += tuple(BF16_KERNELS)
 
 #: Part 8's K-grouped dW GEMM in Gluon (:mod:`moe_tutorial.kernels.gluon_grad_kernel`), dW13's shape:
@@ -205,8 +208,9 @@ def _compile_bf16(kernel: str, gluon_kernel, alignment, pairs: int, E: int, inte
     from ..kernels.configs import KernelConfig
 
     block_n, stages = BF16_KERNELS[kernel]
+    tma_store = kernel.endswith("-tma")
     config = KernelConfig(block_m=128, block_n=block_n, block_k=64, num_warps=8, num_stages=stages,
-                          short_tails=False)
+                          short_tails=False, tma_store=tma_store)
     rows = gluon_kernel.sorted_rows(alignment, config.block_m)
     gluon_kernel.UNAVAILABLE = None                  # compiling, not running
     with _captured(gluon_kernel, "gluon_moe_kernel") as cap:
@@ -217,8 +221,9 @@ def _compile_bf16(kernel: str, gluon_kernel, alignment, pairs: int, E: int, inte
             gluon_kernel.launch_gluon_gemm(a, w13, act, None, alignment, pairs, config, gated=True, h=h)
         else:
             act, w2 = torch.zeros(rows, inter, dtype=torch.bfloat16), torch.zeros(E, K, inter, dtype=torch.bfloat16)
-            out = torch.empty(pairs, K, dtype=torch.bfloat16)
-            gluon_kernel.launch_gluon_gemm(act, w2, out, torch.ones(pairs), alignment, pairs, config)
+            out = torch.empty(rows if tma_store else pairs, K, dtype=torch.bfloat16)
+            gluon_kernel.launch_gluon_gemm(act, w2, out, torch.ones(pairs), alignment, pairs, config,
+                                           c_sorted=tma_store)
     return cap.compiled[0]
 
 

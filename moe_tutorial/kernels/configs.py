@@ -37,7 +37,7 @@ class KernelConfig:
     persistent: bool = False   # one program per SM walks the tiles (kernels/persistent_kernel.py); no short tails
     gluon: bool = False        # FP8 and Part 8's dW GEMMs: the Gluon kernel (gluon_fp8_kernel.py, gluon_grad_kernel.py)
     rescale: bool = False      # Gluon FP8 only: accumulators rescaled in place, no raw products (256-wide tiles)
-    tma_store: bool = False    # Gluon FP8 only: C out through TMA copies, its rows in sorted order
+    tma_store: bool = False    # Gluon kernels: C out through TMA copies, its rows in sorted order
 
     def as_dict(self) -> dict:
         return asdict(self)

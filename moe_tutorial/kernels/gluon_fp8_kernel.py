@@ -52,7 +52,7 @@ from .fp8_quant import (
     quantize_rows_sorted,
     silu_mul_quantize,
 )
-from .gluon_kernel import HAVE_GLUON, gluon_descriptor, sorted_rows
+from .gluon_kernel import HAVE_GLUON, check_tma_out, gluon_descriptor, sorted_rows
 from .tma import stacked_rows
 from .topk_sum import sorted_topk_sum, topk_sum
 
@@ -66,7 +66,7 @@ if HAVE_GLUON:
         warpgroup_mma_wait,
     )
 
-    from .gluon_kernel import copy_rows, mma_layout, ring_barriers, silu_mul, store_rows, tile_of, tma_load
+    from .gluon_kernel import mma_layout, ring_barriers, silu_mul, store_rows, tile_of, tile_out, tma_load
 
 #: Why the Gluon FP8 kernel cannot run here, or None where it can.
 UNAVAILABLE = (None if HAVE_GLUON and runtime.ON_GPU and torch.cuda.get_device_capability()[0] == 9
@@ -199,7 +199,7 @@ if HAVE_GLUON:
                           C_SORTED: gl.constexpr, ROUTER_WEIGHTS: gl.constexpr, OVERLAP: gl.constexpr,
                           TMA_C: gl.constexpr):
         """The MMA warps: step k+1 on the tensor cores while step k is promoted; then each tile's epilogue
-        (with TMA_C through a TMA copy at the sorted rows, :func:`copy_rows`)."""
+        (with TMA_C through a TMA copy at the sorted rows: ``gluon_kernel.tile_out``)."""
         STAGES: gl.constexpr = a_bufs.type.shape[0]
         BLOCK_M: gl.constexpr = a_bufs.type.shape[1]
         BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
@@ -250,12 +250,8 @@ if HAVE_GLUON:
             mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES))
 
             # [epilogue]
-            if TMA_C:
-                copy_rows(acc, pid_m * BLOCK_M, pid_n * BLOCK_N, c_desc, c_bufs, 0, router_w_ptr, sorted_ids_ptr,
-                          num_pairs, rows_layout, ROUTER_WEIGHTS)
-            else:
-                store_rows(acc, pid_m * BLOCK_M, pid_n, c_ptr, router_w_ptr, sorted_ids_ptr, N, num_pairs,
-                           stride_cm, rows_layout, C_SORTED, ROUTER_WEIGHTS)
+            tile_out(acc, pid_m * BLOCK_M, pid_n, c_ptr, c_desc, c_bufs, 0, router_w_ptr, sorted_ids_ptr, N, num_pairs,
+                     stride_cm, rows_layout, C_SORTED, ROUTER_WEIGHTS, TMA_C)
         if TMA_C:
             tma.store_wait(0)           # the last copies have read the buffers before the program ends
 
@@ -399,8 +395,8 @@ if HAVE_GLUON:
         """[quantising epilogue] ``silu(gate) * up``, then per row one scale for these 128 columns: the
         down GEMM's e4m3 input at the sorted rows, its scales transposed (``cs[pid_n, row]``). The
         scales are taken in the MMA's layout (a row's 128 columns lie in four threads); the tile, its
-        values already e4m3's, then goes out through :func:`store_rows` (16 columns a thread), or with
-        TMA_C through :func:`copy_rows` (one TMA copy, its buffer ``c_bufs`` of one)."""
+        values already e4m3's, then goes out through ``gluon_kernel.tile_out``: :func:`store_rows` (16
+        columns a thread), or with TMA_C one TMA copy from its buffer ``c_bufs`` of one."""
         BLOCK_M: gl.constexpr = acc_g.type.shape[0]
         BLOCK_N: gl.constexpr = acc_g.type.shape[1]
         offs_m = first_row + gl.arange(0, BLOCK_M, layout=rows_layout)
@@ -409,12 +405,8 @@ if HAVE_GLUON:
         h = gl.where((offs_n < N)[None, :], silu_mul(acc_g, acc_u), 0.0)
         q, scale = quantize_group(h, E4M3_MAX_C, MIN_AMAX_C)
         gl.store(cs_ptr + pid_n * stride_csn + offs_m.to(gl.int64), scale, mask=row_ok)
-        if TMA_C:
-            copy_rows(q, first_row, pid_n * BLOCK_N, c_desc, c_bufs, 0, c_ptr, sorted_ids_ptr, num_pairs, rows_layout,
-                      False)
-        else:
-            store_rows(q, first_row, pid_n, c_ptr, c_ptr, sorted_ids_ptr, N, num_pairs, stride_cm, rows_layout, True,
-                       False)
+        tile_out(q, first_row, pid_n, c_ptr, c_desc, c_bufs, 0, c_ptr, sorted_ids_ptr, N, num_pairs, stride_cm,
+                 rows_layout, True, False, TMA_C)
 
     @gluon.jit
     def rescale_by(acc, unit, new_unit):
@@ -509,16 +501,11 @@ if HAVE_GLUON:
             if GATED:
                 store_quantised(acc0, acc1, first_row, pid_n, c_ptr, cs_ptr, sorted_ids_ptr, N, num_pairs, stride_cm,
                                 stride_csn, c_desc, c_bufs, rows_layout, cols_layout, TMA_C)
-            elif TMA_C:             # two buffers, one a half: half 0's copy runs while half 1 is written
-                copy_rows(acc0, first_row, pid_n * TILE_N, c_desc, c_bufs, 0, router_w_ptr, sorted_ids_ptr,
-                          num_pairs, rows_layout, ROUTER_WEIGHTS)
-                copy_rows(acc1, first_row, pid_n * TILE_N + HALF, c_desc, c_bufs, 1, router_w_ptr, sorted_ids_ptr,
-                          num_pairs, rows_layout, ROUTER_WEIGHTS)
-            else:
-                store_rows(acc0, first_row, 2 * pid_n, c_ptr, router_w_ptr, sorted_ids_ptr, N, num_pairs,
-                           stride_cm, rows_layout, C_SORTED, ROUTER_WEIGHTS)
-                store_rows(acc1, first_row, 2 * pid_n + 1, c_ptr, router_w_ptr, sorted_ids_ptr, N, num_pairs,
-                           stride_cm, rows_layout, C_SORTED, ROUTER_WEIGHTS)
+            else:                   # with TMA_C a buffer a half: half 0's copy runs while half 1 is written
+                tile_out(acc0, first_row, 2 * pid_n, c_ptr, c_desc, c_bufs, 0, router_w_ptr, sorted_ids_ptr, N,
+                         num_pairs, stride_cm, rows_layout, C_SORTED, ROUTER_WEIGHTS, TMA_C)
+                tile_out(acc1, first_row, 2 * pid_n + 1, c_ptr, c_desc, c_bufs, 1, router_w_ptr, sorted_ids_ptr, N,
+                         num_pairs, stride_cm, rows_layout, C_SORTED, ROUTER_WEIGHTS, TMA_C)
         if TMA_C:
             tma.store_wait(0)
 
@@ -659,7 +646,10 @@ def launch_gluon_fp8_gemm(a: torch.Tensor, a_scale_t: torch.Tensor, b: torch.Ten
         raise ValueError(f"config: the rescaled kernel takes 16 rows a warp (8 warps, or 4 warps split in two "
                          f"partitions, for 128 rows), got block_m = {config.block_m}, num_warps = {config.num_warps}")
     if config.tma_store:
-        check_tma_out(c, gated or c_sorted, config)
+        if config.block_m == 256 and not config.rescale:
+            raise ValueError("config.tma_store: the two-wave form (block_m = 256) stores through gl.store; expected "
+                             "tma_store=False there")
+        check_tma_out(c, gated or c_sorted)
     if UNAVAILABLE:
         raise RuntimeError(UNAVAILABLE)
     sorted_ids, expert_ids, num_post = alignment
@@ -682,21 +672,6 @@ def launch_gluon_fp8_gemm(a: torch.Tensor, a_scale_t: torch.Tensor, b: torch.Ten
         TWO_B=gated or config.rescale, TILE_N=tile_n, C_SORTED=c_sorted or gated,
         ROUTER_WEIGHTS=router_weights is not None, OVERLAP=overlap, TMA_C=config.tma_store,
         num_warps=config.num_warps)
-
-
-def check_tma_out(c: torch.Tensor, sorted_out: bool, config) -> None:
-    """What a TMA copy out needs of C (``config.tma_store``): rows in sorted order (a box is whole
-    rows of a tile: rows to their pairs would be a scatter, which Hopper's TMA cannot do), unit column
-    stride and 16-byte aligned rows, and not the two-wave form (its epilogue stores through ``gl.store``)."""
-    if not sorted_out:
-        raise ValueError("config.tma_store: a TMA copy writes a tile's rows as they lie, so C must be in sorted "
-                         "order (c_sorted=True, or the gate/up GEMM's output); got C with one row per pair")
-    if config.block_m == 256 and not config.rescale:
-        raise ValueError("config.tma_store: the two-wave form (block_m = 256) stores through gl.store; expected "
-                         "tma_store=False there")
-    if c.stride(1) != 1 or (c.stride(0) * c.element_size()) % 16 or c.data_ptr() % 16:
-        raise ValueError(f"c: a TMA copy needs unit column stride and 16-byte aligned rows, got strides "
-                         f"{tuple(c.stride())} of {c.element_size()}-byte elements")
 
 
 # ------------------------------------------------------------------ the first GEMM and the layer

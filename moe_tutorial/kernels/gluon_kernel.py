@@ -37,9 +37,9 @@ import torch
 import triton
 
 from .. import runtime
-from .align import gather_sorted_rows
+from .align import gather_sorted_rows, sorted_positions
 from .tma import stacked_rows
-from .topk_sum import topk_sum
+from .topk_sum import sorted_topk_sum, topk_sum
 
 try:   # Gluon ships with Triton 3.4+; its Hopper module is what this kernel needs.
     from triton.experimental import gluon
@@ -133,6 +133,20 @@ if HAVE_GLUON:
         copy_out(acc, c_desc, c_bufs, buf, first_row, first_col)
 
     @gluon.jit
+    def tile_out(acc, first_row, pid_n, c_ptr, c_desc, c_bufs, buf, router_w_ptr, sorted_ids_ptr, N, num_pairs,
+                 stride_cm, rows_layout: gl.constexpr, C_SORTED: gl.constexpr, ROUTER_WEIGHTS: gl.constexpr,
+                 TMA_C: gl.constexpr):
+        """[epilogue] The tile out as C's ``pid_n``-th block of ``acc``'s width: with TMA_C (C sorted)
+        copied out from buffer ``buf`` of ``c_bufs`` (:func:`copy_rows`), else through ``gl.store``
+        (:func:`store_rows`)."""
+        if TMA_C:
+            copy_rows(acc, first_row, pid_n * acc.type.shape[1], c_desc, c_bufs, buf, router_w_ptr, sorted_ids_ptr,
+                      num_pairs, rows_layout, ROUTER_WEIGHTS)
+        else:
+            store_rows(acc, first_row, pid_n, c_ptr, router_w_ptr, sorted_ids_ptr, N, num_pairs, stride_cm,
+                       rows_layout, C_SORTED, ROUTER_WEIGHTS)
+
+    @gluon.jit
     def store_rows(acc, first_row, pid_n, c_ptr, router_w_ptr, sorted_ids_ptr, N, num_pairs, stride_cm,
                    rows_layout: gl.constexpr,
                    C_SORTED: gl.constexpr, ROUTER_WEIGHTS: gl.constexpr):
@@ -212,12 +226,13 @@ if HAVE_GLUON:
 
     @gluon.jit
     def mma_partition(a_desc, b_desc, a_bufs, b_bufs, bu_bufs, ready, empty, num_post_ptr, N, K, group_m,
-                      c_ptr, router_w_ptr, sorted_ids_ptr, num_pairs, stride_cm, h_ptr, stride_hm,
+                      c_ptr, router_w_ptr, sorted_ids_ptr, num_pairs, stride_cm, h_ptr, stride_hm, c_desc, c_bufs,
                       GATED: gl.constexpr, C_SORTED: gl.constexpr, ROUTER_WEIGHTS: gl.constexpr,
-                      SAVE_H: gl.constexpr = False):
+                      SAVE_H: gl.constexpr = False, TMA_C: gl.constexpr = False):
         """The kernel's warps: MMAs on each ready buffer (with GATED, a gate and an up MMA), then the
         epilogue of each tile (with GATED, ``silu(gate) * up``; with SAVE_H, the gate and up tiles
-        themselves first, at each pair's row of ``h_ptr``, as Part 8's forward keeps them)."""
+        themselves first, at each pair's row of ``h_ptr``, as Part 8's forward keeps them). With TMA_C
+        C's tile (at the sorted rows) leaves through a TMA copy (:func:`copy_rows`)."""
         STAGES: gl.constexpr = a_bufs.type.shape[0]
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
@@ -259,30 +274,37 @@ if HAVE_GLUON:
                            rows_layout, False, False)
             if GATED:       # the last buffer is back with the load warp: it fills the ring meanwhile
                 acc = silu_mul(acc, up)
-            store_rows(acc, pid_m * BLOCK_M, pid_n, c_ptr, router_w_ptr, sorted_ids_ptr, N, num_pairs, stride_cm,
-                       rows_layout, C_SORTED, ROUTER_WEIGHTS)
+            tile_out(acc, pid_m * BLOCK_M, pid_n, c_ptr, c_desc, c_bufs, 0, router_w_ptr, sorted_ids_ptr, N, num_pairs,
+                     stride_cm, rows_layout, C_SORTED, ROUTER_WEIGHTS, TMA_C)
+        if TMA_C:
+            tma.store_wait(0)           # the last copy has read the buffer before the program ends
 
     @gluon.jit
     def gluon_moe_kernel(a_desc, b_desc, c_ptr, router_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
-                         N, K, num_pairs, b_rows_per_expert, up_rows, stride_cm, group_m, h_ptr, stride_hm,
+                         N, K, num_pairs, b_rows_per_expert, up_rows, stride_cm, group_m, h_ptr, stride_hm, c_desc,
                          STAGES: gl.constexpr, GATED: gl.constexpr, C_SORTED: gl.constexpr,
-                         ROUTER_WEIGHTS: gl.constexpr, SAVE_H: gl.constexpr):
+                         ROUTER_WEIGHTS: gl.constexpr, SAVE_H: gl.constexpr, TMA_C: gl.constexpr):
         """C[pair] = A[sorted position] . B[expert]^T for every real tile; see the module docstring.
 
         With GATED, B holds gate rows then up rows (``up_rows`` further on) and C receives
         ``silu(gate) * up`` at the sorted rows; with SAVE_H too, ``h_ptr`` the gate and up tiles at
-        each pair's row (``[gate | up]``, N columns each)."""
+        each pair's row (``[gate | up]``, N columns each). With TMA_C C's tiles (sorted rows) leave
+        through TMA copies, ``c_desc`` over C in tiles, from one shared-memory buffer."""
         a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
         b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
         if GATED:
             bu_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
         else:
             bu_bufs = b_bufs
+        if TMA_C:
+            c_bufs = gl.allocate_shared_memory(c_desc.dtype, [1] + c_desc.block_type.shape, c_desc.layout)
+        else:
+            c_bufs = a_bufs        # (not used)
         ready, empty = ring_barriers(STAGES)
         gl.warp_specialize([
             (mma_partition, (a_desc, b_desc, a_bufs, b_bufs, bu_bufs, ready, empty, num_post_ptr, N, K, group_m,
-                             c_ptr, router_w_ptr, sorted_ids_ptr, num_pairs, stride_cm, h_ptr, stride_hm, GATED,
-                             C_SORTED, ROUTER_WEIGHTS, SAVE_H)),
+                             c_ptr, router_w_ptr, sorted_ids_ptr, num_pairs, stride_cm, h_ptr, stride_hm, c_desc,
+                             c_bufs, GATED, C_SORTED, ROUTER_WEIGHTS, SAVE_H, TMA_C)),
             (load_partition, (a_desc, b_desc, a_bufs, b_bufs, bu_bufs, ready, empty, expert_ids_ptr, num_post_ptr,
                               N, K, b_rows_per_expert, up_rows, group_m, GATED)),
         ], [1], [40])
@@ -323,6 +345,7 @@ def launch_gluon_gemm(a_sorted: torch.Tensor, b: torch.Tensor, c: torch.Tensor, 
     past the real tiles left unwritten; no router weights. K a multiple of 8 (TMA's 16-byte rows).
     With ``h`` ``[num_pairs, 2I]`` (unit column stride, gated only) the epilogue also writes the gate and
     up tiles before the activation there, at each pair's row: Part 8's forward, which keeps H.
+    With ``config.tma_store`` C (sorted: ``c_sorted`` or ``gated``) leaves through TMA copies.
     """
     if h is not None and not gated:
         raise ValueError("h: the gate and up tiles exist in the gated launch only; expected gated=True")
@@ -332,6 +355,8 @@ def launch_gluon_gemm(a_sorted: torch.Tensor, b: torch.Tensor, c: torch.Tensor, 
                          f"router_weights={'a tensor' if router_weights is not None else None}, b {tuple(b.shape)}")
     if a_sorted.dtype != b.dtype:
         raise TypeError(f"a_sorted, b: expected one dtype, got {a_sorted.dtype} and {b.dtype}")
+    if config.tma_store:
+        check_tma_out(c, c_sorted or gated)
     if UNAVAILABLE:
         raise RuntimeError(UNAVAILABLE)
     if a_sorted.dtype not in GLUON_DTYPES:
@@ -341,12 +366,26 @@ def launch_gluon_gemm(a_sorted: torch.Tensor, b: torch.Tensor, c: torch.Tensor, 
     N = c.shape[1]
     bm, bn, bk = config.block_m, config.block_n, config.block_k
     a_desc, b_desc = gluon_descriptor(a_sorted, [bm, bk]), gluon_descriptor(stacked_rows(b), [bn, bk])
+    c_desc = gluon_descriptor(c, [bm, bn]) if config.tma_store else a_desc
     max_tiles = triton.cdiv(sorted_ids.numel(), bm) * triton.cdiv(N, bn)
     gluon_moe_kernel[(max(1, min(runtime.sm_count(), max_tiles)),)](
         a_desc, b_desc, c, router_weights if router_weights is not None else c, sorted_ids, expert_ids, num_post,
         N, K, num_pairs, rows, N if gated else 0, c.stride(0), config.group_m, h if h is not None else c,
-        h.stride(0) if h is not None else 0, STAGES=config.num_stages, GATED=gated, C_SORTED=c_sorted or gated,
-        ROUTER_WEIGHTS=router_weights is not None, SAVE_H=h is not None, num_warps=config.num_warps)
+        h.stride(0) if h is not None else 0, c_desc, STAGES=config.num_stages, GATED=gated,
+        C_SORTED=c_sorted or gated, ROUTER_WEIGHTS=router_weights is not None, SAVE_H=h is not None,
+        TMA_C=config.tma_store, num_warps=config.num_warps)
+
+
+def check_tma_out(c: torch.Tensor, sorted_out: bool) -> None:
+    """What a TMA copy out (``config.tma_store``) needs of C: its rows in sorted order (a copy writes a
+    tile's rows as they lie; rows to their pairs would be a scatter, which Hopper's TMA cannot do),
+    unit column stride and 16-byte aligned rows."""
+    if not sorted_out:
+        raise ValueError("config.tma_store: a TMA copy writes a tile's rows as they lie, so C must be in sorted "
+                         "order (c_sorted=True, or the gate/up GEMM's output); got C with one row per pair")
+    if c.stride(1) != 1 or (c.stride(0) * c.element_size()) % 16 or c.data_ptr() % 16:
+        raise ValueError(f"c: a TMA copy needs unit column stride and 16-byte aligned rows, got strides "
+                         f"{tuple(c.stride())} of {c.element_size()}-byte elements")
 
 
 def gluon_gate_up(x: torch.Tensor, w13: torch.Tensor, alignment, topk: int, cfg_up, h=None) -> torch.Tensor:
@@ -371,7 +410,8 @@ def gluon_layer(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weigh
     :func:`gluon_gate_up` (x's rows gathered into sorted order, then the gate/up GEMM with
     ``silu(gate) * up`` in its epilogue into the sorted activations ``[R, I]``), the down GEMM on
     them as they lie, router weights in its epilogue, into ``[M * topk, K]`` (one launch), the sum
-    over each token's topk rows (one).
+    over each token's topk rows (one). With ``cfg_down.tma_store`` the down GEMM leaves its rows in
+    sorted order (TMA copies) and the sum gathers them through their positions (two launches more).
 
     Args:
         x: ``[M, K]`` bf16/fp16; ``w13`` ``[E, 2I, K]`` and ``w2`` ``[E, K, I]`` contiguous, x's dtype;
@@ -387,6 +427,11 @@ def gluon_layer(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weigh
                          f"and {cfg_down.block_m}")
     act = gluon_gate_up(x, w13, alignment, topk, cfg_up)
     M, K = x.shape
+    router_weights = topk_weights.reshape(-1).float().contiguous()
+    if cfg_down.tma_store:
+        down = x.new_empty(act.shape[0], K)
+        launch_gluon_gemm(act, w2, down, router_weights, alignment, M * topk, cfg_down, c_sorted=True)
+        return sorted_topk_sum(down, sorted_positions(alignment, M * topk).view(M, topk))
     down = x.new_empty(M * topk, K)
-    launch_gluon_gemm(act, w2, down, topk_weights.reshape(-1).float().contiguous(), alignment, M * topk, cfg_down)
+    launch_gluon_gemm(act, w2, down, router_weights, alignment, M * topk, cfg_down)
     return topk_sum(down.view(M, topk, K))

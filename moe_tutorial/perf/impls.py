@@ -445,6 +445,18 @@ def layer_gluon(inp: Inputs) -> Prepared:
     return Prepared(_rotations(inp, run))
 
 
+def gluon_layer_with(inp: Inputs, configs) -> Prepared:
+    """The bf16 layer wholly on the Gluon kernel (:func:`~moe_tutorial.kernels.gluon_kernel.gluon_layer`:
+    x gathered, the gated GEMM, the down GEMM, the sum) with the ``(gate/up, down)`` configs given."""
+    from ..kernels.gluon_kernel import gluon_layer
+    if reason := gluon_support(inp.dtype):
+        raise Skip(reason)
+    up, down = configs
+    s = inp.shape
+    return Prepared(_rotations(inp, lambda x, ids, w: gluon_layer(
+        x, inp.w13, inp.w2, w, align_block_size(ids, up.block_m, s.num_experts), s.topk, up, down)))
+
+
 # ------------------------------------------------------- Part 7: block-scaled FP8 experts
 
 def fp8_experts(inp: Inputs, layer: bool):
