@@ -12,6 +12,9 @@ Triton 3.6 or 3.9 (``measurements/scripts/sm90_warp_specialize_probe.py``). Gluo
   issues the tensor cores' asynchronous warpgroup MMA on it, and marks the buffer before it
   empty once that MMA has finished; after the last K step it runs the epilogue (router weights,
   the store of each row to its pair) while the load warp already fills the ring for its next tile.
+  Where C's rows lie in sorted order the tile can leave through a TMA copy instead
+  (``config.tma_store``, :func:`copy_out`): the warps write it into shared memory and go on to the
+  next tile's MMAs while the copy engine writes it.
 
 The layer's gate/up GEMM (``GATED``) reads two B tiles per stage, the expert's gate rows and its
 up rows (``I`` rows further on in ``w13``), against the same A tile, and keeps two accumulators.
@@ -345,7 +348,8 @@ def launch_gluon_gemm(a_sorted: torch.Tensor, b: torch.Tensor, c: torch.Tensor, 
     past the real tiles left unwritten; no router weights. K a multiple of 8 (TMA's 16-byte rows).
     With ``h`` ``[num_pairs, 2I]`` (unit column stride, gated only) the epilogue also writes the gate and
     up tiles before the activation there, at each pair's row: Part 8's forward, which keeps H.
-    With ``config.tma_store`` C (sorted: ``c_sorted`` or ``gated``) leaves through TMA copies.
+    With ``config.tma_store`` C (sorted: ``c_sorted`` or ``gated``) leaves through TMA copies, whole
+    tiles of it: padding rows are written too (nothing reads them), the rows past the real tiles not.
     """
     if h is not None and not gated:
         raise ValueError("h: the gate and up tiles exist in the gated launch only; expected gated=True")
