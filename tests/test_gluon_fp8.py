@@ -171,7 +171,9 @@ LAYER_CONFIGS = {"fused": (_cfg(64, 8, 4), _cfg(64, 4, 6)), "unfused": (_cfg(128
                  # down tile's four buffers take a stage's room.
                  "fused, tma": (_cfg(64, 8, 4, tma_store=True), _cfg(64, 4, 6, tma_store=True)),
                  "rescaled, split, tma": (_cfg(128, 4, 4, rescale=True, tma_store=True),
-                                          _cfg(128, 4, 3, 256, rescale=True, tma_store=True))}
+                                          _cfg(128, 4, 3, 256, rescale=True, tma_store=True)),
+                 "rescaled, tma": (_cfg(128, 8, 4, rescale=True, tma_store=True),
+                                   _cfg(128, 8, 3, 256, rescale=True, tma_store=True))}
 
 
 def _problem(M, E, N, K, topk, seed=0, skip_expert=None):
@@ -248,7 +250,7 @@ def test_the_sorted_quantiser_gives_the_layer_the_same_bits(form):
 
 @needs_hopper
 @pytest.mark.gpu
-@pytest.mark.parametrize("form", ["fused", "rescaled, split"])
+@pytest.mark.parametrize("form", ["fused", "rescaled, split", "rescaled"])
 def test_tma_copies_out_give_the_layer_the_same_bits(form):
     """The same tiles, stored through ``gl.store`` (down rows to their pairs) or through TMA copies
     (down rows left in sorted order, summed through their positions): the same bits, an expert

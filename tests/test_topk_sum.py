@@ -77,6 +77,8 @@ def test_sorted_topk_sum_refuses_positions_it_cannot_read():
                 torch.zeros(8, dtype=torch.int32)):
         with pytest.raises(ValueError, match="positions: expected a contiguous int32"):
             sorted_topk_sum(rows, bad.to(DEVICE))
+    with pytest.raises(ValueError, match=r"rows: expected \[R, H\]"):
+        sorted_topk_sum(rows.view(16, 2, 4), torch.zeros(4, 2, dtype=torch.int32, device=DEVICE))
 
 
 @pytest.mark.gpu

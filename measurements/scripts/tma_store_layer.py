@@ -75,10 +75,11 @@ def same_bits(name: str, outs: dict):
     return bool(torch.equal(outs[name], outs[twin])) if twin in outs and name in outs else ""
 
 
-def describe(config) -> str:
-    """A configuration in a few characters: rows x columns, warps, stages, the forms' flags."""
+def describe(config, kernel: str | None = None) -> str:
+    """A configuration in a few characters: the kernel (``config.gluon`` says it for Part 7's; the bf16
+    Gluon layer's name it), rows x columns, warps, stages, the forms' flags."""
     flags = "".join(f"-{name}" for name in ("rescale", "tma_store") if getattr(config, name))
-    kernel = "gluon" if config.gluon else "tl"
+    kernel = kernel or ("gluon" if config.gluon else "tl")
     return f"{kernel}-{config.block_m}x{config.block_n}-w{config.num_warps}-s{config.num_stages}{flags}"
 
 
@@ -87,27 +88,35 @@ def case_rows(shape: ModelShape, M: int, w13, w2, caches: dict, ceil, info: dict
     inp = bench.make_inputs(shape, M, runtime.DEFAULT_DTYPE, w13, w2)
     inp.__dict__.update(caches)                 # the experts quantised once per model, not per M
     forms = form_configs(inp)
-    prepared = {name: impls.layer_fp8(inp, configs=c) if not isinstance(c, str) else c for name, c in forms.items()}
-    prepared["sorted"] = impls.layer_of("sorted")(inp)
+    builders = {name: (lambda c=c: impls.layer_fp8(inp, configs=c)) for name, c in forms.items()}
+    builders["sorted"] = lambda: impls.layer_of("sorted")(inp)
     for name, tma in (("gluon-bf16", False), ("gluon-bf16-tma", True)):
         forms[name] = tuple(replace(c, tma_store=tma) for c in BF16_PAIR)
+        builders[name] = lambda c=forms[name]: impls.gluon_layer_with(inp, c)
+    prepared = {}
+    for name, build in builders.items():
+        if isinstance(forms.get(name), str):
+            prepared[name] = forms[name]
+            continue
         try:
-            prepared[name] = impls.gluon_layer_with(inp, forms[name])
-        except impls.Skip as e:
+            prepared[name] = build()
+        except impls.Skip as e:        # a runtime without the kernel: the row says why
             prepared[name] = str(e)
     caches.update({k: v for k, v in inp.__dict__.items() if k.startswith("_fp8")})
     # Four rows: the FP8 reference dequantises the experts they touch into float64.
-    times, outs, errors, status = check_then_time(prepared, *bench.reference_rows("layer", inp, max_rows=4))
+    times, outs, errors, status = check_then_time(prepared, *bench.reference_rows("layer", inp, max_rows=4),
+                                                  keep_outputs=True)     # [M, K] each: for the same-bits check
     bf16_ms = min(times["sorted"]) if "sorted" in times else float("nan")
     rows = []
     for name in prepared:
         precision = "fp8" if name.startswith("fp8") else "bf16"
         nbytes, flops = bench.traffic_of("layer", inp, precision)
         config = forms.get(name)
+        kernel = "gluon" if name.startswith("gluon-") else None
         row = dict(info, model=shape.name, M=M, E=shape.num_experts, hidden=shape.hidden, inter=shape.intermediate,
                    topk=shape.topk, impl=name, precision=precision,
-                   up=describe(config[0]) if isinstance(config, tuple) else "",
-                   down=describe(config[1]) if isinstance(config, tuple) else "",
+                   up=describe(config[0], kernel) if isinstance(config, tuple) else "",
+                   down=describe(config[1], kernel) if isinstance(config, tuple) else "",
                    floor_ms=ceil.floor_ms(nbytes, flops, precision), status=status.get(name, "ok"))
         if name in times:
             best = min(times[name])

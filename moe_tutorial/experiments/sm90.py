@@ -36,8 +36,9 @@ KERNELS = ("tl-plain", "gluon-plain", "gluon-plain-nooverlap", "gluon-gated", "g
 #: The Gluon FP8 forms whose C goes out through TMA copies (``tma_store``: rows in sorted order, a
 #: plain form's with router weights, as the layer's down GEMM writes them), as the layer launches
 #: them: name -> (block_m, warps, stages).
-TMA_KERNELS = {"gluon-gated-tma": (64, 8, 4), "gluon-plain-tma": (64, 4, 6),
-               "gluon-rescaled-gated-split-tma": (128, 4, 4), "gluon-rescaled-plain-split-tma": (128, 4, 3)}
+TMA_KERNELS = {"gluon-gated-tma": (64, 8, 4), "gluon-plain-tma": (64, 4, 6), "gluon-plain-128-tma": (128, 8, 4),
+               "gluon-rescaled-gated-split-tma": (128, 4, 4), "gluon-rescaled-plain-split-tma": (128, 4, 3),
+               "gluon-rescaled-plain-tma": (128, 8, 3)}
 KERNELS += tuple(TMA_KERNELS)
 
 #: The bf16 Gluon kernel (:mod:`moe_tutorial.kernels.gluon_kernel`) at prefill, as

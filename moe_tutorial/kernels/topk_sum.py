@@ -74,6 +74,8 @@ def sorted_topk_sum(rows: torch.Tensor, positions: torch.Tensor, out: torch.Tens
     if positions.dim() != 2 or positions.dtype != torch.int32 or not positions.is_contiguous():
         raise ValueError(f"positions: expected a contiguous int32 [M, topk], got {positions.dtype} of shape "
                          f"{tuple(positions.shape)}")
+    if rows.dim() != 2:
+        raise ValueError(f"rows: expected [R, H], one row per sorted position, got shape {tuple(rows.shape)}")
     (M, topk), H = positions.shape, rows.shape[1]
     out = rows.new_empty(M, H) if out is None else out
     if M == 0 or H == 0:

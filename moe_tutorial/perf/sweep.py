@@ -51,13 +51,14 @@ def skip_reason(e: Exception) -> str:
     return f"{type(e).__name__}: {text.splitlines()[0][:160] if text else ''}"
 
 
-def check_then_time(prepared: dict, rows, expected) -> tuple[dict, dict, dict, dict]:
+def check_then_time(prepared: dict, rows, expected, *, keep_outputs: bool = False) -> tuple[dict, dict, dict, dict]:
     """Each of ``prepared`` (``{name: Prepared, or the reason it does not run}``) called once, its
     output's ``rows`` checked against float64 (its own reference where it has one, else ``expected``),
     then every one that ran timed cold-l2 in both orders (:func:`time_both_orders`; NaN off a GPU).
 
-    Returns ``(times, outputs, errors, status)``: ``{name: [ms, ms reversed]}``, ``{name: output}``,
-    ``{name: relative error}`` and ``{name: "skipped: why"}`` for those that did not run or raised.
+    Returns ``(times, outputs, errors, status)``: ``{name: [ms, ms reversed]}``, ``{name: output}``
+    (with ``keep_outputs``; else empty, so that the timing has the memory), ``{name: relative error}``
+    and ``{name: "skipped: why"}`` for those that did not run or raised.
     """
     calls, outputs, errors, status = {}, {}, {}, {}
     for name, p in prepared.items():
@@ -65,10 +66,12 @@ def check_then_time(prepared: dict, rows, expected) -> tuple[dict, dict, dict, d
             status[name] = f"skipped: {p}"
             continue
         try:
-            outputs[name] = p.output(p.calls[0]())
+            out = p.output(p.calls[0]())
             ref = p.reference(rows) if p.reference is not None else expected
-            errors[name] = rel_error(outputs[name][rows].float(), ref)
+            errors[name] = rel_error(out[rows].float(), ref)
             calls[name] = p.calls[0]
+            if keep_outputs:
+                outputs[name] = out
         except Exception as e:  # noqa: BLE001  (the row says why)
             status[name] = f"skipped: {skip_reason(e)}"
     times = time_both_orders(calls) if runtime.ON_GPU else {n: [float("nan")] * 2 for n in calls}
