@@ -30,3 +30,14 @@ def close_figures():
     """Every test starts with no open figures (matplotlib keeps them all otherwise)."""
     yield
     plt.close("all")
+
+
+@pytest.fixture(autouse=True)
+def model_shapes_restored():
+    """Every test leaves the model shapes as it found them: a measurement script's dry run registers its
+    toy shape among them, and tests that read every model (``parallel.memory_table``) must not see it."""
+    from moe_tutorial.shapes import MODEL_SHAPES
+    before = dict(MODEL_SHAPES)
+    yield
+    MODEL_SHAPES.clear()
+    MODEL_SHAPES.update(before)

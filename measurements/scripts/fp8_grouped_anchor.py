@@ -35,8 +35,7 @@ from moe_tutorial import runtime
 from moe_tutorial.kernels.align import align_block_size
 from moe_tutorial.kernels.configs import fp8_config
 from moe_tutorial.kernels.fp8_quant import quantize_rows
-from moe_tutorial.perf import bench, impls
-from moe_tutorial.perf.sweep import cases, check_then_time, skip_reason, sweep_models, sweep_parser
+from moe_tutorial.perf import bench, impls, sweep
 from moe_tutorial.shapes import ModelShape
 
 import torch
@@ -75,10 +74,8 @@ def prepared_calls(inp, names=tuple(PRECISION)) -> dict:
     for name, build in builders.items():
         if name not in names and not (name == "fp8" and "fp8-gemm" in names):
             continue
-        try:
-            out[name] = gluon_gemm_alone(inp, out["fp8"]) if name == "fp8-gemm" else build(inp)
-        except Exception as e:  # noqa: BLE001  (Skip, or a torch that refuses the call: the row says why)
-            out[name] = skip_reason(e)
+        out[name] = sweep.prepared_or_reason(lambda: gluon_gemm_alone(inp, out["fp8"]) if name == "fp8-gemm"
+                                       else build(inp))
     if "fp8-gemm" in out and out["fp8-gemm"] is None:
         out["fp8-gemm"] = "the dispatcher runs the tl kernel here: no gather to leave out"
     return {name: out[name] for name in names}
@@ -92,7 +89,7 @@ def case_rows(shape: ModelShape, M: int, w13, w2, caches: dict, ceil, info: dict
     caches.update({k: v for k, v in inp.__dict__.items() if k.startswith("_fp8")})
     # Four rows, as vllm_fp8_anchor.py checks: the FP8 references dequantise the experts those rows touch
     # into float64, and sixteen of DeepSeek-V3's (up to 128 experts) would not fit an 80 GB card beside them.
-    times, _, errors, status = check_then_time(prepared, *bench.reference_rows("first", inp, max_rows=4))
+    times, _, errors, status = sweep.check_then_time(prepared, *bench.reference_rows("first", inp, max_rows=4))
     rows = []
     for name in prepared:
         precision = PRECISION[name]
@@ -108,23 +105,18 @@ def case_rows(shape: ModelShape, M: int, w13, w2, caches: dict, ceil, info: dict
                        fraction_of_rate=flops / (best * 1e-3) / 1e12 / rate, fraction_of_floor=row["floor_ms"] / best,
                        rel_error=errors[name])
         rows.append(row)
-    line = " | ".join(f"{r['impl']} {r['ms'] * 1e3:8.1f} us ({r['fraction_of_rate']:.2f})" if "ms" in r
-                      else f"{r['impl']} -" for r in rows)
-    print(f"{shape.name:14s} M={M:5d}: {line}", flush=True)
-    for r in rows:
-        if r["status"] != "ok":
-            print(f"    {r['impl']}: {r['status']}", flush=True)
+    sweep.print_case(shape.name, M, rows, lambda r: f"{r['fraction_of_rate']:.2f}")
     return rows
 
 
 def main(argv=None) -> int:
-    p = sweep_parser(__doc__.splitlines()[0], [256, 1024, 4096, 16384])
+    p = sweep.sweep_parser(__doc__.splitlines()[0], [256, 1024, 4096, 16384])
     p.add_argument("--impls", nargs="+", choices=list(PRECISION), default=list(PRECISION))
     args = p.parse_args(argv)
-    if (todo := cases(args)) is None:
+    if (todo := sweep.cases(args)) is None:
         return 2
     names = tuple(args.impls)
-    sweep_models(*todo, lambda *case: case_rows(*case, names), Path(OUT) / "fp8_grouped_anchor.csv",
+    sweep.sweep_models(*todo, lambda *case: case_rows(*case, names), Path(OUT) / "fp8_grouped_anchor.csv",
                  with_w2=False)
     return 0
 

@@ -38,8 +38,7 @@ import moe_tutorial as mt  # noqa: F401  (first: picks the runtime)
 from moe_tutorial import runtime
 from moe_tutorial.kernels.configs import KernelConfig
 from moe_tutorial.kernels.fp8_layer import layer_configs
-from moe_tutorial.perf import bench, impls
-from moe_tutorial.perf.sweep import cases, check_then_time, sweep_models, sweep_parser
+from moe_tutorial.perf import bench, impls, sweep
 from moe_tutorial.shapes import ModelShape
 
 import torch
@@ -93,18 +92,11 @@ def case_rows(shape: ModelShape, M: int, w13, w2, caches: dict, ceil, info: dict
     for name, tma in (("gluon-bf16", False), ("gluon-bf16-tma", True)):
         forms[name] = tuple(replace(c, tma_store=tma) for c in BF16_PAIR)
         builders[name] = lambda c=forms[name]: impls.gluon_layer_with(inp, c)
-    prepared = {}
-    for name, build in builders.items():
-        if isinstance(forms.get(name), str):
-            prepared[name] = forms[name]
-            continue
-        try:
-            prepared[name] = build()
-        except impls.Skip as e:        # a runtime without the kernel: the row says why
-            prepared[name] = str(e)
+    prepared = {name: forms[name] if isinstance(forms.get(name), str) else sweep.prepared_or_reason(build)
+                for name, build in builders.items()}
     caches.update({k: v for k, v in inp.__dict__.items() if k.startswith("_fp8")})
     # Four rows: the FP8 reference dequantises the experts they touch into float64.
-    times, outs, errors, status = check_then_time(prepared, *bench.reference_rows("layer", inp, max_rows=4),
+    times, outs, errors, status = sweep.check_then_time(prepared, *bench.reference_rows("layer", inp, max_rows=4),
                                                   keep_outputs=True)     # [M, K] each: for the same-bits check
     bf16_ms = min(times["sorted"]) if "sorted" in times else float("nan")
     rows = []
@@ -125,23 +117,19 @@ def case_rows(shape: ModelShape, M: int, w13, w2, caches: dict, ceil, info: dict
                        bf16_over=bf16_ms / best, rel_error=errors[name],
                        same_bits=same_bits(name, outs))
         rows.append(row)
-    line = " | ".join(f"{r['impl']} {r['ms'] * 1e3:8.1f} us ({r['bf16_over']:.2f}x)" if "ms" in r
-                      else f"{r['impl']} -" for r in rows)
-    print(f"{shape.name:14s} M={M:5d}: {line}", flush=True)
+    sweep.print_case(shape.name, M, rows, lambda r: f"{r['bf16_over']:.2f}x")
     for r in rows:
-        if r["status"] != "ok":
-            print(f"    {r['impl']}: {r['status']}", flush=True)
-        elif r.get("same_bits") is False:
+        if r.get("same_bits") is False:
             print(f"    {r['impl']}: NOT the same bits as its gl.store twin (rel_error {r['rel_error']:.2e})",
                   flush=True)
     return rows
 
 
 def main(argv=None) -> int:
-    args = sweep_parser(__doc__.splitlines()[0], [1024, 4096, 16384]).parse_args(argv)
-    if (todo := cases(args)) is None:
+    args = sweep.sweep_parser(__doc__.splitlines()[0], [1024, 4096, 16384]).parse_args(argv)
+    if (todo := sweep.cases(args)) is None:
         return 2
-    sweep_models(*todo, case_rows, Path(OUT) / "tma_store_layer.csv", with_w2=True)
+    sweep.sweep_models(*todo, case_rows, Path(OUT) / "tma_store_layer.csv", with_w2=True)
     return 0
 
 

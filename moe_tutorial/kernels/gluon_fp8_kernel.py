@@ -52,9 +52,8 @@ from .fp8_quant import (
     quantize_rows_sorted,
     silu_mul_quantize,
 )
-from .gluon_kernel import HAVE_GLUON, check_tma_out, gluon_descriptor, sorted_rows
+from .gluon_kernel import HAVE_GLUON, check_tma_out, down_then_sum, gluon_descriptor, sorted_rows
 from .tma import stacked_rows
-from .topk_sum import sorted_topk_sum, topk_sum
 
 if HAVE_GLUON:
     from triton.experimental import gluon
@@ -710,13 +709,13 @@ def gluon_fp8_layer(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor,
 
     Returns ``[M, K]`` in x's dtype.
     """
-    M, K = x.shape
     inter = w2.shape[2]
-    num_pairs = M * topk
-    positions = sorted_positions(alignment, num_pairs) if sorted_quantiser or cfg_down.tma_store else None
+    num_pairs = x.shape[0] * topk
     if sorted_quantiser:                        # x was checked at the door (fp8_moe_layer)
+        positions = sorted_positions(alignment, num_pairs)   # the down GEMM's sum may read them too
         a, a_scale_t = quantize_rows_sorted(x, positions, topk, sorted_rows(alignment, cfg_up.block_m))
     else:
+        positions = None
         x_q, x_s = launch_quantize_rows(x)
         a, a_scale_t = gather_sorted_fp8(x_q, x_s, alignment, num_pairs, topk, cfg_up.block_m)
     R = a.shape[0]
@@ -732,12 +731,6 @@ def gluon_fp8_layer(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor,
         launch_gluon_fp8_gemm(a, a_scale_t, w13, w13_scale, h, alignment, num_pairs, cfg_up, c_sorted=True)
         act, act_scale_t = silu_mul_quantize(h, alignment[2])
     router_weights = topk_weights.reshape(-1).float().contiguous()
-    if cfg_down.tma_store:
-        down = x.new_empty(R, K)
-        launch_gluon_fp8_gemm(act, act_scale_t, w2, w2_scale, down, alignment, num_pairs, cfg_down,
-                              router_weights=router_weights, c_sorted=True)
-        return sorted_topk_sum(down, positions.view(M, topk))
-    down = x.new_empty(num_pairs, K)
-    launch_gluon_fp8_gemm(act, act_scale_t, w2, w2_scale, down, alignment, num_pairs, cfg_down,
-                          router_weights=router_weights)
-    return topk_sum(down.view(M, topk, K))
+    return down_then_sum(x, R, topk, alignment, cfg_down.tma_store, lambda down, c_sorted: launch_gluon_fp8_gemm(
+        act, act_scale_t, w2, w2_scale, down, alignment, num_pairs, cfg_down, router_weights=router_weights,
+        c_sorted=c_sorted), positions)

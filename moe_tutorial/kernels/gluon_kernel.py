@@ -125,26 +125,18 @@ if HAVE_GLUON:
         tma_store(c_desc, [row, col], c_bufs.index(buf))
 
     @gluon.jit
-    def copy_rows(acc, first_row, first_col, c_desc, c_bufs, buf, router_w_ptr, sorted_ids_ptr, num_pairs,
-                  rows_layout: gl.constexpr, ROUTER_WEIGHTS: gl.constexpr):
-        """[epilogue through TMA] The tile, its rows in sorted order (times their router weights with
-        ROUTER_WEIGHTS), out through :func:`copy_out` at ``(first_row, first_col)``: the copy runs
-        during the next tile's MMAs. Padding rows are written too (they lie in C's sorted rows and
-        nothing reads them); columns past C's width are clipped by the copy."""
-        if ROUTER_WEIGHTS:
-            acc = weighted_rows(acc, first_row, router_w_ptr, sorted_ids_ptr, num_pairs, rows_layout)
-        copy_out(acc, c_desc, c_bufs, buf, first_row, first_col)
-
-    @gluon.jit
     def tile_out(acc, first_row, pid_n, c_ptr, c_desc, c_bufs, buf, router_w_ptr, sorted_ids_ptr, N, num_pairs,
                  stride_cm, rows_layout: gl.constexpr, C_SORTED: gl.constexpr, ROUTER_WEIGHTS: gl.constexpr,
                  TMA_C: gl.constexpr):
-        """[epilogue] The tile out as C's ``pid_n``-th block of ``acc``'s width: with TMA_C (C sorted)
-        copied out from buffer ``buf`` of ``c_bufs`` (:func:`copy_rows`), else through ``gl.store``
-        (:func:`store_rows`)."""
+        """[epilogue] The tile out as C's ``pid_n``-th block of ``acc``'s width, its rows times their
+        router weights with ROUTER_WEIGHTS. With TMA_C (C sorted) through :func:`copy_out` from buffer
+        ``buf`` of ``c_bufs``: the copy runs during the next tile's MMAs; padding rows are written too
+        (they lie in C's sorted rows and nothing reads them), columns past C's width are clipped by
+        the copy. Else through ``gl.store`` (:func:`store_rows`)."""
         if TMA_C:
-            copy_rows(acc, first_row, pid_n * acc.type.shape[1], c_desc, c_bufs, buf, router_w_ptr, sorted_ids_ptr,
-                      num_pairs, rows_layout, ROUTER_WEIGHTS)
+            if ROUTER_WEIGHTS:
+                acc = weighted_rows(acc, first_row, router_w_ptr, sorted_ids_ptr, num_pairs, rows_layout)
+            copy_out(acc, c_desc, c_bufs, buf, first_row, pid_n * acc.type.shape[1])
         else:
             store_rows(acc, first_row, pid_n, c_ptr, router_w_ptr, sorted_ids_ptr, N, num_pairs, stride_cm,
                        rows_layout, C_SORTED, ROUTER_WEIGHTS)
@@ -235,7 +227,7 @@ if HAVE_GLUON:
         """The kernel's warps: MMAs on each ready buffer (with GATED, a gate and an up MMA), then the
         epilogue of each tile (with GATED, ``silu(gate) * up``; with SAVE_H, the gate and up tiles
         themselves first, at each pair's row of ``h_ptr``, as Part 8's forward keeps them). With TMA_C
-        C's tile (at the sorted rows) leaves through a TMA copy (:func:`copy_rows`)."""
+        C's tile (at the sorted rows) leaves through a TMA copy (:func:`tile_out`)."""
         STAGES: gl.constexpr = a_bufs.type.shape[0]
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
@@ -430,12 +422,23 @@ def gluon_layer(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weigh
         raise ValueError(f"configs: the two GEMMs share one alignment, so one block_m; got {cfg_up.block_m} "
                          f"and {cfg_down.block_m}")
     act = gluon_gate_up(x, w13, alignment, topk, cfg_up)
-    M, K = x.shape
     router_weights = topk_weights.reshape(-1).float().contiguous()
-    if cfg_down.tma_store:
-        down = x.new_empty(act.shape[0], K)
-        launch_gluon_gemm(act, w2, down, router_weights, alignment, M * topk, cfg_down, c_sorted=True)
-        return sorted_topk_sum(down, sorted_positions(alignment, M * topk).view(M, topk))
+    return down_then_sum(x, act.shape[0], topk, alignment, cfg_down.tma_store, lambda down, c_sorted: launch_gluon_gemm(
+        act, w2, down, router_weights, alignment, x.shape[0] * topk, cfg_down, c_sorted=c_sorted))
+
+
+def down_then_sum(x: torch.Tensor, rows: int, topk: int, alignment, sorted_out: bool, launch, positions=None):
+    """The Gluon layers' last two steps: ``launch(down, c_sorted)`` runs the down GEMM into ``down``, then
+    each token's sum over its topk rows, ``[M, K]`` in x's dtype. With ``sorted_out`` (its tiles copied out
+    through TMA) ``down`` is ``[rows, K]`` in sorted order and the sum gathers each pair's row through
+    ``positions`` (:func:`~moe_tutorial.kernels.align.sorted_positions`, computed here if not given);
+    else ``down`` is ``[M * topk, K]``, one row per pair."""
+    M, K = x.shape
+    if sorted_out:
+        down = x.new_empty(rows, K)
+        launch(down, True)
+        positions = sorted_positions(alignment, M * topk) if positions is None else positions
+        return sorted_topk_sum(down, positions.view(M, topk))
     down = x.new_empty(M * topk, K)
-    launch_gluon_gemm(act, w2, down, router_weights, alignment, M * topk, cfg_down)
+    launch(down, False)
     return topk_sum(down.view(M, topk, K))

@@ -42,13 +42,19 @@ def topk_sum(rows: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tenso
     out = rows.new_empty(M, H) if out is None else out
     if M == 0 or H == 0:
         return out
+    grid, meta = sum_launch(M, H, topk)
+    topk_sum_kernel[grid](rows, out, H, topk, rows.stride(0), rows.stride(1), rows.stride(2), out.stride(0),
+                          out.stride(1), **meta)
+    return out
+
+
+def sum_launch(M: int, H: int, topk: int) -> tuple[tuple[int, int], dict]:
+    """``(grid, meta-parameters)`` of the two topk-sum kernels: a program per token and BLOCK_H columns,
+    the topk slots padded to a power of two, 8 warps past 8192 elements in flight."""
     block_h = min(BLOCK_H, triton.next_power_of_2(H))
     topk_pad = triton.next_power_of_2(topk)
-    topk_sum_kernel[(M, triton.cdiv(H, block_h))](
-        rows, out, H, topk, rows.stride(0), rows.stride(1), rows.stride(2), out.stride(0), out.stride(1),
-        TOPK_PAD=topk_pad, BLOCK_H=block_h, num_warps=4 if topk_pad * block_h <= 8192 else 8,
-    )
-    return out
+    return (M, triton.cdiv(H, block_h)), dict(TOPK_PAD=topk_pad, BLOCK_H=block_h,
+                                              num_warps=4 if topk_pad * block_h <= 8192 else 8)
 
 
 @triton.jit
@@ -80,12 +86,9 @@ def sorted_topk_sum(rows: torch.Tensor, positions: torch.Tensor, out: torch.Tens
     out = rows.new_empty(M, H) if out is None else out
     if M == 0 or H == 0:
         return out
-    block_h = min(BLOCK_H, triton.next_power_of_2(H))
-    topk_pad = triton.next_power_of_2(topk)
-    sorted_topk_sum_kernel[(M, triton.cdiv(H, block_h))](
-        rows, positions, out, H, topk, rows.stride(0), rows.stride(1), out.stride(0), out.stride(1),
-        TOPK_PAD=topk_pad, BLOCK_H=block_h, num_warps=4 if topk_pad * block_h <= 8192 else 8,
-    )
+    grid, meta = sum_launch(M, H, topk)
+    sorted_topk_sum_kernel[grid](rows, positions, out, H, topk, rows.stride(0), rows.stride(1), out.stride(0),
+                                 out.stride(1), **meta)
     return out
 
 

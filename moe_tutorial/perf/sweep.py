@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -49,6 +49,26 @@ def skip_reason(e: Exception) -> str:
     """An exception in one line for a row's status: its type and the first line of its message."""
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0][:160] if text else ''}"
+
+
+def prepared_or_reason(build: Callable[[], Any]) -> Any:
+    """``build()`` (an implementation prepared for one case), or why it raised in one line (a Skip, a
+    runtime without the kernel, a torch that refuses the call): the case's row then says why."""
+    try:
+        return build()
+    except Exception as e:  # noqa: BLE001  (the row says why)
+        return skip_reason(e)
+
+
+def print_case(model: str, M: int, rows: list[dict], figure: Callable[[dict], str]) -> None:
+    """One case on the console: each row's time in microseconds with ``figure(row)`` beside it (``-``
+    where it did not run), then the reason of each that did not."""
+    line = " | ".join(f"{r['impl']} {r['ms'] * 1e3:8.1f} us ({figure(r)})" if "ms" in r else f"{r['impl']} -"
+                      for r in rows)
+    print(f"{model:14s} M={M:5d}: {line}", flush=True)
+    for r in rows:
+        if r["status"] != "ok":
+            print(f"    {r['impl']}: {r['status']}", flush=True)
 
 
 def check_then_time(prepared: dict, rows, expected, *, keep_outputs: bool = False) -> tuple[dict, dict, dict, dict]:
