@@ -4,6 +4,7 @@ float64 (GPU tests: Gluon does not run in the interpreter)."""
 import moe_tutorial as mt  # noqa: I001  (first: picks the runtime)
 
 import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -325,6 +326,44 @@ def test_only_the_gluon_kernel_rescales():
         check_fp8_config(KernelConfig(block_m=64, block_n=128, block_k=128, rescale=True))
     with pytest.raises(ValueError, match="config.tma_store: only the Gluon kernel"):
         check_fp8_config(KernelConfig(block_m=64, block_n=128, block_k=128, tma_store=True))
+
+
+@pytest.mark.parametrize("model,M", [("Qwen3-30B-A3B", 16384), ("Qwen3-30B-A3B", 1024), ("DeepSeek-V3", 4096),
+                                     ("DeepSeek-V3", 256), ("Kimi-K2", 16384)])
+def test_the_layer_copies_its_128_row_gluon_tiles_out_through_tma_in_forms_compiled_for_sm90(monkeypatch, model, M):
+    """``layer_configs`` sets ``tma_store`` on both Gluon GEMMs where their tiles have 128 rows (the
+    rescaled forms; a 256-wide tile on 3 stages: the shared memory), each the shape of one form the
+    compile test above builds for sm90. The fused 64-row forms, the ``tl`` kernel, and
+    ``tma_store=False`` keep ``gl.store``/``tl.store``."""
+    from moe_tutorial.experiments.sm90 import TMA_KERNELS
+    from moe_tutorial.kernels.fp8_layer import layer_configs
+
+    monkeypatch.setattr(configs, "gluon_fp8_available", lambda: True)
+    monkeypatch.setattr(configs, "tuned_config", lambda *a, **k: None)   # the heuristic, as on any Hopper
+    monkeypatch.setattr(configs.runtime, "INTERPRETED", False)           # the GPU's choice, not the CPU's
+    s = get_shape(model)
+    args = (M, s.num_experts, s.intermediate, s.hidden, s.topk)
+    copied = 0
+    for kernel in (None, "gluon", "tl"):
+        pair, before = layer_configs(*args, kernel=kernel), layer_configs(*args, kernel=kernel, tma_store=False)
+        for c, c0 in zip(pair, before):
+            check_fp8_config(c)
+            assert not c0.tma_store
+            assert c.tma_store == (c.gluon and c0.block_m >= configs.TMA_STORE_MIN_BLOCK_M == 128)
+            if c.tma_store:
+                copied += 1
+                assert (c.block_m, c.num_warps, c.num_stages) in TMA_KERNELS.values(), c
+                assert c.num_stages == (min(c0.num_stages, configs.TMA_WIDE_STAGES) if c.block_n == 256
+                                        else c0.num_stages)
+                assert c == replace(c0, tma_store=True, num_stages=c.num_stages)
+            else:
+                assert c == c0
+        if kernel == "tl":
+            assert not pair[0].gluon
+        elif kernel == "gluon":
+            assert pair[0].gluon and pair[1].gluon
+    rows = M * s.topk // s.num_experts
+    assert copied == (4 if rows >= configs.GLUON_RESCALED_ROWS else 0)
 
 
 # (model, M) -> (plain GEMM, gate/up, down) as the H100 sweep of 2026-12-06 ranked them: where the

@@ -467,3 +467,50 @@ def test_appendix_a_store_count_by_hand():
     words = {2: "twice", 4: "Four times"}
     assert_says(P7, "{} the instructions and {} the sector writes", words[mma[0] // rows[0]],
                 words[mma[2] // rows[2]])
+
+
+def test_appendix_a_tma_copy_out_numbers():
+    """Appendix A's TMA section (``data/h100_fp8_tma_store.csv``, ``h100_fp8_rescaled_profile.csv``): what
+    copying the tiles out gained on 128-row and 64-row tiles, the spread beside it, the bf16 / FP8 ratio
+    after, the profile's numbers, and the by-hand count behind the prediction; the dispatcher's rule
+    follows the data."""
+    from moe_tutorial.experiments import gluon_fp8
+    from moe_tutorial.kernels import configs
+
+    gains = gluon_fp8.tma_store_gains(gluon_fp8.load_tma_store())
+    assert all(g["same_bits"] for g in gains)
+    big = [g for g in gains if g["rows"] >= configs.GLUON_RESCALED_ROWS]
+    small = [g for g in gains if g["rows"] < configs.GLUON_RESCALED_ROWS]
+    assert len(big) >= 4 and len(small) >= 3
+    assert all(g["gain"] > 1 for g in big)                      # "faster" at every 128-row case
+    assert_says(P7, "Where the layer's tiles are 128 rows (from {} rows an expert), the copies made it {} to {} faster",
+                configs.GLUON_RESCALED_ROWS, x(min(g["gain"] for g in big)), x(max(g["gain"] for g in big)))
+    q16 = [g for g in big if (g["model"], g["M"]) == ("Qwen3-30B-A3B", 16384)]
+    assert len(q16) == 2 and len({x(g["gain"]) for g in q16}) == 1
+    assert all(g["up"] > g["down"] for g in q16)                  # the down GEMM's copies gave most of it
+    assert_says(P7, "on Qwen3-30B-A3B at M = 16384 {} in both runs, with a spread of {:.0%} at most",
+                x(q16[0]["gain"]), max(g["spread"] for g in q16))
+    others = [g for g in big if g["M"] == 16384 and g["model"] != "Qwen3-30B-A3B"]
+    assert_says(P7, "On DeepSeek-V3 and Kimi-K2 at M = 16384 the two orders differed by up to {:.0%}",
+                max(g["spread"] for g in others))
+    assert all(g["spread"] > g["gain"] - 1 for g in others)       # "more than the gain"
+    assert_says(P7, "On the 64-row tiles they gave {} to {}", x(min(g["gain"] for g in small)),
+                x(max(g["gain"] for g in small)))
+    assert configs.TMA_STORE_MIN_BLOCK_M == configs.GLUON_RESCALED.block_m > configs.GLUON_FUSED_UP.block_m
+    assert_says(P7, "The FP8 layer is now {} as fast as the bf16 one on Qwen3-30B-A3B at M = 16384 ({} in the "
+                "second run)", *(x(g["over_tma"]) for g in q16))
+    profile = gluon_fp8.load_rescaled_profile()
+    up = profile["Qwen3-30B-A3B", "gluon-128x128-rescaled-split-s4-tma"]
+    down = profile["Qwen3-30B-A3B", "gluon-128x256-rescaled-split-s3-tma"]
+    assert_says(P7, "the tensor pipe is busy {:.0%} of the time in the gate/up GEMM and {:.0%} in the down GEMM, and "
+                "their warps wait most at barriers ({:.1f} and {:.1f} warps stalled there per instruction issued)",
+                up["tensor_pipe_active"], down["tensor_pipe_active"], up["stall_barrier"], down["stall_barrier"])
+    assert all(p["stall_barrier"] > p["stall_long_scoreboard"] for p in (up, down))
+    # The prediction's answer: the 128-row down tile writes ten times the bytes a K step of the 64-row one.
+    per_step = {}
+    for model, cfg in (("Qwen3-30B-A3B", configs.GLUON_RESCALED_WIDE), ("DeepSeek-V3", configs.GLUON_FUSED_DOWN)):
+        s = get_shape(model)
+        per_step[model] = cfg.block_m * cfg.block_n * 2 / (s.intermediate // cfg.block_k)
+    assert per_step["Qwen3-30B-A3B"] > 10 * per_step["DeepSeek-V3"]
+    by_case = {(g["model"], g["M"]): g for g in gains}
+    assert by_case["Qwen3-30B-A3B", 16384]["gain"] > by_case["DeepSeek-V3", 4096]["gain"]

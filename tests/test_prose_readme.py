@@ -258,3 +258,19 @@ def test_results_page_store_layout_sentence():
                 f"there is {span([r['bf16'] / r['rows'] for r in layer['Qwen3-30B-A3B']])} as fast as the bf16 one "
                 f"on Qwen3-30B-A3B and {span([r['bf16'] / r['rows'] for r in layer['DeepSeek-V3']])} on DeepSeek-V3")
     assert sentence in " ".join(RESULTS.read_text().split()), sentence
+
+
+def test_results_page_tma_copy_out_sentence():
+    """The results page's sentence on the TMA copies out, from ``data/h100_fp8_tma_store.csv``."""
+    from moe_tutorial.experiments import gluon_fp8
+    from moe_tutorial.kernels import configs
+
+    gains = gluon_fp8.tma_store_gains(gluon_fp8.load_tma_store())
+    big = [g["gain"] for g in gains if g["rows"] >= configs.GLUON_RESCALED_ROWS]
+    small = [g["gain"] for g in gains if g["rows"] < configs.GLUON_RESCALED_ROWS]
+    q16 = next(g for g in gains if (g["model"], g["M"]) == ("Qwen3-30B-A3B", 16384))    # the first run
+    sentence = (f"the layer became {min(big):.2f}x to {max(big):.2f}x faster there, and the FP8 layer "
+                f"{q16['over_tma']:.2f}x as fast as the bf16 one on Qwen3-30B-A3B at M = 16384; on the 64-row tiles "
+                f"the copies gave {min(small):.2f}x to {max(small):.2f}x, and those keep the warps' stores.")
+    assert sentence in " ".join(RESULTS.read_text().split()), sentence
+    assert f"from {configs.GLUON_RESCALED_ROWS} rows an expert" in RESULTS.read_text()

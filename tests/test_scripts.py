@@ -235,13 +235,10 @@ def test_fp8_grouped_anchor_dry_run_writes_one_row_per_implementation(tmp_path):
 def test_tma_store_layer_dry_run_writes_one_row_per_form(tmp_path):
     """measurements/scripts/tma_store_layer.py on the toy shape in the interpreter: a row for each form
     in order; the layers that run here agree with float64, and the TMA forms (the Gluon kernel's) say
-    why they did not run. The down GEMM's TMA form gives up a stage only where its 256-wide tile's
-    buffers need the room."""
+    why they did not run. Then tma_store_table.py gathers the run into the data file's columns."""
     import csv
 
     from moe_tutorial import runtime
-    from moe_tutorial.kernels.configs import GLUON_FUSED_DOWN, GLUON_RESCALED_WIDE
-
     module = load_script("tma_store_layer.py")
     module.OUT = str(tmp_path)
     assert module.main(["--dry-run"]) == 0
@@ -256,5 +253,10 @@ def test_tma_store_layer_dry_run_writes_one_row_per_form(tmp_path):
     if not runtime.ON_GPU:
         assert all("tl kernel" in rows[n]["status"] for n in ("fp8-tma-up", "fp8-tma-down", "fp8-tma"))
         assert rows["fp8"]["ms"] == "nan" and rows["fp8"]["up"].startswith("tl-")     # no timer on a CPU
-    wide, fused = module.tma_down(GLUON_RESCALED_WIDE), module.tma_down(GLUON_FUSED_DOWN)
-    assert wide.tma_store and wide.num_stages == 3 and fused.num_stages == GLUON_FUSED_DOWN.num_stages
+    table = load_script("tma_store_table.py")
+    assert table.main([str(tmp_path / "tma_store_layer.csv"), "--into", str(tmp_path / "data.csv")]) == 0
+    from moe_tutorial.experiments import gluon_fp8
+    kept = gluon_fp8.load_tma_store(tmp_path / "data.csv")
+    assert [r["impl"] for r in kept] == [n for n in module.FORMS if n in gluon_fp8.TMA_FORMS
+                                         and rows[n]["status"] == "ok"] == ["fp8", "sorted"]
+    assert gluon_fp8.tma_store_gains(kept) == []           # no TMA form ran here: no case to compare

@@ -12,9 +12,11 @@ rows as they lie, so the rows must be in sorted order: the gate/up GEMM's are; t
 leaves its rows sorted too and the sum over each token's rows gathers them through their positions
 (``sorted_topk_sum``). Forms, each from the dispatcher's configurations (``layer_configs``):
 
-* ``fp8``: as shipped; ``fp8-tma-up``: the gate/up GEMM's e4m3 tile through TMA;
+* ``fp8``: the layer's tiles stored with ``gl.store`` (``layer_configs(..., tma_store=False)``, as
+  shipped before the twenty-seventh session); ``fp8-tma-up``: the gate/up GEMM's e4m3 tile through TMA;
 * ``fp8-tma-down``: the down GEMM's rows sorted, through TMA (a 256-wide rescaled tile's four
-  buffers take one stage's room: 3 stages); ``fp8-tma``: both;
+  buffers take one stage's room: 3 stages); ``fp8-tma``: both (``copied_out``: the layer's
+  configurations now);
 * ``sorted``: Part 4's bf16 layer, the ratio's denominator;
 * ``gluon-bf16``, ``gluon-bf16-tma``: the bf16 layer wholly on the Gluon kernel (``gluon_layer``,
   the pair notebook 04's appendix measured first: gate/up 128 x 128 with 4 stages, down 128 x 256
@@ -36,7 +38,7 @@ from pathlib import Path
 
 import moe_tutorial as mt  # noqa: F401  (first: picks the runtime)
 from moe_tutorial import runtime
-from moe_tutorial.kernels.configs import KernelConfig
+from moe_tutorial.kernels.configs import KernelConfig, copied_out
 from moe_tutorial.kernels.fp8_layer import layer_configs
 from moe_tutorial.perf import bench, impls, sweep
 from moe_tutorial.shapes import ModelShape
@@ -50,22 +52,15 @@ BF16_PAIR = (KernelConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num
              KernelConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, short_tails=False))
 
 
-def tma_down(config):
-    """The down GEMM's configuration with its rows copied out through TMA: a 256-wide rescaled tile
-    holds four buffers of 64 x 128 bf16 (two per warpgroup), 64 KB, which leave room for 3 stages."""
-    stages = min(config.num_stages, 3) if config.rescale and config.block_n == 256 else config.num_stages
-    return replace(config, tma_store=True, num_stages=stages)
-
-
 def form_configs(inp) -> dict:
     """``{form: (gate/up, down) or the reason it does not run}`` for one case."""
     s = inp.shape
-    up, down = layer_configs(inp.M, s.num_experts, s.intermediate, s.hidden, s.topk)
+    up, down = layer_configs(inp.M, s.num_experts, s.intermediate, s.hidden, s.topk, tma_store=False)
     if not up.gluon:
         reason = "the dispatcher runs the tl kernel here (the TMA copies are the Gluon kernel's)"
         return {"fp8": (up, down), "fp8-tma-up": reason, "fp8-tma-down": reason, "fp8-tma": reason}
-    return {"fp8": (up, down), "fp8-tma-up": (replace(up, tma_store=True), down),
-            "fp8-tma-down": (up, tma_down(down)), "fp8-tma": (replace(up, tma_store=True), tma_down(down))}
+    return {"fp8": (up, down), "fp8-tma-up": (copied_out(up), down), "fp8-tma-down": (up, copied_out(down)),
+            "fp8-tma": (copied_out(up), copied_out(down))}
 
 
 def same_bits(name: str, outs: dict):

@@ -6,7 +6,8 @@ every variant of one case timed in forward, then in reverse order, cold-l2; ``h2
 the shipped kernel against the same pipeline with one scale per tensor; ``h200_fp8_quantiser.csv``: the
 layer's first step both ways; ``h100_fp8_rescaled.csv``: the sums rescaled in place, on an H100;
 ``h100_vllm_fp8_anchor.csv``: the first GEMM beside vLLM 0.34.0's block-FP8 Triton kernel, on an H100;
-``h100_fp8_store_layout.csv``: the Gluon epilogues' two store layouts, on an H100) and
+``h100_fp8_store_layout.csv``: the Gluon epilogues' two store layouts, on an H100;
+``h100_fp8_tma_store.csv``: the layer's tiles stored by the warps or copied out through TMA, on an H100) and
 from Nsight Compute on the ``tl`` and Gluon kernels at DeepSeek-V3, M = 16384 (``data/h200_fp8_profile.csv``,
 and ``h100_fp8_rescaled_profile.csv`` for the rescaled form).
 """
@@ -226,6 +227,54 @@ def store_layout_gains(rows: list[dict]) -> list[dict]:
                      rate_cutlass=anchor["cutlass-fp8"]["fraction_of_rate"] if "cutlass-fp8" in anchor else None)
         out.append(g)
     return out
+
+
+TMA_STORE = DATA / "h100_fp8_tma_store.csv"
+TMA_STORE_FIELDS = ("gpu", "driver", "torch", "triton", "date", "protocol", "fp8_tflops", "matmul_tflops",
+                    "read_tbps", "model", "M", "E", "topk", "impl", "up", "down", "ms", "ms_forward", "ms_reverse",
+                    "noise", "bf16_over", "rel_error", "same_bits", "source")
+#: :data:`TMA_STORE`'s forms: the FP8 layer with its tiles stored by the warps (``gl.store``), each
+#: GEMM's copied out through TMA alone, both; Part 4's bf16 layer (``sorted``, the ratio's denominator).
+TMA_FORMS = {"fp8": "store", "fp8-tma-up": "up", "fp8-tma-down": "down", "fp8-tma": "tma", "sorted": "bf16"}
+
+
+def load_tma_store(path: Path | None = None) -> list[dict]:
+    """The rows of :data:`TMA_STORE` (or ``path``): one per form, model, M and run (``source``), as
+    ``measurements/scripts/tma_store_layer.py`` timed them (cold-l2, the faster of two orders;
+    ``noise`` the two orders' difference over the faster)."""
+    return _load(path or TMA_STORE, ("ms", "ms_forward", "ms_reverse", "noise", "bf16_over"))
+
+
+def tma_store_gains(rows: list[dict]) -> list[dict]:
+    """Per model, M and run: the layer's time in ms for each form of :data:`TMA_FORMS` (``store``, ``up``,
+    ``down``, ``tma``, ``bf16``; None where the form did not run), ``rows`` an expert's average rows
+    (``M * topk / E``: from 256 the layer's tiles are 128 rows, under it 64), ``gain`` = store / tma,
+    the bf16 layer over each FP8 one (``over_store``, ``over_tma``), ``spread`` the largest
+    two-orders difference of the FP8 forms' timings, and ``same_bits`` (every TMA form gave the bits
+    of the ``gl.store`` one)."""
+    out = []
+    for model, M, source in dict.fromkeys((r["model"], r["M"], r["source"]) for r in rows):
+        case = {r["impl"]: r for r in rows if (r["model"], r["M"], r["source"]) == (model, M, source)}
+        t = {key: case[impl]["ms"] if impl in case else None for impl, key in TMA_FORMS.items()}
+        if t["store"] is None or t["tma"] is None:
+            continue
+        E, topk = int(case["fp8"]["E"]), int(case["fp8"]["topk"])
+        out.append(dict(model=model, M=M, source=source, rows=M * topk // E, **t, gain=t["store"] / t["tma"],
+                        over_store=t["bf16"] / t["store"], over_tma=t["bf16"] / t["tma"],
+                        spread=max(case[i]["noise"] for i in TMA_FORMS if i in case and i != "sorted"),
+                        same_bits=all(case[i]["same_bits"] == "True" for i in case if i.startswith("fp8-"))))
+    models = list(dict.fromkeys(g["model"] for g in out))
+    return sorted(out, key=lambda g: (models.index(g["model"]), g["M"]))        # stable: runs in file order
+
+
+def tma_store_lines(gains: list[dict]) -> list[str]:
+    """:func:`tma_store_gains` as notebook 07 prints them, one line a case: an expert's rows, the layer
+    stored by the warps and copied out (each GEMM's copy alone in brackets), the gain, the bf16 layer
+    over the FP8 one before and after, and the spread of the two orders."""
+    return [f"  {g['model']:14s} M = {g['M']:<6d}{g['rows']:4d} rows  {g['store']:6.3f} -> {g['tma']:6.3f} ms "
+            f"({g['gain']:.2f}x; gate/up alone {g['store'] / g['up']:.2f}x, down alone {g['store'] / g['down']:.2f}x)"
+            f"  bf16 / FP8 {g['over_store']:.2f}x -> {g['over_tma']:.2f}x  spread {g['spread']:.0%}"
+            for g in gains]
 
 
 def store_cost(rows: int, cols: int, size: int, bytes_a_thread: int, rows_a_store: int,

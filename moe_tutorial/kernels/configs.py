@@ -294,6 +294,29 @@ GLUON_FUSED_DOWN = replace(GLUON_PLAIN, block_m=64, num_warps=4, num_stages=6)
 #: warpgroup is its own partition (``num_warps`` 4, the split form: the faster of the two measured).
 GLUON_RESCALED = replace(GLUON_PLAIN, num_warps=4, rescale=True)
 GLUON_RESCALED_WIDE = replace(GLUON_RESCALED, block_n=256)
+#: A 256-wide tile copied out through TMA holds 64 KB of bf16 in shared memory beside its stages:
+#: room for 3 (measured level with 4 in the seventeenth session's sweep).
+TMA_WIDE_STAGES = 3
+
+
+#: The FP8 layer copies out tiles of this many rows or more (the rescaled forms, from
+#: :data:`GLUON_RESCALED_ROWS` rows an expert): there the copies made the layer faster at every case
+#: measured on an H100; the fused 64-row forms measured level or slower, and keep ``gl.store``
+#: (``data/h100_fp8_tma_store.csv``, read in notebook 07's Appendix A).
+TMA_STORE_MIN_BLOCK_M = 128
+
+
+def copied_out(config: KernelConfig) -> KernelConfig:
+    """``config`` with its tiles leaving through TMA copies (``tma_store``), as the FP8 layer runs its
+    Gluon GEMMs: their C is in sorted order, which a copy needs. A 256-wide tile keeps at most
+    :data:`TMA_WIDE_STAGES` stages; the ``tl`` kernel and the two-wave form (256 rows) are returned
+    as they are (they store with ``tl.store`` / ``gl.store``)."""
+    if not config.gluon or config.block_m > 128:
+        return config
+    stages = min(config.num_stages, TMA_WIDE_STAGES) if config.block_n > 128 else config.num_stages
+    return replace(config, tma_store=True, num_stages=stages)
+
+
 #: Where the heuristic takes the Gluon kernel, in an expert's average rows (measured: the first GEMM
 #: gains from 128 rows on, the layer from 32; from 256 the layer takes the rescaled form, which won
 #: there on all three FP8 models on an H100, and lost under 256 rows to the fused 64-row form).

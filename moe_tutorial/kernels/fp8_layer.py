@@ -19,7 +19,16 @@ from ..checks import check_fp8_layer_inputs, check_fp8_matmul_inputs, check_fp8_
 from ..quant import BLOCK, FP8_DTYPE
 from . import fp8_kernel  # the kernel through its module: experiments/sm90.py replaces it to compile only
 from .align import align_block_size, check_alignment
-from .configs import GLUON_FUSED_DOWN, GLUON_PLAIN, KernelConfig, check_fp8_config, check_fp8_configs, fp8_config
+from .configs import (
+    GLUON_FUSED_DOWN,
+    GLUON_PLAIN,
+    TMA_STORE_MIN_BLOCK_M,
+    KernelConfig,
+    check_fp8_config,
+    check_fp8_configs,
+    copied_out,
+    fp8_config,
+)
 from .fp8_quant import launch_quantize_rows
 from .gluon_fp8_kernel import gluon_fp8_first_gemm, gluon_fp8_layer
 from .tma import weight_descriptor
@@ -157,18 +166,23 @@ def fp8_moe_layer(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w
     return topk_sum(down.view(M, topk, K))
 
 
-def layer_configs(M: int, E: int, inter: int, K: int, topk: int, kernel: str | None = None):
+def layer_configs(M: int, E: int, inter: int, K: int, topk: int, kernel: str | None = None, *,
+                  tma_store: bool = True):
     """``(gate/up, down)`` configurations of the FP8 layer: the gate/up GEMM's entry picks the kernel
     (``tl`` or Gluon; ``kernel`` forces one), and the down GEMM follows it on the same row blocks,
     since both GEMMs read one alignment (and the Gluon down GEMM reads the scales its gate/up GEMM
-    wrote, transposed)."""
+    wrote, transposed). The layer's Gluon GEMMs write C in sorted order, so where their tiles have
+    :data:`~moe_tutorial.kernels.configs.TMA_STORE_MIN_BLOCK_M` rows or more they leave through TMA
+    copies (:func:`~moe_tutorial.kernels.configs.copied_out`); ``tma_store=False`` gives the
+    ``gl.store`` forms these replaced (to measure the two side by side)."""
     up = fp8_config(M, E, inter, K, topk, "gated", kernel=kernel)
     down = fp8_config(M, E, K, inter, topk, "down", kernel="gluon" if up.gluon else "tl")
-    if down.block_m == up.block_m:
-        return up, down
-    if up.gluon:
-        return up, GLUON_PLAIN if up.block_m == GLUON_PLAIN.block_m else GLUON_FUSED_DOWN
-    return up, replace(down, block_m=up.block_m)
+    if down.block_m != up.block_m:
+        down = (GLUON_PLAIN if up.block_m == GLUON_PLAIN.block_m else GLUON_FUSED_DOWN) if up.gluon \
+            else replace(down, block_m=up.block_m)
+    if tma_store and up.block_m >= TMA_STORE_MIN_BLOCK_M:
+        return copied_out(up), copied_out(down)
+    return up, down
 
 
 __all__ = ["launch_fp8_gemm", "fp8_moe_matmul", "fp8_moe_layer", "layer_configs", "out_dtype", "check_fp8_runtime"]

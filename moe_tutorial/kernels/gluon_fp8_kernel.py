@@ -25,10 +25,10 @@ the device), and the weight block scales (one per 128 x 128 block, so one per ti
 for BLOCK_N = 128) are read by the MMA warps two steps ahead.
 
 Each tile leaves through ``gl.store`` in whole rows (:func:`~moe_tutorial.kernels.gluon_kernel.store_rows`),
-the MMA warps waiting while they issue the stores. With ``config.tma_store`` (not the dispatcher's
-choice until a GPU has measured it: ``measurements/scripts/tma_store_layer.py``) they write the tile
-into shared memory and hand it to a TMA copy instead, which writes it while they start the next
-tile's MMAs. A copy writes a box of rows as they lie, so C must be in sorted order: the gate/up
+the MMA warps waiting while they issue the stores. With ``config.tma_store`` (the layer's choice:
+:func:`~moe_tutorial.kernels.configs.copied_out`; measured by ``measurements/scripts/tma_store_layer.py``)
+they write the tile into shared memory and hand it to a TMA copy instead, which writes it while they
+start the next tile's MMAs. A copy writes a box of rows as they lie, so C must be in sorted order: the gate/up
 GEMM's output is; the layer's down GEMM then leaves its rows sorted too, and the sum over each
 token's rows gathers them (:func:`~moe_tutorial.kernels.topk_sum.sorted_topk_sum`).
 
