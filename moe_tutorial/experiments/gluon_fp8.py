@@ -7,7 +7,8 @@ the shipped kernel against the same pipeline with one scale per tensor; ``h200_f
 layer's first step both ways; ``h100_fp8_rescaled.csv``: the sums rescaled in place, on an H100;
 ``h100_vllm_fp8_anchor.csv``: the first GEMM beside vLLM 0.34.0's block-FP8 Triton kernel, on an H100;
 ``h100_fp8_store_layout.csv``: the Gluon epilogues' two store layouts, on an H100;
-``h100_fp8_tma_store.csv``: the layer's tiles stored by the warps or copied out through TMA, on an H100) and
+``h100_fp8_tma_store.csv``: the layer's tiles stored by the warps or copied out through TMA, on an H100;
+``h100_fp8_stall_sources.csv``: where the layer's Gluon GEMMs' warps stall, instruction by instruction) and
 from Nsight Compute on the ``tl`` and Gluon kernels at DeepSeek-V3, M = 16384 (``data/h200_fp8_profile.csv``,
 and ``h100_fp8_rescaled_profile.csv`` for the rescaled form).
 """
@@ -176,6 +177,15 @@ def rescaled_lines(gains: list[dict]) -> list[str]:
         lines.append(f"  {g['model']:14s} M = {g['M']:<6d} {g['rows']:5d} rows an expert   first {first}   "
                      f"layer {g['layer']:6.3f} -> {g['layer_rescaled']:6.3f}{bf16}")
     return lines
+
+
+def load_stall_sources(path: Path | None = None) -> dict[tuple[str, str], float]:
+    """``{(gemm, kind): share}`` of Nsight Compute's stall samples, instruction by instruction, summed by
+    kind (``measurements/scripts/ncu_source_stalls.py``: ``idle`` spare warps at the partitions' closing
+    barrier, ``fmul``, ``data wait``, ``slot wait``, ``mma wait``, ``mma issue``, ``other``), for the FP8
+    layer's two Gluon GEMMs on an H100 at Qwen3-30B-A3B, M = 16384 (``data/h100_fp8_stall_sources.csv``)."""
+    with open(path or DATA / "h100_fp8_stall_sources.csv") as f:
+        return {(r["gemm"], r["kind"]): float(r["share"]) for r in csv.DictReader(f)}
 
 
 def load_rescaled_profile(path: Path | None = None) -> dict[tuple[str, str], dict]:

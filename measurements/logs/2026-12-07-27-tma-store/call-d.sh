@@ -17,25 +17,10 @@ for spec in "Kimi-K2 4096 16384" "Qwen3-30B-A3B 1024 16384" "DeepSeek-V3 1024" "
   pack
 done
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
-cat > $D/layer_once.py <<'PY'
-import importlib.util, sys
-import torch, moe_tutorial as mt
-from moe_tutorial.kernels.fp8_layer import fp8_moe_layer, layer_configs
-from moe_tutorial.shapes import get_shape
-spec = importlib.util.spec_from_file_location("p", "measurements/scripts/h200_fp8_decode_profile.py")
-p = importlib.util.module_from_spec(spec); spec.loader.exec_module(p)
-s, M = get_shape(sys.argv[1]), int(sys.argv[2])
-w13, s13, w2, s2 = p.fp8_weights(s, "cuda")
-g = torch.Generator(device="cuda").manual_seed(0)
-x = torch.randn(M, s.hidden, device="cuda", generator=g).bfloat16()
-tw, ids = mt.route(torch.randn(M, s.num_experts, device="cuda", generator=g), s.topk)
-print(layer_configs(M, s.num_experts, s.intermediate, s.hidden, s.topk))
-for _ in range(2):
-    fp8_moe_layer(x, w13, s13, w2, s2, tw, ids)
-torch.cuda.synchronize()
-PY
+# (This call wrote these lines inline as $D/layer_once.py and ran that; the same lines are now
+# measurements/scripts/fp8_layer_once.py, which this record calls instead.)
 timeout 180 $NCU --clock-control none --set full -k regex:"gluon_fp8_moe_kernel" -c 2 -o $D/ncu-qwen3-M16384 \
-  python3 $D/layer_once.py Qwen3-30B-A3B 16384 > $D/ncu.log 2>&1; echo "ncu rc $?"; tail -3 $D/ncu.log
+  python3 measurements/scripts/fp8_layer_once.py --model Qwen3-30B-A3B --M 16384 > $D/ncu.log 2>&1; echo "ncu rc $?"; tail -3 $D/ncu.log
 for r in $D/*.ncu-rep; do $NCU -i $r --page details > ${r%.ncu-rep}-details.txt 2>&1
   $NCU -i $r --page raw --csv > ${r%.ncu-rep}-raw.csv 2>&1; rm -f $r; done
 python3 measurements/scripts/ncu_summary.py $D/ncu-qwen3-M16384-raw.csv > $D/ncu-summary.csv; cut -c1-250 $D/ncu-summary.csv
