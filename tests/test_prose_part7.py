@@ -517,7 +517,7 @@ def test_appendix_a_tma_copy_out_numbers():
     assert_says(P7, "They wait for a stage's data {:.0%} and {:.0%} of the samples and for the MMAs {:.0%} and {:.0%}, "
                 "while the load warp waits for a free stage {:.0%} and {:.0%}", *both("data wait"), *both("mma wait"),
                 *both("slot wait"))
-    for g in ("gate/up", "down"):       # "most of theirs issuing their own instructions"
+    for g in ("gate/up", "down"):       # "Most of the MMA warps' samples sit at their own instructions"
         work = sources[g, "fmul"] + sources[g, "other"]
         assert work > sum(sources[g, k] for k in ("data wait", "slot wait", "mma wait", "mma issue"))
         assert work > 0.5 * (1 - sources[g, "idle"])
