@@ -328,33 +328,49 @@ def test_only_the_gluon_kernel_rescales():
         check_fp8_config(KernelConfig(block_m=64, block_n=128, block_k=128, tma_store=True))
 
 
-@pytest.mark.parametrize("model,M", [("Qwen3-30B-A3B", 16384), ("Qwen3-30B-A3B", 1024), ("DeepSeek-V3", 4096),
-                                     ("DeepSeek-V3", 256), ("Kimi-K2", 16384)])
-def test_the_layer_copies_its_128_row_gluon_tiles_out_through_tma_in_forms_compiled_for_sm90(monkeypatch, model, M):
-    """``layer_configs`` sets ``tma_store`` on both Gluon GEMMs where their tiles have 128 rows (the
-    rescaled forms; a 256-wide tile on 3 stages: the shared memory), each the shape of one form the
-    compile test above builds for sm90. The fused 64-row forms, the ``tl`` kernel, and
-    ``tma_store=False`` keep ``gl.store``/``tl.store``."""
+def tma_form(config, gated: bool) -> str:
+    """The name of the sm90 compile target (``experiments/sm90.py``'s TMA_KERNELS) that is ``config``'s
+    TMA form, as the layer launches it."""
+    if config.rescale:
+        return f"gluon-rescaled-{'gated' if gated else 'plain'}{'-split' if config.num_warps == 4 else ''}-tma"
+    return "gluon-gated-tma" if gated else ("gluon-plain-128-tma" if config.block_m == 128 else "gluon-plain-tma")
+
+
+@pytest.mark.parametrize("model,M", [("Qwen3-30B-A3B", 16384), ("Qwen3-30B-A3B", 4096), ("Qwen3-30B-A3B", 1024),
+                                     ("DeepSeek-V3", 4096), ("DeepSeek-V3", 256), ("Kimi-K2", 16384),
+                                     ("Kimi-K2", 4096)])
+@pytest.mark.parametrize("table", [None, "NVIDIA H200"])
+def test_the_layer_copies_its_tiles_out_through_tma_where_measured_in_forms_compiled_for_sm90(monkeypatch, model,
+                                                                                            M, table):
+    """``layer_configs`` sets ``tma_store`` on both Gluon GEMMs where their tiles have 128 rows and an
+    expert averages 256 rows or more (``configs.layer_copies_out``), each exactly one form the compile
+    test above builds for sm90, a 256-wide tile on 3 stages (its shared memory); elsewhere, with the
+    ``tl`` kernel, and with ``tma_store=False`` the configurations are unchanged. Under the heuristic
+    (any Hopper) and under the H200's tuned table, whose 128-row tiles start at fewer rows an expert."""
     from moe_tutorial.experiments.sm90 import TMA_KERNELS
     from moe_tutorial.kernels.fp8_layer import layer_configs
 
     monkeypatch.setattr(configs, "gluon_fp8_available", lambda: True)
-    monkeypatch.setattr(configs, "tuned_config", lambda *a, **k: None)   # the heuristic, as on any Hopper
     monkeypatch.setattr(configs.runtime, "INTERPRETED", False)           # the GPU's choice, not the CPU's
+    if table is None:
+        monkeypatch.setattr(configs, "tuned_config", lambda *a, **k: None)
+    else:
+        monkeypatch.setattr(configs, "gpu_name", lambda: table)
     s = get_shape(model)
     args = (M, s.num_experts, s.intermediate, s.hidden, s.topk)
+    rows = M * s.topk // s.num_experts
     copied = 0
     for kernel in (None, "gluon", "tl"):
         pair, before = layer_configs(*args, kernel=kernel), layer_configs(*args, kernel=kernel, tma_store=False)
-        for c, c0 in zip(pair, before):
+        expect = before[0].gluon and before[0].block_m == 128 and rows >= 256
+        for c, c0, gated in zip(pair, before, (True, False)):
             check_fp8_config(c)
             assert not c0.tma_store
-            assert c.tma_store == (c.gluon and c0.block_m >= configs.TMA_STORE_MIN_BLOCK_M == 128)
+            assert c.tma_store == expect, (c, rows)
             if c.tma_store:
                 copied += 1
-                assert (c.block_m, c.num_warps, c.num_stages) in TMA_KERNELS.values(), c
-                assert c.num_stages == (min(c0.num_stages, configs.TMA_WIDE_STAGES) if c.block_n == 256
-                                        else c0.num_stages)
+                assert (c.block_m, c.num_warps, c.num_stages) == TMA_KERNELS[tma_form(c, gated)], c
+                assert c.num_stages == (3 if c.block_n == 256 else c0.num_stages)
                 assert c == replace(c0, tma_store=True, num_stages=c.num_stages)
             else:
                 assert c == c0
@@ -362,8 +378,7 @@ def test_the_layer_copies_its_128_row_gluon_tiles_out_through_tma_in_forms_compi
             assert not pair[0].gluon
         elif kernel == "gluon":
             assert pair[0].gluon and pair[1].gluon
-    rows = M * s.topk // s.num_experts
-    assert copied == (4 if rows >= configs.GLUON_RESCALED_ROWS else 0)
+    assert (copied > 0) == (rows >= 256)
 
 
 # (model, M) -> (plain GEMM, gate/up, down) as the H100 sweep of 2026-12-06 ranked them: where the

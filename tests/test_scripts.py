@@ -264,28 +264,35 @@ def test_tma_store_layer_dry_run_writes_one_row_per_form(tmp_path):
 
 def test_ncu_source_stalls_sorts_each_instructions_samples_into_its_kind(tmp_path):
     """measurements/scripts/ncu_source_stalls.py on a made-up source page of one launch: the spare warps'
-    NOP, the load warp's and the MMA warps' mbarrier waits (told apart by the TMA loads near them),
-    the MMA wait and issue, a multiply and the rest, each counted where it belongs."""
+    NOP, the load warp's and the MMA warps' mbarrier waits (told apart by the TMA loads near them), the
+    MMA wait and issue, a multiply, one waiting on a global read, and the rest, each counted where it
+    belongs; a try-wait it cannot tell apart, and a launch without samples, are refused."""
     import csv
 
     module = load_script("ncu_source_stalls.py")
-    code = [("BAR.SYNC.DEFER_BLOCKING 0x1", 0), ("NOP", 40), ("USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0x78", 0),
-            ("SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R4+UR33+0x100], R3", 6), ("@!P0  BRA 0x90", 4),
-            ("UTMALDG.2D [UR8], [UR14]", 0)] + [("IADD3 R1, R1, 0x1, RZ", 0)] * 70 + [
-            ("SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [R2+UR33+0xe0], R3", 10), ("@!P1  BRA 0x400", 5),
-            ("WARPGROUP.DEPBAR.LE gsb0, 0x0", 7), ("QGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR20], R24", 3),
-            ("FMUL R18, R92, R17", 20), ("ISETP.GE.AND P0, PT, R17, UR18, PT", 5)]
-    path = tmp_path / "source.csv"
-    with open(path, "w", newline="") as f:
-        f.write('"Kernel Name","gluon_fp8_moe_kernel",\n')
-        w = csv.writer(f, quoting=csv.QUOTE_ALL)
-        w.writerow(["Address", "Source", module.SAMPLES, "Instructions Executed"])
-        for i, (src, samples) in enumerate(code):
-            w.writerow([hex(16 * i), src, samples, 1])
+    code = [("BAR.SYNC.DEFER_BLOCKING 0x1", 0, 0), ("NOP", 40, 0), ("USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0x78", 0, 0),
+            ("SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R4+UR33+0x100], R3", 6, 0), ("@!P0  BRA 0x90", 4, 0),
+            ("UTMALDG.2D [UR8], [UR14]", 0, 0)] + [("IADD3 R1, R1, 0x1, RZ", 0, 0)] * 70 + [
+            ("SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [R2+UR33+0xe0], R3", 10, 0), ("@!P1  BRA 0x400", 5, 0),
+            ("@!P1  BRA 0x500", 2, 0),                       # a second branch: not the try-wait's retry
+            ("WARPGROUP.DEPBAR.LE gsb0, 0x0", 7, 0), ("QGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR20], R24", 3, 0),
+            ("FMUL R18, R92, R17", 14, 1), ("FMUL R13, R21, R14", 6, 4), ("ISETP.GE.AND P0, PT, R17, UR18, PT", 3, 0)]
+
+    def page(rows):
+        path = tmp_path / "source.csv"
+        with open(path, "w", newline="") as f:
+            f.write('"Kernel Name","gluon_fp8_moe_kernel",\n')
+            w = csv.writer(f, quoting=csv.QUOTE_ALL)
+            w.writerow(["Address", "Source", module.SAMPLES, module.LONG_SCOREBOARD])
+            for i, (src, samples, long_sb) in enumerate(rows):
+                w.writerow([hex(16 * i), src, samples, long_sb])
+        return path
+
+    path = page(code)
     (launch,) = module.kernels(path.read_text())
-    shares = module.shares(launch)
-    assert {k: round(v * 100) for k, v in shares.items()} == {
-        "idle": 40, "fmul": 20, "data wait": 15, "slot wait": 10, "mma wait": 7, "mma issue": 3, "other": 5}
+    assert {k: round(v * 100) for k, v in module.shares(launch).items()} == {
+        "idle": 40, "fmul": 14, "global wait": 6, "data wait": 15, "slot wait": 10, "mma wait": 7, "mma issue": 3,
+        "other": 5}
     out = tmp_path / "stalls.csv"
     out.touch()
     assert module.main([str(path), "--gemms", "down", "--model", "toy", "--M", "1", "--date", "2026-12-07",
@@ -294,3 +301,7 @@ def test_ncu_source_stalls_sorts_each_instructions_samples_into_its_kind(tmp_pat
         assert [r["kind"] for r in csv.DictReader(f)] == list(module.KINDS)
     with pytest.raises(SystemExit):
         module.main([str(path), "--gemms", "up", "down", "--model", "toy", "--M", "1", "--date", "2026-12-07"])
+    with pytest.raises(ValueError, match="no offset"):
+        module.shares(module.kernels(page([("SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R4], R3", 1, 0)]).read_text())[0])
+    with pytest.raises(ValueError, match="no stall samples"):
+        module.shares(module.kernels(page([("NOP", 0, 0)]).read_text())[0])

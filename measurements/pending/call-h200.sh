@@ -1,6 +1,6 @@
 # Pending (H200 only; on any other GPU it stops at the gate): issue 31's comparison with vLLM 0.34.0 on
 # the GPU its aims name (scripts/vllm_fp8_anchor.py, each side as it ships for an H200: our tuned table,
-# vLLM's H200 file where it ships one), then the FP8 layer form by form (scripts/tma_store_layer.py).
+# vLLM's H200 file where it ships one).
 # Carry .whl and .anchors (vLLM's fused_moe.py and configs from the vllm-0.34.0 wheel, in .anchors/vllm-0.34.0/).
 nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || { echo "not an H200: not run"; exit 0; }
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; D=/tmp/h; mkdir -p $D
@@ -8,10 +8,5 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $D/gpu.tx
 OUT=$D timeout 200 python3 measurements/scripts/vllm_fp8_anchor.py --vllm-file $V/fused_moe.py --vllm-configs $V/configs \
   --models Qwen3-30B-A3B DeepSeek-V3 Kimi-K2 2>&1 | grep -v Warning | tee $D/vllm-anchor.log
 tar -czf $OUT/call-h.tgz -C /tmp h
-# Then (added in the twenty-seventh session) the FP8 layer against the bf16 one on the H200 since the
-# whole-row stores and the TMA copies out (measured on H100s only so far): one process a model.
-for model in Qwen3-30B-A3B DeepSeek-V3 Kimi-K2; do
-  OUT=$D/layer-$model timeout 120 python3 measurements/scripts/tma_store_layer.py --models $model --M 1024 4096 16384 \
-    2>&1 | grep -v Warning | tee $D/layer-$model.log; tar -czf $OUT/call-h.tgz -C /tmp h
-done
+# Then pending/call-h200-layer.sh (the FP8 layer form by form), and call c, each in a call of its own.
 # Pending call c (the first calls side by side, notebook 08) in a call of its own: bash measurements/pending/call-c.sh

@@ -9,13 +9,19 @@ instruction: where a kernel's warps spend their sampled time.
 The ``barrier`` stall of the raw page's summary counts every warp, also those that do no work: a
 warp-specialized kernel's spare warps sit at the partitions' closing barrier (``BAR.SYNC 0x1``, then a
 ``NOP`` with the register reallocation) from start to end. Sampled instruction by instruction they
-show as themselves, and the working warps' time splits into its kinds: ``idle`` (those spare warps),
-``fmul`` (fp32 multiplies: the rescaling, one per accumulator element and K step, and the epilogue's),
-``data wait`` (the MMA warps at a stage's *ready* mbarrier: the operands not there yet), ``slot wait``
-(the load warp at an *empty* one: every stage still in use), ``mma wait`` (``WARPGROUP.DEPBAR``:
-waiting for the tensor cores), ``mma issue`` and ``other`` (integer and uniform arithmetic, selects,
-branches, stores). An mbarrier is an *empty* one where the TMA loads (``UTMALDG``) are issued near
-its ``TRYWAIT`` (the load warp's code); the MMA warps' ``TRYWAIT`` are at the *ready* ones.
+show as themselves, and the working warps' time splits into its kinds:
+
+* ``idle``: those spare warps;
+* ``fmul``: fp32 multiplies (the rescaling, one per accumulator element and K step; the epilogue's);
+* ``global wait``: any instruction with most of its samples on the long scoreboard, waiting for a
+  read from global memory (a weight scale, a router weight);
+* ``data wait``: the MMA warps at a stage's *ready* mbarrier (the operands not there yet);
+* ``slot wait``: the load warp at an *empty* one (every stage still in use);
+* ``mma wait`` (``WARPGROUP.DEPBAR``: waiting for the tensor cores), ``mma issue``;
+* ``other``: integer and uniform arithmetic, selects, branches, stores.
+
+An mbarrier is an *empty* one where the TMA loads (``UTMALDG``) are issued near its ``TRYWAIT`` (the
+load warp's code); the MMA warps' ``TRYWAIT`` are at the *ready* ones.
 """
 from __future__ import annotations
 
@@ -27,12 +33,14 @@ import re
 import sys
 from pathlib import Path
 
-KINDS = ("idle", "fmul", "data wait", "slot wait", "mma wait", "mma issue", "other")
+KINDS = ("idle", "fmul", "global wait", "data wait", "slot wait", "mma wait", "mma issue", "other")
 FIELDS = ("gpu", "torch", "triton", "date", "tool", "model", "M", "gemm", "kind", "share")
 SAMPLES = "Warp Stall Sampling (All Samples)"
-#: How many instructions either side of a TRYWAIT count as its code.
-NEAR = 60
-TRYWAIT = re.compile(r"TRYWAIT \w+, \[[^\]]*\+(0x[0-9a-f]+)\]")
+LONG_SCOREBOARD = "stall_long_sb"
+#: How many instructions either side of a TRYWAIT count as its code; how far after it its retry branch lies.
+NEAR, RETRY = 60, 14
+TRYWAIT = re.compile(r"TRYWAIT \w+, \[([^\]]*)\]")
+OFFSET = re.compile(r"\+(0x[0-9a-f]+)$")
 
 
 def kernels(text: str) -> list[list[dict]]:
@@ -41,33 +49,52 @@ def kernels(text: str) -> list[list[dict]]:
 
 
 def number(value: str) -> float:
+    """A number as the page writes it (``"1,234"``, or empty for 0)."""
     return float(value.replace(",", "")) if value else 0.0
 
 
+def barrier_of(source: str) -> str | None:
+    """The mbarrier a ``TRYWAIT`` polls (its address's offset), None for any other instruction."""
+    m = TRYWAIT.search(source)
+    if m is None:
+        return None
+    if (offset := OFFSET.search(m.group(1))) is None:
+        raise ValueError(f"a TRYWAIT whose mbarrier has no offset to tell it by: {source!r}")
+    return offset.group(1)
+
+
 def shares(rows: list[dict]) -> dict[str, float]:
-    """``{kind: share of the kernel's stall samples}`` over :data:`KINDS`."""
-    producer = {m.group(1) for i, r in enumerate(rows) if (m := TRYWAIT.search(r["Source"]))
+    """``{kind: share of the launch's stall samples}`` over :data:`KINDS`. An instruction with more than
+    half its samples on the long scoreboard (a global read it waits for) is a ``global wait``."""
+    producer = {b for i, r in enumerate(rows) if (b := barrier_of(r["Source"]))
                 and any("UTMALDG" in x["Source"] for x in rows[max(0, i - NEAR):i + NEAR])}
     out, waiting = collections.Counter(), None
     for i, r in enumerate(rows):
         src, samples = r["Source"], number(r[SAMPLES])
         near = " ".join(rows[j]["Source"] for j in range(max(0, i - 3), min(len(rows), i + 3)))
-        if m := TRYWAIT.search(src):
-            waiting = (i, m.group(1))
+        barrier = barrier_of(src)
+        retry = "BRA" in src and "@!P" in src and waiting is not None and i - waiting[0] <= RETRY
+        if barrier:
+            waiting = (i, barrier)
         if "NOP" in src and ("BAR.SYNC.DEFER_BLOCKING 0x1" in near or "USETMAXREG" in near):
             kind = "idle"
-        elif m or ("BRA" in src and "@!P" in src and waiting and i - waiting[0] <= 14):
-            kind = "slot wait" if waiting[1] in producer else "data wait"     # the try-wait's loop too
+        elif barrier or retry:
+            kind = "slot wait" if waiting[1] in producer else "data wait"
+            waiting = waiting if barrier else None           # one retry branch a try-wait
         elif "WARPGROUP.DEPBAR" in src:
             kind = "mma wait"
         elif "GMMA" in src:
             kind = "mma issue"
+        elif number(r.get(LONG_SCOREBOARD, "")) > samples / 2:
+            kind = "global wait"
         elif re.search(r"\bFMUL\b", src):
             kind = "fmul"
         else:
             kind = "other"
         out[kind] += samples
     total = sum(out.values())
+    if not total:
+        raise ValueError("a launch with no stall samples: nothing to share out")
     return {k: out[k] / total for k in KINDS}
 
 

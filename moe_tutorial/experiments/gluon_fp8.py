@@ -255,13 +255,12 @@ def load_tma_store(path: Path | None = None) -> list[dict]:
     return _load(path or TMA_STORE, ("ms", "ms_forward", "ms_reverse", "noise", "bf16_over"))
 
 
-def tma_store_gains(rows: list[dict]) -> list[dict]:
-    """Per model, M and run: the layer's time in ms for each form of :data:`TMA_FORMS` (``store``, ``up``,
-    ``down``, ``tma``, ``bf16``; None where the form did not run), ``rows`` an expert's average rows
-    (``M * topk / E``: from 256 the layer's tiles are 128 rows, under it 64), ``gain`` = store / tma,
-    the bf16 layer over each FP8 one (``over_store``, ``over_tma``), ``spread`` the largest
-    two-orders difference of the FP8 forms' timings, and ``same_bits`` (every TMA form gave the bits
-    of the ``gl.store`` one)."""
+def tma_store_runs(rows: list[dict]) -> list[dict]:
+    """Per model, M and run (``source``): the layer's time in ms for each form of :data:`TMA_FORMS`
+    (``store``, ``up``, ``down``, ``tma``, ``bf16``; None where the form did not run), ``rows`` an expert's
+    average rows (``M * topk / E``: from 256 the layer's tiles are 128 rows, under it 64), ``spread``
+    the larger two-orders difference of the two forms compared (``fp8`` and ``fp8-tma``), and
+    ``same_bits`` (every TMA form gave the bits of the ``gl.store`` one)."""
     out = []
     for model, M, source in dict.fromkeys((r["model"], r["M"], r["source"]) for r in rows):
         case = {r["impl"]: r for r in rows if (r["model"], r["M"], r["source"]) == (model, M, source)}
@@ -269,21 +268,46 @@ def tma_store_gains(rows: list[dict]) -> list[dict]:
         if t["store"] is None or t["tma"] is None:
             continue
         E, topk = int(case["fp8"]["E"]), int(case["fp8"]["topk"])
-        out.append(dict(model=model, M=M, source=source, rows=M * topk // E, **t, gain=t["store"] / t["tma"],
-                        over_store=t["bf16"] / t["store"], over_tma=t["bf16"] / t["tma"],
-                        spread=max(case[i]["noise"] for i in TMA_FORMS if i in case and i != "sorted"),
+        out.append(dict(model=model, M=M, source=source, rows=M * topk // E, **t,
+                        spread=max(case[i]["noise"] for i in ("fp8", "fp8-tma")),
                         same_bits=all(case[i]["same_bits"] == "True" for i in case if i.startswith("fp8-"))))
+    return out
+
+
+def tma_store_gains(rows: list[dict]) -> list[dict]:
+    """Per model and M, over its runs (:func:`tma_store_runs`; each run is one process, and a case may
+    have several): ``runs``, the median times (``store``, ``tma``, ``bf16``), ``gain`` the median of the
+    runs' store / tma (``gain_lo``, ``gain_hi`` the smallest and largest), ``up`` and ``down`` the
+    medians of store / each GEMM's copies alone, ``over_store`` and ``over_tma`` the medians of the
+    bf16 layer over each FP8 one, ``spread`` the largest of the runs' and ``same_bits`` all of theirs."""
+    from statistics import median
+
+    runs = tma_store_runs(rows)
+    out = []
+    for model, M in dict.fromkeys((r["model"], r["M"]) for r in runs):
+        case = [r for r in runs if (r["model"], r["M"]) == (model, M)]
+        gains = [r["store"] / r["tma"] for r in case]
+        out.append(dict(model=model, M=M, rows=case[0]["rows"], runs=len(case),
+                        **{k: median(r[k] for r in case) for k in ("store", "tma", "bf16")},
+                        gain=median(gains), gain_lo=min(gains), gain_hi=max(gains),
+                        up=median(r["store"] / r["up"] for r in case),
+                        down=median(r["store"] / r["down"] for r in case),
+                        over_store=median(r["bf16"] / r["store"] for r in case),
+                        over_tma=median(r["bf16"] / r["tma"] for r in case),
+                        spread=max(r["spread"] for r in case), same_bits=all(r["same_bits"] for r in case)))
     models = list(dict.fromkeys(g["model"] for g in out))
-    return sorted(out, key=lambda g: (models.index(g["model"]), g["M"]))        # stable: runs in file order
+    return sorted(out, key=lambda g: (models.index(g["model"]), g["M"]))
 
 
 def tma_store_lines(gains: list[dict]) -> list[str]:
     """:func:`tma_store_gains` as notebook 07 prints them, one line a case: an expert's rows, the layer
-    stored by the warps and copied out (each GEMM's copy alone in brackets), the gain, the bf16 layer
-    over the FP8 one before and after, and the spread of the two orders."""
-    return [f"  {g['model']:14s} M = {g['M']:<6d}{g['rows']:4d} rows  {g['store']:6.3f} -> {g['tma']:6.3f} ms "
-            f"({g['gain']:.2f}x; gate/up alone {g['store'] / g['up']:.2f}x, down alone {g['store'] / g['down']:.2f}x)"
-            f"  bf16 / FP8 {g['over_store']:.2f}x -> {g['over_tma']:.2f}x  spread {g['spread']:.0%}"
+    stored by the warps and copied out (medians), the gain (its range over the runs), each GEMM's
+    copies alone, the bf16 layer over the FP8 one before and after, the spread of two orders."""
+    def runs(g):
+        return f"{g['gain_lo']:.2f}x to {g['gain_hi']:.2f}x in {g['runs']} runs" if g["runs"] > 1 else "1 run"
+    return [f"  {g['model']:14s} M = {g['M']:<6d}{g['rows']:5d} rows  {g['store']:6.3f} -> {g['tma']:6.3f} ms "
+            f"{g['gain']:.2f}x ({runs(g)}; gate/up alone {g['up']:.2f}x, down alone {g['down']:.2f}x)  "
+            f"bf16 / FP8 {g['over_store']:.2f}x -> {g['over_tma']:.2f}x  spread {g['spread']:.0%}"
             for g in gains]
 
 

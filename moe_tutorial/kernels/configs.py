@@ -299,10 +299,8 @@ GLUON_RESCALED_WIDE = replace(GLUON_RESCALED, block_n=256)
 TMA_WIDE_STAGES = 3
 
 
-#: The FP8 layer copies out tiles of this many rows or more (the rescaled forms, from
-#: :data:`GLUON_RESCALED_ROWS` rows an expert): there the copies made the layer faster at every case
-#: measured on an H100; the fused 64-row forms measured level or slower, and keep ``gl.store``
-#: (``data/h100_fp8_tma_store.csv``, read in notebook 07's Appendix A).
+#: The FP8 layer copies out tiles of this many rows or more, where an expert averages
+#: :data:`GLUON_RESCALED_ROWS` rows or more (:func:`layer_copies_out`).
 TMA_STORE_MIN_BLOCK_M = 128
 
 
@@ -322,6 +320,16 @@ def copied_out(config: KernelConfig) -> KernelConfig:
 #: there on all three FP8 models on an H100, and lost under 256 rows to the fused 64-row form).
 GLUON_MIN_ROWS = {"plain": 128, "gated": 32}
 GLUON_RESCALED_ROWS = 256
+
+
+def layer_copies_out(config: KernelConfig, rows_per_expert: int) -> bool:
+    """Whether the FP8 layer copies its Gluon tiles out through TMA (:func:`copied_out`): tiles of
+    :data:`TMA_STORE_MIN_BLOCK_M` rows where an expert averages :data:`GLUON_RESCALED_ROWS` rows or
+    more, the cases where the copies made the layer faster in every run on an H100
+    (``data/h100_fp8_tma_store.csv``, read in notebook 07's Appendix A). The fused 64-row forms
+    (fewer rows an expert) measured level or slower and keep ``gl.store``, and so do 128-row tiles
+    under 256 rows an expert, which a tuned table may choose: not measured with the copies."""
+    return config.gluon and config.block_m >= TMA_STORE_MIN_BLOCK_M and rows_per_expert >= GLUON_RESCALED_ROWS
 #: Where the ``tl`` kernel's untuned tiles count K as long (DeepSeek-V3's and Kimi-K2's hidden size;
 #: Qwen3-30B-A3B's GEMMs and every down GEMM here are shorter): 3 stages up to 16 rows an expert,
 #: 256-wide tiles from 64 (both measured on an H100, measurements/scripts/fp8_small_m_sweep.py).

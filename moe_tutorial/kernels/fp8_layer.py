@@ -22,12 +22,12 @@ from .align import align_block_size, check_alignment
 from .configs import (
     GLUON_FUSED_DOWN,
     GLUON_PLAIN,
-    TMA_STORE_MIN_BLOCK_M,
     KernelConfig,
     check_fp8_config,
     check_fp8_configs,
     copied_out,
     fp8_config,
+    layer_copies_out,
 )
 from .fp8_quant import launch_quantize_rows
 from .gluon_fp8_kernel import gluon_fp8_first_gemm, gluon_fp8_layer
@@ -171,16 +171,16 @@ def layer_configs(M: int, E: int, inter: int, K: int, topk: int, kernel: str | N
     """``(gate/up, down)`` configurations of the FP8 layer: the gate/up GEMM's entry picks the kernel
     (``tl`` or Gluon; ``kernel`` forces one), and the down GEMM follows it on the same row blocks,
     since both GEMMs read one alignment (and the Gluon down GEMM reads the scales its gate/up GEMM
-    wrote, transposed). The layer's Gluon GEMMs write C in sorted order, so where their tiles have
-    :data:`~moe_tutorial.kernels.configs.TMA_STORE_MIN_BLOCK_M` rows or more they leave through TMA
-    copies (:func:`~moe_tutorial.kernels.configs.copied_out`); ``tma_store=False`` gives the
+    wrote, transposed). The layer's Gluon GEMMs write C in sorted order, so where the copies were
+    measured faster (:func:`~moe_tutorial.kernels.configs.layer_copies_out`) their tiles leave through
+    TMA copies (:func:`~moe_tutorial.kernels.configs.copied_out`); ``tma_store=False`` gives the
     ``gl.store`` forms these replaced (to measure the two side by side)."""
     up = fp8_config(M, E, inter, K, topk, "gated", kernel=kernel)
     down = fp8_config(M, E, K, inter, topk, "down", kernel="gluon" if up.gluon else "tl")
     if down.block_m != up.block_m:
         down = (GLUON_PLAIN if up.block_m == GLUON_PLAIN.block_m else GLUON_FUSED_DOWN) if up.gluon \
             else replace(down, block_m=up.block_m)
-    if tma_store and up.block_m >= TMA_STORE_MIN_BLOCK_M:
+    if tma_store and layer_copies_out(up, M * topk // E):
         return copied_out(up), copied_out(down)
     return up, down
 
