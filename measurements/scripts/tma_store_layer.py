@@ -15,8 +15,8 @@ leaves its rows sorted too and the sum over each token's rows gathers them throu
 * ``fp8``: the layer's tiles stored with ``gl.store`` (``layer_configs(..., tma_store=False)``, as
   shipped before the twenty-seventh session); ``fp8-tma-up``: the gate/up GEMM's e4m3 tile through TMA;
 * ``fp8-tma-down``: the down GEMM's rows sorted, through TMA (a 256-wide rescaled tile's four
-  buffers take one stage's room: 3 stages); ``fp8-tma``: both (``copied_out``: the layer's
-  configurations now);
+  buffers take one stage's room: 3 stages); ``fp8-tma``: both (``copied_out``; the layer's
+  configurations where ``configs.layer_copies_out`` says so);
 * ``sorted``: Part 4's bf16 layer, the ratio's denominator;
 * ``gluon-bf16``, ``gluon-bf16-tma``: the bf16 layer wholly on the Gluon kernel (``gluon_layer``,
   the pair notebook 04's appendix measured first: gate/up 128 x 128 with 4 stages, down 128 x 256

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
+from statistics import median
 
 import torch
 
@@ -181,9 +182,9 @@ def rescaled_lines(gains: list[dict]) -> list[str]:
 
 def load_stall_sources(path: Path | None = None) -> dict[tuple[str, str], float]:
     """``{(gemm, kind): share}`` of Nsight Compute's stall samples, instruction by instruction, summed by
-    kind (``measurements/scripts/ncu_source_stalls.py``: ``idle`` spare warps at the partitions' closing
-    barrier, ``fmul``, ``data wait``, ``slot wait``, ``mma wait``, ``mma issue``, ``other``), for the FP8
-    layer's two Gluon GEMMs on an H100 at Qwen3-30B-A3B, M = 16384 (``data/h100_fp8_stall_sources.csv``)."""
+    kind (the kinds ``measurements/scripts/ncu_source_stalls.py`` defines, ``idle`` spare warps to
+    ``other``), for the FP8 layer's two Gluon GEMMs on an H100 at Qwen3-30B-A3B, M = 16384
+    (``data/h100_fp8_stall_sources.csv``)."""
     with open(path or DATA / "h100_fp8_stall_sources.csv") as f:
         return {(r["gemm"], r["kind"]): float(r["share"]) for r in csv.DictReader(f)}
 
@@ -280,8 +281,6 @@ def tma_store_gains(rows: list[dict]) -> list[dict]:
     runs' store / tma (``gain_lo``, ``gain_hi`` the smallest and largest), ``up`` and ``down`` the
     medians of store / each GEMM's copies alone, ``over_store`` and ``over_tma`` the medians of the
     bf16 layer over each FP8 one, ``spread`` the largest of the runs' and ``same_bits`` all of theirs."""
-    from statistics import median
-
     runs = tma_store_runs(rows)
     out = []
     for model, M in dict.fromkeys((r["model"], r["M"]) for r in runs):

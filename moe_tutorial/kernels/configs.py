@@ -297,8 +297,6 @@ GLUON_RESCALED_WIDE = replace(GLUON_RESCALED, block_n=256)
 #: A 256-wide tile copied out through TMA holds 64 KB of bf16 in shared memory beside its stages:
 #: room for 3 (measured level with 4 in the seventeenth session's sweep).
 TMA_WIDE_STAGES = 3
-
-
 #: The FP8 layer copies out tiles of this many rows or more, where an expert averages
 #: :data:`GLUON_RESCALED_ROWS` rows or more (:func:`layer_copies_out`).
 TMA_STORE_MIN_BLOCK_M = 128
@@ -330,6 +328,8 @@ def layer_copies_out(config: KernelConfig, rows_per_expert: int) -> bool:
     (fewer rows an expert) measured level or slower and keep ``gl.store``, and so do 128-row tiles
     under 256 rows an expert, which a tuned table may choose: not measured with the copies."""
     return config.gluon and config.block_m >= TMA_STORE_MIN_BLOCK_M and rows_per_expert >= GLUON_RESCALED_ROWS
+
+
 #: Where the ``tl`` kernel's untuned tiles count K as long (DeepSeek-V3's and Kimi-K2's hidden size;
 #: Qwen3-30B-A3B's GEMMs and every down GEMM here are shorter): 3 stages up to 16 rows an expert,
 #: 256-wide tiles from 64 (both measured on an H100, measurements/scripts/fp8_small_m_sweep.py).
