@@ -3,6 +3,7 @@ for Hopper (any machine: Triton compiles for sm90 without a GPU), and the kernel
 float64 (GPU tests: Gluon does not run in the interpreter)."""
 import moe_tutorial as mt  # noqa: I001  (first: picks the runtime)
 
+import base64
 import re
 from dataclasses import replace
 
@@ -15,7 +16,7 @@ from moe_tutorial.experiments.gluon_fp8 import promoted_and_rescaled
 from moe_tutorial.experiments.sm90 import KERNELS, compile_report
 from moe_tutorial.kernels import gluon_fp8_kernel as gk
 from moe_tutorial.kernels.align import align_block_size, sorted_positions
-from moe_tutorial.kernels import configs
+from moe_tutorial.kernels import configs, yield_edit
 from moe_tutorial.kernels.configs import KernelConfig, check_fp8_config
 from moe_tutorial.kernels.fp8_layer import fp8_moe_layer, fp8_moe_matmul
 from moe_tutorial.kernels.fp8_quant import quantize_rows, quantize_rows_sorted
@@ -153,6 +154,52 @@ def test_the_tl_kernel_waits_for_every_mma_and_the_gluon_kernel_keeps_one_in_fli
     assert 2 in _report(reports, "gluon-gated")["wait_groups"]     # gate and up in flight together
 
 
+@pytest.mark.parametrize("kernel", ["gluon-rescaled-gated-split-tma", "gluon-rescaled-plain-split-tma",
+                                    "gluon-rescaled-plain", "gluon-plain-tma", "gluon-gated"])
+def test_the_rescaled_forms_are_loaded_with_their_multiply_runs_yielding(reports, kernel):
+    """``gk.YIELD_RESCALED``: a rescaled form, compiled through the layer's own launch, has its runs of
+    multiplies edited before it is loaded (``yield_edit``: the warp yields at every other multiply
+    that kept an operand for reuse); the promoted forms are left as ptxas wrote them. A yielding
+    multiply keeps nothing for reuse."""
+    r = _report(reports, kernel)
+    cubin = base64.b64decode(r["cubin"])
+    runs = yield_edit.multiply_runs(yield_edit.instructions(cubin))
+    yielding = [ins for run in runs for ins in run if not ins.high & yield_edit.NO_YIELD]
+    assert runs, f"{kernel}: no run of {yield_edit.MIN_RUN} multiplies"
+    if kernel.startswith("gluon-rescaled"):
+        assert r["yield_edits"] >= 50 and len(yielding) >= r["yield_edits"]
+        assert not any(ins.high & yield_edit.REUSE for ins in yielding)
+    else:
+        assert r["yield_edits"] == 0
+
+
+@pytest.mark.parametrize("pattern", yield_edit.PATTERNS)
+def test_the_yield_edit_changes_only_the_scheduling_bits_of_multiplies_in_runs(reports, pattern):
+    """``interleave_yields`` on a form ptxas wrote: the same instructions at the same addresses, the
+    same first words; in the second words only the yield bit and reuse flags, only of multiplies in a
+    run, as many as ``to_yield`` picks."""
+    cubin = base64.b64decode(_report(reports, "gluon-plain-tma")["cubin"])
+    before = yield_edit.instructions(cubin)
+    edited, n = yield_edit.interleave_yields(cubin, pattern=pattern)
+    after = yield_edit.instructions(edited)
+    in_runs = {(i.function, i.address) for run in yield_edit.multiply_runs(before) for i in run}
+    changed = [(a, b) for a, b in zip(before, after) if a != b]
+    assert len(after) == len(before) and len(edited) == len(cubin)
+    assert n == len(changed) == sum(len(yield_edit.to_yield(run, pattern)) for run in yield_edit.multiply_runs(before))
+    assert n > 0
+    for a, b in changed:
+        assert (a.function, a.address) in in_runs and a.low == b.low
+        assert (a.high ^ b.high) & ~(yield_edit.REUSE | yield_edit.NO_YIELD) == 0 and not b.high & yield_edit.NO_YIELD
+        assert a.text.replace(".reuse", "") == b.text
+
+
+def test_the_yield_edit_refuses_what_it_does_not_know():
+    with pytest.raises(ValueError, match="pattern"):
+        yield_edit.to_yield([], "every third")
+    with pytest.raises(ValueError, match="not an argument"):
+        yield_edit.edit_compiled_forms(gk.gather_sorted_fp8_kernel, "RESCALE")
+
+
 # ------------------------------------------------------------------ the kernel on a Hopper GPU
 
 def _cfg(bm, warps, stages, block_n=128, **kw):
@@ -263,6 +310,27 @@ def test_tma_copies_out_give_the_layer_the_same_bits(form):
     q2, s2 = quantize_weight(w2)
     outs = [fp8_moe_layer(x, q13, s13, q2, s2, tw, ids, configs=LAYER_CONFIGS[name]) for name in (form, form + ", tma")]
     assert bool(torch.isfinite(outs[1]).all()) and torch.equal(outs[0], outs[1])
+
+
+@needs_hopper
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern", yield_edit.PATTERNS)
+def test_the_yield_edit_gives_the_layer_the_same_bits(pattern):
+    """The rescaled layer with its compiled forms swapped for twins edited in each pattern: only
+    scheduling bits changed, so the same bits out (an expert with no tokens included)."""
+    from moe_tutorial.experiments.yield_bits import Yielding
+    M, E, inter, K, topk = 700, 16, 256, 512, 4
+    x, w13, tw, ids = _problem(M, E, 2 * inter, K, topk, skip_expert=0)
+    w2 = torch.randn(E, K, inter, device=DEV, dtype=torch.bfloat16) * inter ** -0.5
+    q13, s13 = quantize_w13(w13)
+    q2, s2 = quantize_weight(w2)
+
+    def call():
+        return fp8_moe_layer(x, q13, s13, q2, s2, tw, ids, configs=LAYER_CONFIGS["rescaled, split, tma"])
+    plain, yielding = call(), Yielding(gk.gluon_fp8_moe_kernel, pattern)
+    edited = yielding(call)
+    assert sum(yielding.changed.values()) > 0
+    assert bool(torch.isfinite(edited).all()) and torch.equal(plain, edited)
 
 
 @needs_hopper

@@ -20,6 +20,7 @@ with ``TRITON_INTERPRET=0`` and a stand-in driver that names sm90 as the current
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -75,7 +76,8 @@ def compile_report(kernel: str, *, timeout: float = 300.0) -> dict:
     Returns a dict: ``ptx`` and ``sass`` (text), ``registers``, ``spill_bytes``, ``serialised``
     (ptxas's advisory line, or "" when it kept the asynchronous MMAs), ``wait_groups`` (the
     ``wgmma.wait_group N`` values in the PTX, in order), ``shared`` (bytes of shared memory per
-    program) and ``triton`` (the version used).
+    program), ``triton`` (the version used), ``cubin`` (the machine code as the launch would load
+    it, base64) and ``yield_edits`` (instructions ``kernels/yield_edit.py`` edited in it, or 0).
     """
     if kernel not in KERNELS:
         raise ValueError(f"kernel: expected one of {', '.join(KERNELS)}, got {kernel!r}")
@@ -117,6 +119,9 @@ class _Capture:
 
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self.compiled.append(self.kernel.run(*args, grid=grid, warmup=True, **kwargs))
+
+    def __getattr__(self, name):           # the rest (arg_names, fn) is the kernel's
+        return getattr(self.kernel, name)
 
 
 @contextmanager
@@ -304,6 +309,7 @@ def _report(compiled) -> dict:
     import triton
     ptx = compiled.asm["ptx"]
     return {"triton": triton.__version__, "ptx": ptx, **ptxas_stats(ptx, sass=True), "shared": compiled.metadata.shared,
+            "cubin": base64.b64encode(compiled.kernel).decode(), "yield_edits": getattr(compiled, "yield_edits", 0),
             "wait_groups": [int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+)", ptx)]}
 
 

@@ -54,6 +54,7 @@ from .fp8_quant import (
 )
 from .gluon_kernel import HAVE_GLUON, check_tma_out, down_then_sum, gluon_descriptor, sorted_rows
 from .tma import stacked_rows
+from .yield_edit import edit_compiled_forms
 
 if HAVE_GLUON:
     from triton.experimental import gluon
@@ -70,6 +71,10 @@ if HAVE_GLUON:
 #: Why the Gluon FP8 kernel cannot run here, or None where it can.
 UNAVAILABLE = (None if HAVE_GLUON and runtime.ON_GPU and torch.cuda.get_device_capability()[0] == 9
                else "the Gluon FP8 kernel needs a Hopper GPU (sm90) and Triton's Gluon; the interpreter cannot run it")
+#: The rescaled forms' runs of multiplies (the rescale, 64 a warp and accumulator each K step) let a warp
+#: yield every other multiply that keeps an operand for reuse: ``yield_edit.edit_compiled_forms`` edits
+#: them after ptxas. Same bits out; measured in ``data/h100_fp8_yield.csv``.
+YIELD_RESCALED = True
 
 
 # ------------------------------------------------------------------ A in sorted order (plain Triton)
@@ -651,6 +656,8 @@ def launch_gluon_fp8_gemm(a: torch.Tensor, a_scale_t: torch.Tensor, b: torch.Ten
         check_tma_out(c, gated or c_sorted)
     if UNAVAILABLE:
         raise RuntimeError(UNAVAILABLE)
+    if config.rescale and YIELD_RESCALED:
+        edit_compiled_forms(gluon_fp8_moe_kernel, "RESCALE")
     sorted_ids, expert_ids, num_post = alignment
     E, rows, K = b.shape
     N = c.shape[1]

@@ -1,4 +1,4 @@
-# Pending (twenty-seventh session; its device time ran out): calls f and h each hid one of the FP8
+# Call i (twenty-eighth session; pending from the twenty-seventh, whose device time ran out): calls f and h each hid one of the FP8
 # down GEMM's two global waits (the epilogue's router weights; step 0's weight scales and the tile's
 # expert) and neither changed the layer's time; here both at once against the committed package,
 # Qwen3-30B-A3B at M = 16384: both, this, both, this, one process each. The two patches are applied
@@ -6,6 +6,7 @@
 # the same bits as its gl.store twin; if "both" wins, run the Gluon FP8 GPU tests with it before
 # keeping it. Any Hopper GPU.
 set -u
+export PYTHONPATH=$PWD       # (the call ran `export PYTHONPATH=$PWD; bash call.sh`)
 export PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; D=/tmp/i; mkdir -p $D
 L=measurements/logs/2026-12-07-27-tma-store
 rm -rf /tmp/both && mkdir -p /tmp/both && cp -r moe_tutorial /tmp/both/
