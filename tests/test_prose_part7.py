@@ -538,3 +538,33 @@ def test_appendix_a_tma_copy_out_numbers():
     assert per_step["Qwen3-30B-A3B"] > 10 * per_step["DeepSeek-V3"]
     by_case = {(g["model"], g["M"]): g for g in gains}
     assert by_case["Qwen3-30B-A3B", 16384]["gain"] > by_case["DeepSeek-V3", 4096]["gain"]
+
+
+def test_appendix_a_yield_edit_numbers():
+    """Appendix A's yield section (``data/h100_fp8_yield.csv``): the gains run by run with the spread
+    beside them, the bf16 / FP8 ratio before and after, the same bits in every run, the profile's
+    shares it cites, and the rule: the rescaled forms are edited, the promoted ones are not."""
+    from moe_tutorial.experiments import gluon_fp8
+    from moe_tutorial.kernels import gluon_fp8_kernel, yield_edit
+
+    gains = {(g["model"], g["M"]): g for g in gluon_fp8.yield_gains(gluon_fp8.load_yield())
+             if g["pattern"] == yield_edit.PATTERN}
+    assert all(g["same_bits"] for g in gains.values()) and all(g["gain"] > 1 for g in gains.values())
+    q16, d16, q4 = gains["Qwen3-30B-A3B", 16384], gains["DeepSeek-V3", 16384], gains["Qwen3-30B-A3B", 4096]
+
+    def x3(v):
+        return f"{v:.3f}x"
+    assert q16["gain_lo"] > 1 and q16["spread"] > q16["gain_hi"] - 1          # "a gain smaller than its spread"
+    assert_says(P7, "on Qwen3-30B-A3B at M = 16384 by {} ({} to {} in {} runs, each run repeating a gain smaller than "
+                "its spread), taking the bf16 layer over the FP8 one from {} to {}", x3(q16["gain"]),
+                x3(q16["gain_lo"]), x3(q16["gain_hi"]), q16["runs"], x(q16["over_plain"]), x(q16["over_edited"]))
+    assert d16["runs"] == 1 and d16["spread"] > d16["gain"] - 1
+    assert_says(P7, "on DeepSeek-V3 at M = 16384 by {} in its one run, within that run's spread ({:.1%})",
+                x3(d16["gain"]), d16["spread"])
+    assert q4["gain_lo"] > 1
+    assert_says(P7, "at M = 4096 by {} in each of {} runs", x3(q4["gain"]), q4["runs"])
+    assert round(q4["gain_lo"], 3) == round(q4["gain_hi"], 3)                  # "in each of"
+    sources = gluon_fp8.load_stall_sources()
+    assert_says(P7, "the rescale's multiplies are {:.0%} of the samples, the bookkeeping around them {:.0%}",
+                sources["gate/up", "fmul"], sources["gate/up", "other"])
+    assert gluon_fp8_kernel.YIELD_RESCALED and yield_edit.PATTERN == "reuse-alternate"

@@ -278,3 +278,16 @@ def test_results_page_tma_copy_out_sentence():
                 f"{max(small):.2f}x, and those keep the warps' stores.")
     assert sentence in " ".join(RESULTS.read_text().split()), sentence
     assert f"from {configs.GLUON_RESCALED_ROWS} rows an expert" in RESULTS.read_text()
+
+
+def test_results_page_yield_edit_sentence():
+    """The results page's sentence on the yield edit, from ``data/h100_fp8_yield.csv``."""
+    from moe_tutorial.experiments import gluon_fp8
+    from moe_tutorial.kernels import yield_edit
+
+    q16 = next(g for g in gluon_fp8.yield_gains(gluon_fp8.load_yield())
+               if (g["model"], g["M"], g["pattern"]) == ("Qwen3-30B-A3B", 16384, yield_edit.PATTERN))
+    assert q16["same_bits"] and q16["gain_lo"] > 1
+    sentence = (f"the same bits, and the layer on Qwen3-30B-A3B at M = 16384 {q16['gain']:.3f}x faster ({q16['runs']} "
+                f"runs), the FP8 layer then {q16['over_edited']:.2f}x as fast as the bf16 one there.")
+    assert sentence in " ".join(RESULTS.read_text().split()), sentence

@@ -8,7 +8,8 @@ layer's first step both ways; ``h100_fp8_rescaled.csv``: the sums rescaled in pl
 ``h100_vllm_fp8_anchor.csv``: the first GEMM beside vLLM 0.34.0's block-FP8 Triton kernel, on an H100;
 ``h100_fp8_store_layout.csv``: the Gluon epilogues' two store layouts, on an H100;
 ``h100_fp8_tma_store.csv``: the layer's tiles stored by the warps or copied out through TMA, on an H100;
-``h100_fp8_stall_sources.csv``: where the layer's Gluon GEMMs' warps stall, instruction by instruction) and
+``h100_fp8_stall_sources.csv``: where the layer's Gluon GEMMs' warps stall, instruction by instruction;
+``h100_fp8_yield.csv``: the layer with its rescaled forms' multiply runs edited to yield, on an H100) and
 from Nsight Compute on the ``tl`` and Gluon kernels at DeepSeek-V3, M = 16384 (``data/h200_fp8_profile.csv``,
 and ``h100_fp8_rescaled_profile.csv`` for the rescaled form).
 """
@@ -308,6 +309,55 @@ def tma_store_lines(gains: list[dict]) -> list[str]:
             f"{g['gain']:.2f}x ({runs(g)}; gate/up alone {g['up']:.2f}x, down alone {g['down']:.2f}x)  "
             f"bf16 / FP8 {g['over_store']:.2f}x -> {g['over_tma']:.2f}x  spread {g['spread']:.0%}"
             for g in gains]
+
+
+YIELD = DATA / "h100_fp8_yield.csv"
+YIELD_FIELDS = ("gpu", "driver", "torch", "triton", "date", "protocol", "fp8_tflops", "matmul_tflops", "model", "M",
+                "impl", "changed", "ms", "ms_forward", "ms_reverse", "noise", "bf16_over", "rel_error", "same_bits",
+                "source")
+#: :data:`YIELD`'s forms: the FP8 layer as dispatched, its rescaled forms' multiply runs edited in each
+#: pattern of ``kernels/yield_edit.py`` (``fp8-yield``: DeepGEMM's, ``reuse-alternate``), Part 4's bf16 layer.
+YIELD_FORMS = {"fp8": "plain", "fp8-yield": "reuse-alternate", "fp8-yield-alternate": "alternate",
+               "fp8-yield-all": "all", "sorted": "bf16"}
+
+
+def load_yield(path: Path | None = None) -> list[dict]:
+    """The rows of :data:`YIELD` (or ``path``): one per form, model, M and run (``source``), as
+    ``measurements/scripts/yield_layer.py`` timed them (cold-l2, the faster of two orders)."""
+    return _load(path or YIELD, ("ms", "ms_forward", "ms_reverse", "noise", "bf16_over"))
+
+
+def yield_gains(rows: list[dict]) -> list[dict]:
+    """Per model, M and pattern, over the runs (processes) that timed it beside the unedited layer:
+    ``runs``, the median times (``plain``, ``edited``, ``bf16``), ``gain`` the median of the runs'
+    plain / edited (``gain_lo``, ``gain_hi`` the smallest and largest), ``over_plain`` and
+    ``over_edited`` the medians of the bf16 layer over each, ``spread`` the largest two-orders
+    difference of the two forms compared, ``same_bits`` all of the runs'."""
+    out = []
+    for model, M, impl in dict.fromkeys((r["model"], r["M"], r["impl"]) for r in rows if r["impl"].startswith("fp8-")):
+        runs = []
+        for source in dict.fromkeys(r["source"] for r in rows if (r["model"], r["M"], r["impl"]) == (model, M, impl)):
+            case = {r["impl"]: r for r in rows if (r["model"], r["M"], r["source"]) == (model, M, source)}
+            runs.append((case["fp8"], case[impl], case["sorted"]))
+        gains = [p["ms"] / e["ms"] for p, e, _ in runs]
+        out.append(dict(model=model, M=M, pattern=YIELD_FORMS[impl], runs=len(runs),
+                        plain=median(p["ms"] for p, _, _ in runs), edited=median(e["ms"] for _, e, _ in runs),
+                        bf16=median(b["ms"] for _, _, b in runs), gain=median(gains), gain_lo=min(gains),
+                        gain_hi=max(gains), over_plain=median(b["ms"] / p["ms"] for p, _, b in runs),
+                        over_edited=median(b["ms"] / e["ms"] for _, e, b in runs),
+                        spread=max(max(p["noise"], e["noise"]) for p, e, _ in runs),
+                        same_bits=all(e["same_bits"] == "True" for _, e, _ in runs)))
+    patterns = list(YIELD_FORMS.values())
+    return sorted(out, key=lambda g: (g["model"], g["M"], patterns.index(g["pattern"])))
+
+
+def yield_lines(gains: list[dict]) -> list[str]:
+    """:func:`yield_gains` as notebook 07 prints them, one line a case and pattern."""
+    def runs(g):
+        return f"{g['gain_lo']:.3f}x to {g['gain_hi']:.3f}x in {g['runs']} runs" if g["runs"] > 1 else "1 run"
+    return [f"  {g['model']:14s} M = {g['M']:<6d}{g['pattern']:16s}{g['plain']:7.3f} -> {g['edited']:7.3f} ms "
+            f"{g['gain']:.3f}x ({runs(g)})  bf16 / FP8 {g['over_plain']:.2f}x -> {g['over_edited']:.2f}x  "
+            f"spread {g['spread']:.1%}  {'same bits' if g['same_bits'] else 'NOT the same bits'}" for g in gains]
 
 
 def store_cost(rows: int, cols: int, size: int, bytes_a_thread: int, rows_a_store: int,
