@@ -181,7 +181,8 @@ def _after_compile(**kwargs):
                 # Only scheduling is lost: the form runs as ptxas wrote it.
                 warnings.warn(f"{jit_fn}: its compiled form left unedited ({e})", stacklevel=2)
                 return ret
-            # Loaded already (a compile pool may load what it compiled): load the edit instead.
+            # Loaded already (a compile pool may load what it compiled): load the edit instead (the
+            # first module stays loaded, unused).
             kernel.module = kernel.function = kernel._run = None
     return ret
 
@@ -191,11 +192,11 @@ def edit_compiled_forms(jit_fn, flag: str, pattern: str = PATTERN) -> None:
     from its cache, with the constexpr argument ``flag`` true is edited by :func:`interleave_yields`
     before it is loaded; its compiled kernel's ``yield_edits`` says how many instructions changed.
     Idempotent; forms already in the process's cache stay as they are."""
-    from triton import knobs
     if pattern not in PATTERNS:
         raise ValueError(f"pattern: one of {PATTERNS}, got {pattern!r}")
     if flag not in jit_fn.arg_names:
         raise ValueError(f"flag: {flag!r} is not an argument of {jit_fn}")
+    from triton import knobs
     _EDITED[jit_fn.fn] = (flag, pattern)
     if knobs.runtime.jit_post_compile_hook is not _after_compile:
         _previous_hook[:] = [knobs.runtime.jit_post_compile_hook]
