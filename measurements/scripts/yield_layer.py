@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import moe_tutorial as mt  # noqa: F401  (first: picks the runtime)
@@ -39,7 +40,6 @@ from moe_tutorial.perf import bench, impls, sweep
 import torch
 
 OUT = os.environ.get("OUT", ".")
-ALL_PATTERNS = False                 # --patterns: every pattern of yield_bits.PATTERNS, not DeepGEMM's alone
 
 
 def yielded(prepared, yielding: Yielding):
@@ -51,15 +51,16 @@ def yielded(prepared, yielding: Yielding):
     return replace(prepared, calls=[lambda c=c: yielding(c) for c in prepared.calls])
 
 
-def case_rows(shape, M: int, w13, w2, caches: dict, ceil, info: dict) -> list[dict]:
-    """Check, then time the three forms on one batch; one row each."""
+def case_rows(shape, M: int, w13, w2, caches: dict, ceil, info: dict, *, all_patterns: bool = False) -> list[dict]:
+    """Check, then time the forms on one batch (with ``all_patterns`` every pattern of
+    ``yield_edit.PATTERNS``, else DeepGEMM's alone); one row each."""
     from moe_tutorial.kernels.gluon_fp8_kernel import gluon_fp8_moe_kernel
     inp = bench.make_inputs(shape, M, runtime.DEFAULT_DTYPE, w13, w2)
     inp.__dict__.update(caches)
     s = shape
     configs = layer_configs(M, s.num_experts, s.intermediate, s.hidden, s.topk, tma_store=True)
     yieldings = {("fp8-yield" if p == "reuse-alternate" else f"fp8-yield-{p}"): Yielding(gluon_fp8_moe_kernel, p)
-                 for p in PATTERNS[:len(PATTERNS) if ALL_PATTERNS else 1]}
+                 for p in PATTERNS[:len(PATTERNS) if all_patterns else 1]}
     prepared = {"fp8": sweep.prepared_or_reason(lambda: impls.layer_fp8(inp, configs=configs))}
     for name, yielding in yieldings.items():
         prepared[name] = yielded(sweep.prepared_or_reason(lambda: impls.layer_fp8(inp, configs=configs)), yielding)
@@ -95,16 +96,15 @@ def case_rows(shape, M: int, w13, w2, caches: dict, ceil, info: dict) -> list[di
 
 
 def main(argv=None) -> int:
-    global ALL_PATTERNS
     from moe_tutorial.kernels import gluon_fp8_kernel
     gluon_fp8_kernel.YIELD_RESCALED = False          # "fp8" as ptxas wrote it; the edits are this script's
     parser = sweep.sweep_parser(__doc__.splitlines()[0], [1024, 4096, 16384])
     parser.add_argument("--patterns", action="store_true", help="every pattern of yield_bits.PATTERNS")
     args = parser.parse_args(argv)
-    ALL_PATTERNS = args.patterns
     if (todo := sweep.cases(args)) is None:
         return 2
-    sweep.sweep_models(*todo, case_rows, Path(OUT) / "yield_layer.csv", with_w2=True)
+    sweep.sweep_models(*todo, partial(case_rows, all_patterns=args.patterns), Path(OUT) / "yield_layer.csv",
+                       with_w2=True)
     return 0
 
 

@@ -77,7 +77,8 @@ def compile_report(kernel: str, *, timeout: float = 300.0) -> dict:
     (ptxas's advisory line, or "" when it kept the asynchronous MMAs), ``wait_groups`` (the
     ``wgmma.wait_group N`` values in the PTX, in order), ``shared`` (bytes of shared memory per
     program), ``triton`` (the version used), ``cubin`` (the machine code as the launch would load
-    it, base64) and ``yield_edits`` (instructions ``kernels/yield_edit.py`` edited in it, or 0).
+    it, base64), ``yield_edits`` (instructions ``kernels/yield_edit.py`` edited in it, or 0) and
+    ``cubin_ptxas`` (the machine code as ptxas wrote it).
     """
     if kernel not in KERNELS:
         raise ValueError(f"kernel: expected one of {', '.join(KERNELS)}, got {kernel!r}")
@@ -310,6 +311,7 @@ def _report(compiled) -> dict:
     ptx = compiled.asm["ptx"]
     return {"triton": triton.__version__, "ptx": ptx, **ptxas_stats(ptx, sass=True), "shared": compiled.metadata.shared,
             "cubin": base64.b64encode(compiled.kernel).decode(), "yield_edits": getattr(compiled, "yield_edits", 0),
+            "cubin_ptxas": base64.b64encode(getattr(compiled, "unedited", compiled.kernel)).decode(),
             "wait_groups": [int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+)", ptx)]}
 
 

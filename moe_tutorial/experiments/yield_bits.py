@@ -12,21 +12,26 @@ from ..kernels.yield_edit import interleave_yields
 
 
 class Yielding:
-    """``Yielding(jit_fn)(call)``: ``call()`` with every form of ``jit_fn`` compiled so far swapped
-    for its twin whose cubin :func:`interleave_yields` edited (the twins are made once and kept), so
-    that a CUDA graph captured inside holds the edited code. Call ``call()`` once plainly first: a
-    form compiled inside runs unedited. ``changed`` counts the edited instructions of each form."""
+    """``Yielding(jit_fn, pattern)(call)``: ``call()`` with every form of ``jit_fn`` compiled so far
+    swapped for a twin made from ptxas's bytes (a form the package edited keeps them in ``unedited``):
+    edited by :func:`interleave_yields` in ``pattern``, or with ``pattern`` None left as ptxas wrote
+    them. The twins are made once and kept, and a CUDA graph captured inside holds their code. Call
+    ``call()`` once plainly first: a form compiled inside is not swapped. ``changed`` counts the edited
+    instructions of each form."""
 
-    def __init__(self, jit_fn, pattern: str = "reuse-alternate"):
+    def __init__(self, jit_fn, pattern: str | None = "reuse-alternate"):
         self.jit_fn = jit_fn
         self.pattern = pattern
         self.twins: dict[int, object] = {}
         self.changed: dict[str, int] = {}
 
     def twin(self, kernel):
+        """``kernel``'s twin (a Triton ``CompiledKernel`` whose bytes are this pattern's), made once."""
         if id(kernel) not in self.twins:
             twin = copy.copy(kernel)       # metadata shared; the module is loaded anew from the edit
-            twin.kernel, n = interleave_yields(kernel.kernel, pattern=self.pattern)
+            ptxas = getattr(kernel, "unedited", kernel.kernel)
+            twin.kernel, n = interleave_yields(ptxas, pattern=self.pattern) if self.pattern else (ptxas, 0)
+            # Triton's handles, its private _run among them: cleared, the twin's launch loads its own bytes.
             twin.module = twin.function = twin._run = None
             self.twins[id(kernel)] = (kernel, twin)
             self.changed[kernel.hash] = n

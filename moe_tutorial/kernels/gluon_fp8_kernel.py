@@ -54,7 +54,7 @@ from .fp8_quant import (
 )
 from .gluon_kernel import HAVE_GLUON, check_tma_out, down_then_sum, gluon_descriptor, sorted_rows
 from .tma import stacked_rows
-from .yield_edit import edit_compiled_forms
+from .yield_edit import edit_compiled_forms, stop_editing
 
 if HAVE_GLUON:
     from triton.experimental import gluon
@@ -656,8 +656,11 @@ def launch_gluon_fp8_gemm(a: torch.Tensor, a_scale_t: torch.Tensor, b: torch.Ten
         check_tma_out(c, gated or c_sorted)
     if UNAVAILABLE:
         raise RuntimeError(UNAVAILABLE)
-    if config.rescale and YIELD_RESCALED:
-        edit_compiled_forms(gluon_fp8_moe_kernel, "RESCALE")
+    if config.rescale:
+        if YIELD_RESCALED:
+            edit_compiled_forms(gluon_fp8_moe_kernel, "RESCALE")
+        else:
+            stop_editing(gluon_fp8_moe_kernel)
     sorted_ids, expert_ids, num_post = alignment
     E, rows, K = b.shape
     N = c.shape[1]

@@ -44,8 +44,10 @@ REUSE_B = 1 << 59
 NO_YIELD = 1 << 45
 #: Which multiplies of a run yield (:func:`to_yield`).
 PATTERNS = ("reuse-alternate", "alternate", "all")
-#: The shortest run of multiplies edited (the rescale's runs are 20 to 92 long; short runs are
-#: address and scale arithmetic, left as ptxas wrote them).
+#: The shortest run of multiplies edited. The rescale's runs are about 60 long (64 a warp and
+#: accumulator each K step); shorter ones are address and scale arithmetic, left as ptxas wrote them.
+#: Runs of multiplies by a constant (the quantiser's) keep no register for reuse, so the shipped
+#: pattern leaves them too.
 MIN_RUN = 16
 
 _LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;\s*/\*\s*(0x[0-9a-f]+)\s*\*/")
@@ -154,50 +156,61 @@ def interleave_yields(cubin: bytes, min_run: int = MIN_RUN, pattern: str = "reus
             low, high = struct.unpack_from("<QQ", code, at)
             if (low, high) != (ins.low, ins.high):
                 raise ValueError(f"{ins.function}+{ins.address:#x}: the listing and the cubin disagree")
-            struct.pack_into("<Q", code, at + 8, high & ~(REUSE | NO_YIELD))
-            changed += 1
+            new = high & ~(REUSE | NO_YIELD)
+            if new != high:                    # one that yields already is not counted
+                struct.pack_into("<Q", code, at + 8, new)
+                changed += 1
     return bytes(code), changed
 
 
-#: The pattern :func:`edit_compiled_forms` uses: the one measured best (``gluon_fp8.load_yield_runs``).
+#: The pattern :func:`edit_compiled_forms` uses: the one measured (``data/h100_fp8_yield.csv``).
 PATTERN = "reuse-alternate"
 #: ``{a JITFunction's Python function: (name of the constexpr that selects the forms edited, pattern)}``.
 _EDITED: dict = {}
+#: The hook that was installed before ours (called first), once ours is in.
 _previous_hook: list = []
 
 
 def _after_compile(**kwargs):
-    """Triton's ``jit_post_compile_hook``: the form just compiled (and put in its kernel's cache),
-    edited if its kernel asked for it and its constexpr says so; then any hook that was there."""
+    """Triton's ``jit_post_compile_hook``: any hook that was there first; then the form just compiled
+    (and put in its kernel's cache), edited if its kernel asked for it and its constexpr says so. The
+    unedited bytes stay in the compiled kernel's ``unedited``."""
     ret = _previous_hook[0](**kwargs) if _previous_hook and _previous_hook[0] else None
-    jit_fn, compile = kwargs["fn"].jit_function, kwargs["compile"]
-    if jit_fn.fn in _EDITED:
+    try:
+        jit_fn, compile = kwargs["fn"].jit_function, kwargs["compile"]
+        if jit_fn.fn not in _EDITED:
+            return ret
         flag, pattern = _EDITED[jit_fn.fn]
         if compile["constants"].get((jit_fn.arg_names.index(flag),)):
             kernel = jit_fn.device_caches[compile["device"]][0][kwargs["key"]]
-            try:
-                kernel.kernel, kernel.yield_edits = interleave_yields(kernel.kernel, pattern=pattern)
-            except (OSError, subprocess.SubprocessError, ValueError, struct.error) as e:
-                # Only scheduling is lost: the form runs as ptxas wrote it.
-                warnings.warn(f"{jit_fn}: its compiled form left unedited ({e})", stacklevel=2)
-                return ret
-            # Loaded already (a compile pool may load what it compiled): load the edit instead (the
-            # first module stays loaded, unused).
+            edited, n = interleave_yields(kernel.kernel, pattern=pattern)
+            kernel.unedited, kernel.kernel, kernel.yield_edits = kernel.kernel, edited, n
+            # Loaded already (a compile pool may load what it compiled): clearing Triton's handles,
+            # ``_run`` among them, makes its next launch load the edit (the first module stays loaded).
             kernel.module = kernel.function = kernel._run = None
+    except Exception as e:  # noqa: BLE001  (only scheduling is lost: the form runs as ptxas wrote it)
+        warnings.warn(f"yield_edit: a compiled form left unedited ({type(e).__name__}: {e})", stacklevel=2)
     return ret
 
 
 def edit_compiled_forms(jit_fn, flag: str, pattern: str = PATTERN) -> None:
     """From now on, every form of ``jit_fn`` (a Triton ``JITFunction``) that Triton compiles, or takes
     from its cache, with the constexpr argument ``flag`` true is edited by :func:`interleave_yields`
-    before it is loaded; its compiled kernel's ``yield_edits`` says how many instructions changed.
-    Idempotent; forms already in the process's cache stay as they are."""
+    before it is loaded; its compiled kernel's ``yield_edits`` says how many instructions changed and
+    ``unedited`` keeps ptxas's bytes. Idempotent: the hook goes in once, before any other installed
+    later; forms already in the process's cache stay as they are. :func:`stop_editing` undoes it."""
     if pattern not in PATTERNS:
         raise ValueError(f"pattern: one of {PATTERNS}, got {pattern!r}")
     if flag not in jit_fn.arg_names:
         raise ValueError(f"flag: {flag!r} is not an argument of {jit_fn}")
     from triton import knobs
     _EDITED[jit_fn.fn] = (flag, pattern)
-    if knobs.runtime.jit_post_compile_hook is not _after_compile:
-        _previous_hook[:] = [knobs.runtime.jit_post_compile_hook]
+    if not _previous_hook:                 # once: a hook chained after ours is never taken as "previous"
+        _previous_hook.append(knobs.runtime.jit_post_compile_hook)
         knobs.runtime.jit_post_compile_hook = _after_compile
+
+
+def stop_editing(jit_fn) -> None:
+    """Forms of ``jit_fn`` compiled from now on are loaded as ptxas wrote them (those compiled before
+    stay as they are)."""
+    _EDITED.pop(jit_fn.fn, None)
