@@ -11,21 +11,12 @@ the file is written anew from the runs given.
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 from pathlib import Path
 
 import moe_tutorial  # noqa: F401,I001  (first: picks the runtime before triton is imported)
-from moe_tutorial.experiments.gluon_fp8 import TMA_FORMS, TMA_STORE, TMA_STORE_FIELDS
+from moe_tutorial.experiments.gluon_fp8 import TMA_FORMS, TMA_STORE, TMA_STORE_FIELDS, gathered_runs
 from moe_tutorial.perf.results import write_csv
-
-
-def rows_of(path: Path) -> list[dict]:
-    """The kept rows of one run, with its source: the log folder's call and the run's folder."""
-    with open(path, newline="") as f:
-        run = [r for r in csv.DictReader(f) if r["impl"] in TMA_FORMS and r["status"] == "ok"]
-    source = "/".join(path.parts[-4:-1]) if len(path.parts) >= 4 else path.parent.name
-    return [{**r, "source": source} for r in run]
 
 
 def main(argv=None) -> int:
@@ -33,7 +24,7 @@ def main(argv=None) -> int:
     ap.add_argument("runs", nargs="+", type=Path, help="tma_store_layer.csv files")
     ap.add_argument("--into", type=Path, default=TMA_STORE)
     args = ap.parse_args(argv)
-    rows = [r for path in args.runs for r in rows_of(path)]
+    rows = gathered_runs(args.runs, TMA_FORMS)
     write_csv(args.into, rows, list(TMA_STORE_FIELDS))
     print(f"wrote {len(rows)} rows to {args.into}")
     return 0

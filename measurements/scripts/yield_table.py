@@ -10,12 +10,11 @@ to ``moe_tutorial/data/h100_fp8_yield.csv``; the file is written anew from the r
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 from pathlib import Path
 
 import moe_tutorial  # noqa: F401,I001  (first: picks the runtime before triton is imported)
-from moe_tutorial.experiments.gluon_fp8 import YIELD, YIELD_FIELDS, YIELD_FORMS
+from moe_tutorial.experiments.gluon_fp8 import YIELD, YIELD_FIELDS, YIELD_FORMS, gathered_runs
 from moe_tutorial.perf.results import write_csv
 
 
@@ -24,12 +23,7 @@ def main(argv=None) -> int:
     ap.add_argument("runs", nargs="+", type=Path, help="yield_layer.csv files")
     ap.add_argument("--into", type=Path, default=YIELD)
     args = ap.parse_args(argv)
-    rows = []
-    for path in args.runs:
-        with open(path, newline="") as f:
-            source = "/".join(path.parts[-4:-1])
-            rows += [{**{k: r.get(k, "") for k in YIELD_FIELDS}, "source": source} for r in csv.DictReader(f)
-                     if r["impl"] in YIELD_FORMS and r["status"] == "ok"]
+    rows = gathered_runs(args.runs, YIELD_FORMS)
     write_csv(args.into, rows, list(YIELD_FIELDS))
     print(f"wrote {len(rows)} rows to {args.into}")
     return 0

@@ -250,6 +250,19 @@ TMA_STORE_FIELDS = ("gpu", "driver", "torch", "triton", "date", "protocol", "fp8
 TMA_FORMS = {"fp8": "store", "fp8-tma-up": "up", "fp8-tma-down": "down", "fp8-tma": "tma", "sorted": "bf16"}
 
 
+def gathered_runs(paths: list[Path], forms) -> list[dict]:
+    """The rows of layer-timing runs (each of ``paths`` one process's CSV, as ``tma_store_layer.py`` and
+    ``yield_layer.py`` write them) whose form (``impl``) is one of ``forms`` and that ran, each with
+    its ``source``: the log folder's call and the run's folder (two runs of one case show the spread)."""
+    out = []
+    for path in map(Path, paths):
+        with open(path, newline="") as f:
+            run = [r for r in csv.DictReader(f) if r["impl"] in forms and r["status"] == "ok"]
+        source = "/".join(path.parts[-4:-1]) if len(path.parts) >= 4 else path.parent.name
+        out += [{**r, "source": source} for r in run]
+    return out
+
+
 def load_tma_store(path: Path | None = None) -> list[dict]:
     """The rows of :data:`TMA_STORE` (or ``path``): one per form, model, M and run (``source``), as
     ``measurements/scripts/tma_store_layer.py`` timed them (cold-l2, the faster of two orders;
@@ -332,7 +345,8 @@ def yield_gains(rows: list[dict]) -> list[dict]:
     ``runs``, the median times (``plain``, ``edited``, ``bf16``), ``gain`` the median of the runs'
     plain / edited (``gain_lo``, ``gain_hi`` the smallest and largest), ``over_plain`` and
     ``over_edited`` the medians of the bf16 layer over each, ``spread`` the largest two-orders
-    difference of the two forms compared, ``same_bits`` all of the runs'."""
+    difference of the two forms compared, ``same_bits`` all of the runs', and ``both_orders``: in every
+    run, both orders' timings of the edited layer under both of the unedited one."""
     out = []
     for model, M, impl in dict.fromkeys((r["model"], r["M"], r["impl"]) for r in rows if r["impl"].startswith("fp8-")):
         runs = []
@@ -349,6 +363,8 @@ def yield_gains(rows: list[dict]) -> list[dict]:
                         gain_hi=max(gains), over_plain=median(b["ms"] / p["ms"] for p, _, b in runs),
                         over_edited=median(b["ms"] / e["ms"] for _, e, b in runs),
                         spread=max(max(p["noise"], e["noise"]) for p, e, _ in runs),
+                        both_orders=all(max(e["ms_forward"], e["ms_reverse"]) < min(p["ms_forward"], p["ms_reverse"])
+                                        for p, e, _ in runs),
                         same_bits=all(e["same_bits"] == "True" for _, e, _ in runs)))
     patterns = list(YIELD_FORMS.values())
     return sorted(out, key=lambda g: (g["model"], g["M"], patterns.index(g["pattern"])))

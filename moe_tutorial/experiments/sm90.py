@@ -282,9 +282,9 @@ def ptxas_stats(ptx: str, *, sass: bool = False) -> dict:
     """What the ptxas Triton runs for sm90 says of ``ptx`` with ``-v``: ``registers``, ``spill_bytes``
     and ``serialised`` (its advisory that the wgmmas were serialised, or ""); with ``sass`` also the
     machine code (``cuobjdump``)."""
-    import triton
     from triton.backends.nvidia.compiler import get_ptxas
-    bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+
+    from ..kernels.yield_edit import sass as listing
     with tempfile.TemporaryDirectory() as tmp:
         src, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
         src.write_text(ptx)
@@ -295,8 +295,7 @@ def ptxas_stats(ptx: str, *, sass: bool = False) -> dict:
         if run.returncode:
             raise RuntimeError(f"ptxas failed: {run.stderr[-1500:]}")
         ptxas = run.stderr
-        code = subprocess.run([str(bin_dir / "cuobjdump"), "--dump-sass", str(cubin)],
-                              capture_output=True, text=True, check=True).stdout if sass else None
+        code = listing(cubin.read_bytes()) if sass else None
     used = re.search(r"Used (\d+) registers", ptxas)
     serialised = next((line.split("Potential Performance Loss: ")[-1] for line in ptxas.splitlines()
                        if "wgmma.mma_async instructions are serialized" in line), "")

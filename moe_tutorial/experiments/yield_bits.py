@@ -38,10 +38,10 @@ class Yielding:
         return self.twins[id(kernel)][1]
 
     def __call__(self, call):
-        swapped = []
+        swapped, twins = [], {id(t) for _, t in self.twins.values()}
         for cache, *_ in self.jit_fn.device_caches.values():
             for key, kernel in list(cache.items()):
-                if id(kernel) in {id(t) for _, t in self.twins.values()}:
+                if id(kernel) in twins:
                     continue
                 swapped.append((cache, key, kernel))
                 cache[key] = self.twin(kernel)

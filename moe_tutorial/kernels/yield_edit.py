@@ -78,14 +78,19 @@ def tool(name: str) -> Path:
     return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
 
 
-def instructions(cubin: bytes) -> list[Instruction]:
-    """Every instruction of every function in ``cubin`` (bytes of an sm90 ELF), in address order."""
+def sass(cubin: bytes) -> str:
+    """``cubin``'s machine code as ``cuobjdump --dump-sass`` lists it: each instruction with its two
+    64-bit words in comments."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "k.cubin"
         path.write_bytes(cubin)
-        listing = subprocess.run([str(tool("cuobjdump")), "--dump-sass", str(path)],
-                                 capture_output=True, text=True, check=True).stdout
-    out, function, lines = [], "", listing.splitlines()
+        return subprocess.run([str(tool("cuobjdump")), "--dump-sass", str(path)],
+                              capture_output=True, text=True, check=True).stdout
+
+
+def instructions(cubin: bytes) -> list[Instruction]:
+    """Every instruction of every function in ``cubin`` (bytes of an sm90 ELF), in address order."""
+    out, function, lines = [], "", sass(cubin).splitlines()
     for i, line in enumerate(lines):
         if "Function :" in line:
             function = line.split("Function :")[1].strip()
@@ -199,6 +204,8 @@ def edit_compiled_forms(jit_fn, flag: str, pattern: str = PATTERN) -> None:
     before it is loaded; its compiled kernel's ``yield_edits`` says how many instructions changed and
     ``unedited`` keeps ptxas's bytes. Idempotent: the hook goes in once, before any other installed
     later; forms already in the process's cache stay as they are. :func:`stop_editing` undoes it."""
+    if _previous_hook and _EDITED.get(jit_fn.fn) == (flag, pattern):
+        return                             # asked at every launch: nothing to do after the first
     if pattern not in PATTERNS:
         raise ValueError(f"pattern: one of {PATTERNS}, got {pattern!r}")
     if flag not in jit_fn.arg_names:
