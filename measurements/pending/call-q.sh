@@ -1,6 +1,7 @@
-# Twenty-eighth session, call q (short: little device time left): the package's own yield edit on the
-# GPU. First which compiled forms the layer's launches left edited (yield_edits, from Triton's
-# post-compile hook), then the GPU tests of the rescaled layer with it. Any Hopper GPU.
+# Call q (short, any Hopper GPU): which compiled forms the layer's launches left edited (yield_edits, from
+# Triton's post-compile hook), then where the layer's time goes at prefill, kernel by kernel
+# (torch.profiler, warm, eager). The GPU tests of the edit and notebook 07 ran in the twenty-ninth
+# session (logs/2026-12-07-29-half-skip/).
 set -u
 export PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True PYTHONPATH=$PWD; D=/tmp/q; mkdir -p $D
 pack() { tar -czf $OUT/call-q.tgz -C /tmp q; }
@@ -21,6 +22,5 @@ for key, k in gk.gluon_fp8_moe_kernel.device_caches[0][0].items():
     print("form", k.hash[:12], "yield_edits", getattr(k, "yield_edits", 0), "finite", bool(torch.isfinite(out).all()))
 PY
 pack
-timeout 170 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gluon_fp8.py \
-  -k "yield or tma_copies_out or (step_exact and split)" > $D/gpu-tests.log 2>&1
-echo "gpu tests rc $?"; tail -3 $D/gpu-tests.log; pack
+OUT=$D timeout 150 python3 measurements/scripts/h200_fp8_decode_profile.py --models Qwen3-30B-A3B DeepSeek-V3 \
+  --M 4096 16384 2>&1 | grep -v Warning | tee $D/prefill-profile.log; pack
