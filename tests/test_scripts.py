@@ -262,6 +262,28 @@ def test_tma_store_layer_dry_run_writes_one_row_per_form(tmp_path):
     assert gluon_fp8.tma_store_gains(kept) == []           # no TMA form ran here: no case to compare
 
 
+def test_tile_height_layer_dry_run_writes_one_row_per_form_with_its_tile_counts(tmp_path):
+    """measurements/scripts/tile_height_layer.py on the toy shape in the interpreter: a row for each form
+    in order, the layers that run here against float64, the Gluon pairs saying why they did not run,
+    and the tile counts of the routings (8 experts, 3 tokens, top-2: 6 pairs, at most 6 tiles)."""
+    import csv
+
+    from moe_tutorial import runtime
+    module = load_script("tile_height_layer.py")
+    module.OUT = str(tmp_path)
+    assert module.main(["--dry-run"]) == 0
+    with open(tmp_path / "tile_height_layer.csv") as f:
+        rows = {r["impl"]: r for r in csv.DictReader(f)}
+    assert list(rows) == ["fp8", "fp8-64", "fp8-128", "sorted"]
+    for name in ("fp8", "sorted"):
+        assert rows[name]["status"] == "ok" and float(rows[name]["rel_error"]) < 5e-2, rows[name]
+    if not runtime.ON_GPU:
+        assert all("Hopper" in rows[n]["status"] for n in ("fp8-64", "fp8-128"))
+    row = rows["fp8"]
+    assert 1 <= float(row["tiles128"]) == float(row["tiles64"]) <= 6       # under 64 rows an expert: one tile each
+    assert float(row["rows"]) == 3 * 2 / 8
+
+
 def test_ncu_source_stalls_sorts_each_instructions_samples_into_its_kind(tmp_path):
     """measurements/scripts/ncu_source_stalls.py on a made-up source page of one launch: the spare warps'
     NOP, the load warp's and the MMA warps' mbarrier waits (told apart by the TMA loads near them), the
