@@ -570,3 +570,22 @@ def test_appendix_a_yield_edit_numbers():
     assert_says(P7, "the rescale's multiplies are {:.0%} of the samples, the bookkeeping around them {:.0%}",
                 sources["gate/up", "fmul"], sources["gate/up", "other"])
     assert gluon_fp8_kernel.YIELD_RESCALED and yield_edit.PATTERN == "reuse-alternate"
+
+
+def test_appendix_a_tile_height_numbers():
+    """Appendix A's note on the layer's tile height under 256 rows an expert
+    (``data/h100_fp8_tile_height.csv``): ahead on Kimi-K2 at 85 and 171 rows in every run, behind at 128
+    rows on DeepSeek-V3 and Qwen3-30B-A3B, and the untuned rule unchanged (from 256 rows)."""
+    from moe_tutorial.experiments import gluon_fp8
+    from moe_tutorial.kernels import configs
+
+    gains = {(g["model"], round(g["rows"])): g for g in gluon_fp8.tile_height_gains(gluon_fp8.load_tile_height())}
+    k85, k171 = gains["Kimi-K2", 85], gains["Kimi-K2", 171]
+    d128, q128 = gains["DeepSeek-V3", 128], gains["Qwen3-30B-A3B", 128]
+    assert k85["gain_lo"] > 1 and k171["gain_lo"] > 1                       # "ahead": in every run
+    assert d128["gain_hi"] < 1 and q128["gain_hi"] < 1                       # "behind": in every run
+    assert all(g["runs"] >= 2 for g in (k85, k171, d128, q128))
+    assert_says(P7, "Kimi-K2, {} at 85 rows an expert and {} at 171, but still behind at 128 rows on DeepSeek-V3 "
+                "({}) and Qwen3-30B-A3B ({})", x(k85["gain"]), x(k171["gain"]), x(d128["gain"]), x(q128["gain"]))
+    assert configs.GLUON_RESCALED_ROWS == 256                                 # "the rule stays"
+    assert max(g["rows"] for g in gains.values()) < configs.GLUON_RESCALED_ROWS

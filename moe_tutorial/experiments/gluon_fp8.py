@@ -379,6 +379,48 @@ def yield_lines(gains: list[dict]) -> list[str]:
             f"spread {g['spread']:.1%}  {'same bits' if g['same_bits'] else 'NOT the same bits'}" for g in gains]
 
 
+TILE_HEIGHT = DATA / "h100_fp8_tile_height.csv"
+TILE_HEIGHT_FIELDS = ("gpu", "driver", "torch", "triton", "date", "protocol", "fp8_tflops", "matmul_tflops", "model",
+                      "M", "rows", "impl", "up", "down", "ms", "ms_forward", "ms_reverse", "noise", "bf16_over",
+                      "rel_error", "source")
+#: :data:`TILE_HEIGHT`'s forms: the FP8 layer as dispatched, on the fused 64-row pair, on the 128-row
+#: rescaled pair (split, copied out through TMA), and Part 4's bf16 layer.
+TILE_HEIGHT_FORMS = {"fp8": "dispatched", "fp8-64": "64 rows", "fp8-128": "128 rows", "sorted": "bf16"}
+#: The same forms under ``half_skip_layer.py``'s names (the twenty-ninth session's runs, in its patch):
+#: its ``-no-skip`` forms ran the kernel as committed; the others ran the skip, which was not kept.
+HALF_SKIP_NAMES = {"fp8-no-skip": "fp8", "fp8-rescaled-no-skip": "fp8-128", "sorted": "sorted"}
+
+
+def load_tile_height(path: Path | None = None) -> list[dict]:
+    """The rows of :data:`TILE_HEIGHT` (or ``path``): one per form, model, M and run (``source``),
+    cold-l2, the faster of two orders; ``rows`` an expert's average rows (``M * topk / E``)."""
+    return _load(path or TILE_HEIGHT, ("rows", "ms", "ms_forward", "ms_reverse", "noise", "bf16_over"))
+
+
+def tile_height_gains(rows: list[dict]) -> list[dict]:
+    """Per model and M where the dispatcher took 64-row tiles and the 128-row pair ran beside it:
+    ``runs``, ``rows``, the median times (``dispatched``, ``tall``), ``gain`` the median of the runs'
+    dispatched / 128-row (``gain_lo``, ``gain_hi``), ``over_dispatched`` and ``over_tall`` the medians of
+    the bf16 layer over each, and ``spread`` the largest two-orders difference of the two forms."""
+    out = []
+    for model, M in dict.fromkeys((r["model"], r["M"]) for r in rows):
+        runs = []
+        for source in dict.fromkeys(r["source"] for r in rows if (r["model"], r["M"]) == (model, M)):
+            case = {r["impl"]: r for r in rows if (r["model"], r["M"], r["source"]) == (model, M, source)}
+            if {"fp8", "fp8-128", "sorted"} <= set(case):
+                runs.append((case["fp8"], case["fp8-128"], case["sorted"]))
+        if not runs:
+            continue
+        gains = [d["ms"] / t["ms"] for d, t, _ in runs]
+        out.append(dict(model=model, M=M, rows=runs[0][0]["rows"], runs=len(runs),
+                        dispatched=median(d["ms"] for d, _, _ in runs), tall=median(t["ms"] for _, t, _ in runs),
+                        gain=median(gains), gain_lo=min(gains), gain_hi=max(gains),
+                        over_dispatched=median(b["ms"] / d["ms"] for d, _, b in runs),
+                        over_tall=median(b["ms"] / t["ms"] for _, t, b in runs),
+                        spread=max(max(d["noise"], t["noise"]) for d, t, _ in runs)))
+    return sorted(out, key=lambda g: (g["model"], g["M"]))
+
+
 def store_cost(rows: int, cols: int, size: int, bytes_a_thread: int, rows_a_store: int,
                warps: int = 4) -> tuple[int, int, int]:
     """What storing a ``[rows, cols]`` tile of ``size``-byte elements costs each of ``warps`` warps when a

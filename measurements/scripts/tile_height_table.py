@@ -1,0 +1,54 @@
+"""Gather the runs of ``tile_height_layer.py`` (the FP8 layer on 64-row and on 128-row tiles) into one data file.
+
+    python3 measurements/scripts/tile_height_table.py RUN.csv ... [--into DATA.csv]
+
+Each ``RUN.csv`` is one process's ``tile_height_layer.csv``, or a ``half_skip_layer.csv`` of the
+twenty-ninth session (the script is in that session's ``half-skip.patch``), whose forms that ran the
+kernel as committed are renamed to this file's (``gluon_fp8.HALF_SKIP_NAMES``) and whose others are
+left out. Rows that ran (status ok) are kept, with the run's folder as ``source`` and an expert's
+average ``rows``, in the columns of ``gluon_fp8.TILE_HEIGHT_FIELDS``. ``--into`` defaults to
+``moe_tutorial/data/h100_fp8_tile_height.csv``; the file is written anew from the runs given.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import moe_tutorial  # noqa: F401,I001  (first: picks the runtime before triton is imported)
+from moe_tutorial.experiments.gluon_fp8 import (
+    HALF_SKIP_NAMES,
+    TILE_HEIGHT,
+    TILE_HEIGHT_FIELDS,
+    TILE_HEIGHT_FORMS,
+    gathered_runs,
+)
+from moe_tutorial.perf.results import write_csv
+from moe_tutorial.shapes import get_shape
+
+
+def run_rows(path: Path) -> list[dict]:
+    """One run's rows in this file's forms, each with an expert's average rows."""
+    if path.name == "half_skip_layer.csv":
+        rows = [{**r, "impl": HALF_SKIP_NAMES[r["impl"]]} for r in gathered_runs([path], HALF_SKIP_NAMES)]
+    else:
+        rows = gathered_runs([path], TILE_HEIGHT_FORMS)
+    for r in rows:
+        shape = get_shape(r["model"])
+        r["rows"] = r.get("rows") or int(r["M"]) * shape.topk / shape.num_experts
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+", type=Path, help="tile_height_layer.csv or half_skip_layer.csv files")
+    ap.add_argument("--into", type=Path, default=TILE_HEIGHT)
+    args = ap.parse_args(argv)
+    rows = [r for path in args.runs for r in run_rows(path)]
+    write_csv(args.into, rows, list(TILE_HEIGHT_FIELDS))
+    print(f"wrote {len(rows)} rows to {args.into}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
