@@ -292,3 +292,17 @@ def test_results_page_yield_edit_sentence():
                 f"{q16['gain']:.3f}x faster ({q16['runs']} runs; in each, both orders of the edited layer beat both of "
                 f"the unedited one), the FP8 layer then {q16['over_edited']:.2f}x as fast as the bf16 one there.")
     assert sentence in " ".join(RESULTS.read_text().split()), sentence
+
+
+def test_results_page_tile_height_sentence():
+    """The results page's sentence on the layer's tile height under 256 rows an expert, from
+    ``data/h100_fp8_tile_height.csv`` (the notebook's twin: ``test_appendix_a_tile_height_numbers``)."""
+    from moe_tutorial.experiments import gluon_fp8
+
+    gains = {(g["model"], round(g["rows"])): g for g in gluon_fp8.tile_height_gains(gluon_fp8.load_tile_height())}
+    k85, k171 = gains["Kimi-K2", 85], gains["Kimi-K2", 171]
+    d128, q128 = gains["DeepSeek-V3", 128], gains["Qwen3-30B-A3B", 128]
+    assert min(k85["gain_lo"], k171["gain_lo"]) > 1 > max(d128["gain_hi"], q128["gain_hi"])
+    sentence = (f"on Kimi-K2, {k85['gain']:.2f}x at 85 rows an expert and {k171['gain']:.2f}x at 171, but still slower "
+                f"at 128 rows on DeepSeek-V3 ({d128['gain']:.2f}x) and Qwen3-30B-A3B ({q128['gain']:.2f}x)")
+    assert sentence in " ".join(RESULTS.read_text().split()), sentence
