@@ -4,27 +4,24 @@
 
 Each ``RUN.csv`` is one process's ``tile_height_layer.csv``, or a ``half_skip_layer.csv`` of the
 twenty-ninth session (the script is in that session's ``half-skip.patch``), whose forms that ran the
-kernel as committed are renamed to this file's (``gluon_fp8.HALF_SKIP_NAMES``) and whose others are
+kernel as committed are renamed to this file's (:data:`HALF_SKIP_NAMES`) and whose others are
 left out. Rows that ran (status ok) are kept, with the run's folder as ``source`` and an expert's
 average ``rows``, in the columns of ``gluon_fp8.TILE_HEIGHT_FIELDS``. ``--into`` defaults to
 ``moe_tutorial/data/h100_fp8_tile_height.csv``; the file is written anew from the runs given.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import moe_tutorial  # noqa: F401,I001  (first: picks the runtime before triton is imported)
-from moe_tutorial.experiments.gluon_fp8 import (
-    HALF_SKIP_NAMES,
-    TILE_HEIGHT,
-    TILE_HEIGHT_FIELDS,
-    TILE_HEIGHT_FORMS,
-    gathered_runs,
-)
-from moe_tutorial.perf.results import write_csv
+from moe_tutorial.experiments.gluon_fp8 import TILE_HEIGHT, TILE_HEIGHT_FIELDS, TILE_HEIGHT_FORMS, gathered_runs
+from moe_tutorial.perf.sweep import table_main
 from moe_tutorial.shapes import get_shape
+
+#: The file's forms under ``half_skip_layer.py``'s names: its ``-no-skip`` forms ran the kernel as
+#: committed; its others ran the skip, which was not kept, and are left out.
+HALF_SKIP_NAMES = {"fp8-no-skip": "fp8", "fp8-rescaled-no-skip": "fp8-128", "sorted": "sorted"}
 
 
 def run_rows(path: Path) -> list[dict]:
@@ -40,14 +37,9 @@ def run_rows(path: Path) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("runs", nargs="+", type=Path, help="tile_height_layer.csv or half_skip_layer.csv files")
-    ap.add_argument("--into", type=Path, default=TILE_HEIGHT)
-    args = ap.parse_args(argv)
-    rows = [r for path in args.runs for r in run_rows(path)]
-    write_csv(args.into, rows, list(TILE_HEIGHT_FIELDS))
-    print(f"wrote {len(rows)} rows to {args.into}")
-    return 0
+    return table_main(__doc__.splitlines()[0], argv, into=TILE_HEIGHT, fields=TILE_HEIGHT_FIELDS,
+                      gather=lambda runs: [r for path in runs for r in run_rows(path)],
+                      runs_help="tile_height_layer.csv or half_skip_layer.csv files")
 
 
 if __name__ == "__main__":

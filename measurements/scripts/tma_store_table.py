@@ -10,24 +10,16 @@ the file is written anew from the runs given.
 """
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
 
 import moe_tutorial  # noqa: F401,I001  (first: picks the runtime before triton is imported)
 from moe_tutorial.experiments.gluon_fp8 import TMA_FORMS, TMA_STORE, TMA_STORE_FIELDS, gathered_runs
-from moe_tutorial.perf.results import write_csv
+from moe_tutorial.perf.sweep import table_main
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("runs", nargs="+", type=Path, help="tma_store_layer.csv files")
-    ap.add_argument("--into", type=Path, default=TMA_STORE)
-    args = ap.parse_args(argv)
-    rows = gathered_runs(args.runs, TMA_FORMS)
-    write_csv(args.into, rows, list(TMA_STORE_FIELDS))
-    print(f"wrote {len(rows)} rows to {args.into}")
-    return 0
+    return table_main(__doc__.splitlines()[0], argv, into=TMA_STORE, fields=TMA_STORE_FIELDS,
+                      gather=lambda runs: gathered_runs(runs, TMA_FORMS), runs_help="tma_store_layer.csv files")
 
 
 if __name__ == "__main__":

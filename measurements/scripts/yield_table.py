@@ -9,24 +9,16 @@ to ``moe_tutorial/data/h100_fp8_yield.csv``; the file is written anew from the r
 """
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
 
 import moe_tutorial  # noqa: F401,I001  (first: picks the runtime before triton is imported)
 from moe_tutorial.experiments.gluon_fp8 import YIELD, YIELD_FIELDS, YIELD_FORMS, gathered_runs
-from moe_tutorial.perf.results import write_csv
+from moe_tutorial.perf.sweep import table_main
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("runs", nargs="+", type=Path, help="yield_layer.csv files")
-    ap.add_argument("--into", type=Path, default=YIELD)
-    args = ap.parse_args(argv)
-    rows = gathered_runs(args.runs, YIELD_FORMS)
-    write_csv(args.into, rows, list(YIELD_FIELDS))
-    print(f"wrote {len(rows)} rows to {args.into}")
-    return 0
+    return table_main(__doc__.splitlines()[0], argv, into=YIELD, fields=YIELD_FIELDS,
+                      gather=lambda runs: gathered_runs(runs, YIELD_FORMS), runs_help="yield_layer.csv files")
 
 
 if __name__ == "__main__":

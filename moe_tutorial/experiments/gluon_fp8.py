@@ -263,6 +263,31 @@ def gathered_runs(paths: list[Path], forms) -> list[dict]:
     return out
 
 
+def runs_beside(rows: list[dict], model: str, M: int, base: str, other: str) -> list[tuple[dict, dict, dict]]:
+    """Each run (``source``) of ``model`` at ``M`` in which the forms ``base`` and ``other`` and Part 4's
+    bf16 layer (``sorted``) all ran: ``(base row, other row, bf16 row)``, in the rows' order."""
+    out = []
+    for source in dict.fromkeys(r["source"] for r in rows if (r["model"], r["M"]) == (model, M)):
+        case = {r["impl"]: r for r in rows if (r["model"], r["M"], r["source"]) == (model, M, source)}
+        if {base, other, "sorted"} <= set(case):
+            out.append((case[base], case[other], case["sorted"]))
+    return out
+
+
+def compared(runs: list[tuple[dict, dict, dict]], base: str, other: str) -> dict:
+    """Two forms over :func:`runs_beside`'s runs (one process each), named ``base`` and ``other``:
+    ``runs``, the median times (``base``, ``other``, ``bf16``), ``gain`` the median of the runs'
+    base / other (``gain_lo``, ``gain_hi`` the smallest and largest), ``over_<base>`` and
+    ``over_<other>`` the medians of the bf16 layer over each, ``spread`` the largest two-orders
+    difference of the two forms."""
+    gains = [b["ms"] / o["ms"] for b, o, _ in runs]
+    return {"runs": len(runs), base: median(b["ms"] for b, _, _ in runs), other: median(o["ms"] for _, o, _ in runs),
+            "bf16": median(f["ms"] for _, _, f in runs), "gain": median(gains), "gain_lo": min(gains),
+            "gain_hi": max(gains), f"over_{base}": median(f["ms"] / b["ms"] for b, _, f in runs),
+            f"over_{other}": median(f["ms"] / o["ms"] for _, o, f in runs),
+            "spread": max(max(b["noise"], o["noise"]) for b, o, _ in runs)}
+
+
 def load_tma_store(path: Path | None = None) -> list[dict]:
     """The rows of :data:`TMA_STORE` (or ``path``): one per form, model, M and run (``source``), as
     ``measurements/scripts/tma_store_layer.py`` timed them (cold-l2, the faster of two orders;
@@ -342,27 +367,15 @@ def load_yield(path: Path | None = None) -> list[dict]:
 
 def yield_gains(rows: list[dict]) -> list[dict]:
     """Per model, M and pattern, over the runs (processes) that timed it beside the unedited layer:
-    ``runs``, the median times (``plain``, ``edited``, ``bf16``), ``gain`` the median of the runs'
-    plain / edited (``gain_lo``, ``gain_hi`` the smallest and largest), ``over_plain`` and
-    ``over_edited`` the medians of the bf16 layer over each, ``spread`` the largest two-orders
-    difference of the two forms compared, ``same_bits`` all of the runs', and ``both_orders``: in every
-    run, both orders' timings of the edited layer under both of the unedited one."""
+    :func:`compared`'s figures, the unedited layer named ``plain`` and the edited one ``edited``,
+    ``same_bits`` all of the runs', and ``both_orders``: in every run, both orders' timings of the
+    edited layer under both of the unedited one."""
     out = []
     for model, M, impl in dict.fromkeys((r["model"], r["M"], r["impl"]) for r in rows if r["impl"].startswith("fp8-")):
-        runs = []
-        for source in dict.fromkeys(r["source"] for r in rows if (r["model"], r["M"], r["impl"]) == (model, M, impl)):
-            case = {r["impl"]: r for r in rows if (r["model"], r["M"], r["source"]) == (model, M, source)}
-            if "fp8" in case and "sorted" in case:         # a run whose baseline did not run compares nothing
-                runs.append((case["fp8"], case[impl], case["sorted"]))
+        runs = runs_beside(rows, model, M, "fp8", impl)    # a run whose baseline did not run compares nothing
         if not runs:
             continue
-        gains = [p["ms"] / e["ms"] for p, e, _ in runs]
-        out.append(dict(model=model, M=M, pattern=YIELD_FORMS[impl], runs=len(runs),
-                        plain=median(p["ms"] for p, _, _ in runs), edited=median(e["ms"] for _, e, _ in runs),
-                        bf16=median(b["ms"] for _, _, b in runs), gain=median(gains), gain_lo=min(gains),
-                        gain_hi=max(gains), over_plain=median(b["ms"] / p["ms"] for p, _, b in runs),
-                        over_edited=median(b["ms"] / e["ms"] for _, e, b in runs),
-                        spread=max(max(p["noise"], e["noise"]) for p, e, _ in runs),
+        out.append(dict(model=model, M=M, pattern=YIELD_FORMS[impl], **compared(runs, "plain", "edited"),
                         both_orders=all(max(e["ms_forward"], e["ms_reverse"]) < min(p["ms_forward"], p["ms_reverse"])
                                         for p, e, _ in runs),
                         same_bits=all(e["same_bits"] == "True" for _, e, _ in runs)))
@@ -386,9 +399,6 @@ TILE_HEIGHT_FIELDS = ("gpu", "driver", "torch", "triton", "date", "protocol", "f
 #: :data:`TILE_HEIGHT`'s forms: the FP8 layer as dispatched, on the fused 64-row pair, on the 128-row
 #: rescaled pair (split, copied out through TMA), and Part 4's bf16 layer.
 TILE_HEIGHT_FORMS = {"fp8": "dispatched", "fp8-64": "64 rows", "fp8-128": "128 rows", "sorted": "bf16"}
-#: The same forms under ``half_skip_layer.py``'s names (the twenty-ninth session's runs, in its patch):
-#: its ``-no-skip`` forms ran the kernel as committed; the others ran the skip, which was not kept.
-HALF_SKIP_NAMES = {"fp8-no-skip": "fp8", "fp8-rescaled-no-skip": "fp8-128", "sorted": "sorted"}
 
 
 def load_tile_height(path: Path | None = None) -> list[dict]:
@@ -399,25 +409,12 @@ def load_tile_height(path: Path | None = None) -> list[dict]:
 
 def tile_height_gains(rows: list[dict]) -> list[dict]:
     """Per model and M where the dispatcher took 64-row tiles and the 128-row pair ran beside it:
-    ``runs``, ``rows``, the median times (``dispatched``, ``tall``), ``gain`` the median of the runs'
-    dispatched / 128-row (``gain_lo``, ``gain_hi``), ``over_dispatched`` and ``over_tall`` the medians of
-    the bf16 layer over each, and ``spread`` the largest two-orders difference of the two forms."""
+    ``rows`` and :func:`compared`'s figures, the dispatched layer named ``dispatched`` and the 128-row
+    one ``tall`` (``gain``: dispatched / 128-row, over the runs)."""
     out = []
     for model, M in dict.fromkeys((r["model"], r["M"]) for r in rows):
-        runs = []
-        for source in dict.fromkeys(r["source"] for r in rows if (r["model"], r["M"]) == (model, M)):
-            case = {r["impl"]: r for r in rows if (r["model"], r["M"], r["source"]) == (model, M, source)}
-            if {"fp8", "fp8-128", "sorted"} <= set(case):
-                runs.append((case["fp8"], case["fp8-128"], case["sorted"]))
-        if not runs:
-            continue
-        gains = [d["ms"] / t["ms"] for d, t, _ in runs]
-        out.append(dict(model=model, M=M, rows=runs[0][0]["rows"], runs=len(runs),
-                        dispatched=median(d["ms"] for d, _, _ in runs), tall=median(t["ms"] for _, t, _ in runs),
-                        gain=median(gains), gain_lo=min(gains), gain_hi=max(gains),
-                        over_dispatched=median(b["ms"] / d["ms"] for d, _, b in runs),
-                        over_tall=median(b["ms"] / t["ms"] for _, t, b in runs),
-                        spread=max(max(d["noise"], t["noise"]) for d, t, _ in runs)))
+        if runs := runs_beside(rows, model, M, "fp8", "fp8-128"):
+            out.append(dict(model=model, M=M, rows=runs[0][0]["rows"], **compared(runs, "dispatched", "tall")))
     return sorted(out, key=lambda g: (g["model"], g["M"]))
 
 

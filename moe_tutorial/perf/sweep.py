@@ -117,3 +117,17 @@ def sweep_models(models, batch_sizes, case_rows: Callable, csv_path: Path, *, wi
                 torch.cuda.empty_cache()
         del w13, w2, caches
     return rows
+
+
+def table_main(description: str, argv, *, into: Path, fields, gather: Callable[[list[Path]], list[dict]],
+               runs_help: str) -> int:
+    """A gathering script's command line, ``RUN.csv ... [--into DATA.csv]``: the rows ``gather(runs)``
+    returns, written anew into ``--into`` (``into`` by default) in the columns ``fields``."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("runs", nargs="+", type=Path, help=runs_help)
+    ap.add_argument("--into", type=Path, default=into)
+    args = ap.parse_args(argv)
+    rows = gather(args.runs)
+    write_csv(args.into, rows, list(fields))
+    print(f"wrote {len(rows)} rows to {args.into}")
+    return 0
