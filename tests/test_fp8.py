@@ -455,3 +455,18 @@ def test_the_untuned_tiles_from_64_rows_an_expert(model, M):
             variant, K)
     # without K the wide tile stays, as before the sweep
     assert fp8_heuristic_config(M, s.topk, s.num_experts, "plain", kernel="tl").block_n == 256
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_row_tiles_pads_each_expert_to_whole_tiles(seed):
+    """``row_tiles`` against a count by hand over random routings: an expert with no rows has no tile,
+    one with n rows has ceil(n / block_m), and the padded rows cover every routed pair."""
+    from moe_tutorial.experiments.gluon_fp8 import row_tiles
+
+    g = torch.Generator().manual_seed(seed)
+    E, topk, M = int(torch.randint(2, 40, (1,), generator=g)), 2, int(torch.randint(1, 300, (1,), generator=g))
+    ids = torch.stack([torch.randperm(E, generator=g)[:topk] for _ in range(M)])
+    by_hand = {b: sum(math.ceil(int((ids == e).sum()) / b) for e in range(E)) for b in (16, 64, 128)}
+    for b, tiles in by_hand.items():
+        assert row_tiles(ids, E, b) == tiles and b * tiles >= M * topk
+    assert row_tiles(torch.zeros(0, topk, dtype=torch.long), E, 64) == 0

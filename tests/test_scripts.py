@@ -285,6 +285,7 @@ def test_tile_height_layer_dry_run_writes_one_row_per_form_with_its_tile_counts(
     # tile_height_table.py gathers the run, and renames a half_skip_layer.csv's forms that ran the
     # committed kernel (its skip forms, not kept, are left out)
     from moe_tutorial.experiments import gluon_fp8
+    from moe_tutorial.kernels import configs
     skip_run = tmp_path / "call-k" / "k" / "Kimi-K2-4096" / "half_skip_layer.csv"
     skip_run.parent.mkdir(parents=True)
     with open(tmp_path / "tile_height_layer.csv") as f:
@@ -292,14 +293,15 @@ def test_tile_height_layer_dry_run_writes_one_row_per_form_with_its_tile_counts(
     with open(skip_run, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=[k for k in ran[0] if k != "rows"])
         writer.writeheader()
+        up = str(configs.GLUON_FUSED_UP)                                # the dispatched layer ran the 64-row pair
         for impl, ms in (("fp8", 8.4), ("fp8-no-skip", 8.5), ("fp8-rescaled", 7.4), ("fp8-rescaled-no-skip", 7.45),
                          ("sorted", 12.8)):
             writer.writerow({k: v for k, v in ran[0].items() if k != "rows"} | dict(model="Kimi-K2", M=4096, impl=impl,
-                                                                                 ms=ms, noise=0.01))
+                                                                                 ms=ms, noise=0.01, up=up))
     table = load_script("tile_height_table.py")
     assert table.main([str(tmp_path / "tile_height_layer.csv"), str(skip_run), "--into", str(tmp_path / "d.csv")]) == 0
     kept = gluon_fp8.load_tile_height(tmp_path / "d.csv")
-    assert [r["impl"] for r in kept] == [n for n in rows if rows[n]["status"] == "ok"] + ["fp8", "fp8-128", "sorted"]
+    assert [r["impl"] for r in kept] == [n for n in rows if rows[n]["status"] == "ok"] + ["fp8-64", "fp8-128", "sorted"]
     assert [r["ms"] for r in kept[-3:]] == [8.5, 7.45, 12.8] and kept[-1]["rows"] == 4096 * 8 / 384
     assert kept[-1]["source"] == "call-k/k/Kimi-K2-4096"
     (gain,) = gluon_fp8.tile_height_gains(kept)                # the toy run has no 128-row form: one case

@@ -3,10 +3,11 @@
     python3 measurements/scripts/tile_height_layer.py [--models Qwen3-30B-A3B DeepSeek-V3 Kimi-K2] \\
         [--M 2048 3072 4096 6144 8192] [--dry-run]
 
-The heuristic takes the fused 64-row Gluon pair under 256 rows an expert and the 128-row rescaled
-pair from there (``configs.GLUON_RESCALED_ROWS``). The twenty-ninth session found the 128-row pair
-1.15x faster on Kimi-K2 at 85 rows an expert and 1.12x at 171, but 0.93x on DeepSeek-V3 at 128 (the
-same K and I), and neither the padding nor the tile count said why. This times, for each case:
+The heuristic takes the fused 64-row Gluon pair under ``configs.GLUON_RESCALED_ROWS`` rows an expert and
+the 128-row rescaled pair from there. The twenty-ninth session found the 128-row pair 1.15x faster on
+Kimi-K2 at 85 rows an expert and 1.12x at 171, but 0.93x on DeepSeek-V3 at 128 (the same K and I);
+the thirtieth measured the rows between and around them, and the rule moved from 256 to 168 rows.
+This times, for each case:
 
 * ``fp8``: the layer as dispatched (``layer_configs(..., tma_store=True)``);
 * ``fp8-64``: the fused 64-row pair (``GLUON_FUSED_UP``, ``GLUON_FUSED_DOWN``; ``gl.store``);
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import moe_tutorial as mt  # noqa: F401  (first: picks the runtime)
 from moe_tutorial import runtime
+from moe_tutorial.experiments.gluon_fp8 import row_tiles
 from moe_tutorial.kernels.configs import (
     GLUON_FUSED_DOWN,
     GLUON_FUSED_UP,
@@ -37,15 +39,7 @@ from moe_tutorial.kernels.configs import (
 from moe_tutorial.kernels.fp8_layer import layer_configs
 from moe_tutorial.perf import bench, impls, sweep
 
-import torch
-
 OUT = os.environ.get("OUT", ".")
-
-
-def tiles(ids: torch.Tensor, num_experts: int, block_m: int) -> int:
-    """Row tiles of ``block_m`` an alignment of ``ids`` makes (each expert's rows padded to whole tiles)."""
-    counts = torch.bincount(ids.flatten().long(), minlength=num_experts)
-    return int(((counts + block_m - 1) // block_m).sum())
 
 
 def case_rows(shape, M: int, w13, w2, caches: dict, ceil, info: dict) -> list[dict]:
@@ -62,7 +56,7 @@ def case_rows(shape, M: int, w13, w2, caches: dict, ceil, info: dict) -> list[di
     caches.update({k: v for k, v in inp.__dict__.items() if k.startswith("_fp8")})
     times, _, errors, status = sweep.check_then_time(prepared, *bench.reference_rows("layer", inp, max_rows=4))
     bf16_ms = min(times["sorted"]) if "sorted" in times else float("nan")
-    counts = {b: sum(tiles(i, s.num_experts, b) for i in inp.ids) / len(inp.ids) for b in (64, 128)}
+    counts = {b: sum(row_tiles(i, s.num_experts, b) for i in inp.ids) / len(inp.ids) for b in (64, 128)}
     rows = []
     for name in prepared:
         precision = "bf16" if name == "sorted" else "fp8"

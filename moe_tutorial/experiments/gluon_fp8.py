@@ -368,16 +368,16 @@ def load_yield(path: Path | None = None) -> list[dict]:
 def yield_gains(rows: list[dict]) -> list[dict]:
     """Per model, M and pattern, over the runs (processes) that timed it beside the unedited layer:
     :func:`compared`'s figures, the unedited layer named ``plain`` and the edited one ``edited``,
-    ``same_bits`` all of the runs', and ``both_orders``: in every run, both orders' timings of the
-    edited layer under both of the unedited one."""
+    ``same_bits`` all of the runs', and ``apart``: the runs in which both orders' timings of the
+    edited layer were under both of the unedited one."""
     out = []
     for model, M, impl in dict.fromkeys((r["model"], r["M"], r["impl"]) for r in rows if r["impl"].startswith("fp8-")):
         runs = runs_beside(rows, model, M, "fp8", impl)    # a run whose baseline did not run compares nothing
         if not runs:
             continue
         out.append(dict(model=model, M=M, pattern=YIELD_FORMS[impl], **compared(runs, "plain", "edited"),
-                        both_orders=all(max(e["ms_forward"], e["ms_reverse"]) < min(p["ms_forward"], p["ms_reverse"])
-                                        for p, e, _ in runs),
+                        apart=sum(max(e["ms_forward"], e["ms_reverse"]) < min(p["ms_forward"], p["ms_reverse"])
+                                  for p, e, _ in runs),
                         same_bits=all(e["same_bits"] == "True" for _, e, _ in runs)))
     patterns = list(YIELD_FORMS.values())
     return sorted(out, key=lambda g: (g["model"], g["M"], patterns.index(g["pattern"])))
@@ -407,14 +407,21 @@ def load_tile_height(path: Path | None = None) -> list[dict]:
     return _load(path or TILE_HEIGHT, ("rows", "ms", "ms_forward", "ms_reverse", "noise", "bf16_over"))
 
 
+def row_tiles(ids, num_experts: int, block_m: int) -> int:
+    """Row tiles of ``block_m`` rows that routing ``ids`` (``[M, topk]`` expert ids) makes: each
+    expert's rows padded up to whole tiles, as the alignment pads them."""
+    counts = torch.bincount(ids.flatten().long(), minlength=num_experts)
+    return int(((counts + block_m - 1) // block_m).sum())
+
+
 def tile_height_gains(rows: list[dict]) -> list[dict]:
-    """Per model and M where the dispatcher took 64-row tiles and the 128-row pair ran beside it:
-    ``rows`` and :func:`compared`'s figures, the dispatched layer named ``dispatched`` and the 128-row
-    one ``tall`` (``gain``: dispatched / 128-row, over the runs)."""
+    """Per model and M where the fused 64-row pair and the 128-row rescaled pair ran side by side:
+    ``rows`` and :func:`compared`'s figures, the 64-row layer named ``short`` and the 128-row one
+    ``tall`` (``gain``: 64-row time / 128-row time, over the runs)."""
     out = []
     for model, M in dict.fromkeys((r["model"], r["M"]) for r in rows):
-        if runs := runs_beside(rows, model, M, "fp8", "fp8-128"):
-            out.append(dict(model=model, M=M, rows=runs[0][0]["rows"], **compared(runs, "dispatched", "tall")))
+        if runs := runs_beside(rows, model, M, "fp8-64", "fp8-128"):
+            out.append(dict(model=model, M=M, rows=runs[0][0]["rows"], **compared(runs, "short", "tall")))
     return sorted(out, key=lambda g: (g["model"], g["M"]))
 
 

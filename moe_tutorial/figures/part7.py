@@ -169,3 +169,31 @@ def plot_promotion_schedule(steps: int = 5, mma: float = 1.0, promote: float = 0
                        f"{serial:.2f} against {overlapped:.2f} for {steps} steps")
     fig.tight_layout()
     return fig, serial, overlapped
+
+
+#: The three FP8 models' colours in the tile-height figure.
+TILE_HEIGHT_COLORS = {"Qwen3-30B-A3B": "#4e79a7", "DeepSeek-V3": "#e15759", "Kimi-K2": "#59a14f"}
+
+
+def plot_tile_height(gains: list[dict], threshold: int):
+    """``experiments.gluon_fp8.tile_height_gains`` as one line a model: the 64-row layer's time over
+    the 128-row one's against an expert's average rows (above 1: the 128-row pair is faster), each
+    point the median over its runs and its bar the runs' range; ``threshold`` the rows from which the
+    untuned choice takes the 128-row pair."""
+    fig, ax = plt.subplots(figsize=(6.5, 3.4))
+    for model, color in TILE_HEIGHT_COLORS.items():
+        pts = sorted((g["rows"], g["gain"], g["gain_lo"], g["gain_hi"]) for g in gains if g["model"] == model)
+        if not pts:
+            continue
+        rows, gain, lo, hi = (np.array(c) for c in zip(*pts))
+        ax.errorbar(rows, gain, yerr=[gain - lo, hi - gain], marker="o", ms=4, lw=1.2, capsize=2, color=color,
+                    label=model)
+    ax.axhline(1.0, color="#999999", lw=0.8)
+    ax.axvline(threshold, color="#333333", lw=0.8, ls="--")
+    ax.text(threshold + 3, ax.get_ylim()[1], f"128-row pair from {threshold} rows", va="top", fontsize=8)
+    ax.set_xlabel("rows an expert (average, M * topk / E)")
+    ax.set_ylabel("64-row layer time /\n128-row layer time")
+    ax.set_title("The FP8 layer's tile height (H100, cold-l2, the faster of two orders)")
+    ax.legend(frameon=False, fontsize=8, loc="lower right")
+    fig.tight_layout()
+    return fig

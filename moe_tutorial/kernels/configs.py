@@ -314,22 +314,24 @@ def copied_out(config: KernelConfig) -> KernelConfig:
 
 
 #: Where the heuristic takes the Gluon kernel, in an expert's average rows (measured: the first GEMM
-#: gains from 128 rows on, the layer from 32; from 256 the layer takes the rescaled form, which won
-#: there on all three FP8 models on an H100, and lost under 256 rows to the fused 64-row form. With the
-#: split, copied-out and yield-edited kernel it also wins on Kimi-K2 at 85 and 171 rows and still loses
-#: at 128 on DeepSeek-V3 and Qwen3-30B-A3B, ``data/h100_fp8_tile_height.csv``: the rows between are not
-#: yet measured, and the rule stays).
+#: gains from 128 rows on, the layer from 32). From :data:`GLUON_RESCALED_ROWS` the layer takes the
+#: 128-row rescaled pair instead of the fused 64-row one: measured on an H100 with the kernel as it
+#: stands (split, copied out, yield-edited) at 31 batch sizes of three models
+#: (``data/h100_fp8_tile_height.csv``, notebook 07's Appendix A), it was faster at every one from 171
+#: rows an expert up and slower at all but one from 128 to 160; under 128 rows now one and now the other
+#: won, with no order in the rows, and the 64-row pair stays there.
 GLUON_MIN_ROWS = {"plain": 128, "gated": 32}
-GLUON_RESCALED_ROWS = 256
+GLUON_RESCALED_ROWS = 168
 
 
 def layer_copies_out(config: KernelConfig, rows_per_expert: int) -> bool:
     """Whether the FP8 layer copies its Gluon tiles out through TMA (:func:`copied_out`): tiles of
     :data:`TMA_STORE_MIN_BLOCK_M` rows where an expert averages :data:`GLUON_RESCALED_ROWS` rows or
-    more, the cases where the copies made the layer faster in every run on an H100
-    (``data/h100_fp8_tma_store.csv``, read in notebook 07's Appendix A). The fused 64-row forms
-    (fewer rows an expert) measured level or slower and keep ``gl.store``, and so do 128-row tiles
-    under 256 rows an expert, which a tuned table may choose: not measured with the copies."""
+    more. From 256 rows the copies made the layer faster in every run on an H100
+    (``data/h100_fp8_tma_store.csv``, read in notebook 07's Appendix A); from 168 the 128-row pair
+    was measured copied out against the 64-row pair (``data/h100_fp8_tile_height.csv``). The fused
+    64-row forms measured level or slower with the copies and keep ``gl.store``, and so do 128-row
+    tiles under :data:`GLUON_RESCALED_ROWS`, which a tuned table may choose: not measured with the copies."""
     return config.gluon and config.block_m >= TMA_STORE_MIN_BLOCK_M and rows_per_expert >= GLUON_RESCALED_ROWS
 
 
