@@ -408,14 +408,16 @@ def tma_form(config, gated: bool) -> str:
     return "gluon-gated-tma" if gated else ("gluon-plain-128-tma" if config.block_m == 128 else "gluon-plain-tma")
 
 
-@pytest.mark.parametrize("model,M", [("Qwen3-30B-A3B", 16384), ("Qwen3-30B-A3B", 4096), ("Qwen3-30B-A3B", 1024),
-                                     ("DeepSeek-V3", 4096), ("DeepSeek-V3", 256), ("Kimi-K2", 16384),
+@pytest.mark.parametrize("model,M", [("Qwen3-30B-A3B", 16384), ("Qwen3-30B-A3B", 4096), ("Qwen3-30B-A3B", 3072),
+                                     ("Qwen3-30B-A3B", 1024), ("DeepSeek-V3", 6144), ("DeepSeek-V3", 4096),
+                                     ("DeepSeek-V3", 256), ("Kimi-K2", 16384), ("Kimi-K2", 8192), ("Kimi-K2", 7680),
                                      ("Kimi-K2", 4096)])
 @pytest.mark.parametrize("table", [None, "NVIDIA H200"])
 def test_the_layer_copies_its_tiles_out_through_tma_where_measured_in_forms_compiled_for_sm90(monkeypatch, model,
                                                                                             M, table):
     """``layer_configs`` sets ``tma_store`` on both Gluon GEMMs where their tiles have 128 rows and an
-    expert averages 256 rows or more (``configs.layer_copies_out``), each exactly one form the compile
+    expert averages ``configs.GLUON_RESCALED_ROWS`` rows or more (``configs.layer_copies_out``; the
+    cases include both sides of that line), each exactly one form the compile
     test above builds for sm90, a 256-wide tile on 3 stages (its shared memory); elsewhere, with the
     ``tl`` kernel, and with ``tma_store=False`` the configurations are unchanged. Under the heuristic
     (any Hopper) and under the H200's tuned table, whose 128-row tiles start at fewer rows an expert."""
@@ -434,7 +436,7 @@ def test_the_layer_copies_its_tiles_out_through_tma_where_measured_in_forms_comp
     copied = 0
     for kernel in (None, "gluon", "tl"):
         pair, before = layer_configs(*args, kernel=kernel), layer_configs(*args, kernel=kernel, tma_store=False)
-        expect = before[0].gluon and before[0].block_m == 128 and rows >= 256
+        expect = before[0].gluon and before[0].block_m == 128 and rows >= configs.GLUON_RESCALED_ROWS
         for c, c0, gated in zip(pair, before, (True, False)):
             check_fp8_config(c)
             assert not c0.tma_store
@@ -450,7 +452,7 @@ def test_the_layer_copies_its_tiles_out_through_tma_where_measured_in_forms_comp
             assert not pair[0].gluon
         elif kernel == "gluon":
             assert pair[0].gluon and pair[1].gluon
-    assert (copied > 0) == (rows >= 256)
+    assert (copied > 0) == (rows >= configs.GLUON_RESCALED_ROWS)
 
 
 # (model, M) -> (plain GEMM, gate/up, down) as the H100 sweep of 2026-12-06 ranked them: where the
@@ -468,7 +470,8 @@ HEURISTIC_CASES = {("Qwen3-30B-A3B", 16384): ("rescaled", "rescaled"),
 def test_the_untuned_choice_rescales_where_the_h100_sweep_found_it_faster(monkeypatch, model, M):
     """Without a tuned entry (any Hopper but the H200, whose table holds its own measurements) the
     heuristic takes the rescaled form where it won: the plain GEMM where one wave's weights fit the
-    L2, the layer from 256 rows an expert."""
+    L2, the layer from ``configs.GLUON_RESCALED_ROWS`` rows an expert (these cases lie on either side
+    of it; the rows near it are the tile-height test's, tests/test_prose_part7.py)."""
     monkeypatch.setattr(configs, "gluon_fp8_available", lambda: True)
     s = get_shape(model)
     E, topk, H, inter = s.num_experts, s.topk, s.hidden, s.intermediate
