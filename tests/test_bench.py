@@ -301,3 +301,30 @@ def test_time_both_orders_times_each_call_forward_then_in_reverse(monkeypatch):
                                      "c": lambda: seen.append("c")})
     assert seen == ["a", "b", "c", "c", "b", "a"]
     assert times == {"a": [1.5, 6.5], "b": [2.5, 5.5], "c": [3.5, 4.5]}
+
+
+def test_make_inputs_routes_with_the_routings_make_routings_gives():
+    """One definition of the bench's routing: ``make_inputs`` holds ``make_routings``' rotations (which
+    notebook 07 counts tiles of), each a different draw, seeded by M."""
+    from moe_tutorial.perf import bench
+    from moe_tutorial.shapes import get_shape
+
+    shape = get_shape("Qwen3-30B-A3B")
+    routings = bench.make_routings(shape, 37, num_rotations=2)
+    inp = bench.make_inputs(shape, 37, torch.float32, None, None, num_rotations=2)
+    for (w, i), w_in, i_in in zip(routings, inp.weights, inp.ids):
+        assert torch.equal(i, i_in.cpu()) and torch.equal(w, w_in.cpu())
+        assert i.shape == (37, shape.topk)
+    assert not torch.equal(routings[0][1], routings[1][1])
+    assert torch.equal(bench.make_routings(shape, 37)[0][1], routings[0][1])
+    assert not torch.equal(bench.make_routings(shape, 38)[0][1][:37], routings[0][1])
+
+
+def test_timed_gives_a_rows_timing_columns_from_both_orders():
+    """``sweep.timed``: the faster of the two orders as ``ms``, both kept, and their difference over
+    the faster as ``noise``, whichever order was faster; NaN (no GPU) stays NaN."""
+    from moe_tutorial.perf import sweep
+
+    assert sweep.timed([2.0, 1.0]) == dict(ms=1.0, ms_forward=2.0, ms_reverse=1.0, noise=1.0)
+    assert sweep.timed([1.5, 3.0]) == dict(ms=1.5, ms_forward=1.5, ms_reverse=3.0, noise=1.0)
+    assert all(math.isnan(v) for v in sweep.timed([float("nan")] * 2).values())

@@ -586,7 +586,7 @@ def test_appendix_a_tile_height_numbers():
     untuned rule between the last loss and the first win above it, as the dispatcher applies it."""
     from moe_tutorial.experiments import gluon_fp8
     from moe_tutorial.kernels import configs
-    from moe_tutorial.routing import route
+    from moe_tutorial.perf.bench import make_routings
 
     gains = {(g["model"], g["M"]): g for g in gluon_fp8.tile_height_gains(gluon_fp8.load_tile_height())}
     assert len(gains) == 31 and {g["model"] for g in gains.values()} == {"Qwen3-30B-A3B", "DeepSeek-V3", "Kimi-K2"}
@@ -597,8 +597,7 @@ def test_appendix_a_tile_height_numbers():
     assert_says(P7, "At M = 7680 it was {} and at 8192 {} ({} runs)", x(k7["gain"]), x(k8["gain"]), k8["runs"])
     kimi, run = get_shape("Kimi-K2"), {}
     for M in (4096, 7680, 8192):                                # the count cell's routings
-        logits = torch.randn(M, kimi.num_experts, generator=torch.Generator().manual_seed(1000 * M))
-        _, ids = route(logits, kimi.topk)
+        ((_, ids),) = make_routings(kimi, M)
         run[M] = {b: b * gluon_fp8.row_tiles(ids, kimi.num_experts, b) for b in (64, 128)}   # rows run
     assert abs(run[4096][64] / run[4096][128] - 1) < 0.01                  # "the same rows"
     assert abs(run[7680][128] / run[8192][128] - 1) < 0.01                 # "as many tiles at both"

@@ -100,8 +100,7 @@ def case_rows(shape: ModelShape, M: int, w13, w2, caches: dict, ceil, info: dict
         if name in times:
             best = min(times[name])
             rate = ceil.compute_tflops(precision)
-            row.update(ms=best, ms_forward=times[name][0], ms_reverse=times[name][1],
-                       noise=abs(times[name][0] - times[name][1]) / best, tflops=flops / (best * 1e-3) / 1e12,
+            row.update(sweep.timed(times[name]), tflops=flops / (best * 1e-3) / 1e12,
                        fraction_of_rate=flops / (best * 1e-3) / 1e12 / rate, fraction_of_floor=row["floor_ms"] / best,
                        rel_error=errors[name])
         rows.append(row)

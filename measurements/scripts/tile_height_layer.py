@@ -66,10 +66,7 @@ def case_rows(shape, M: int, w13, w2, caches: dict, ceil, info: dict) -> list[di
                    rows=M * s.topk / s.num_experts, tiles64=counts[64], tiles128=counts[128],
                    floor_ms=ceil.floor_ms(nbytes, flops, precision), status=status.get(name, "ok"))
         if name in times:
-            best = min(times[name])
-            row.update(ms=best, ms_forward=times[name][0], ms_reverse=times[name][1],
-                       noise=abs(times[name][0] - times[name][1]) / best, bf16_over=bf16_ms / best,
-                       rel_error=errors[name])
+            row.update(sweep.timed(times[name]), bf16_over=bf16_ms / min(times[name]), rel_error=errors[name])
         rows.append(row)
     sweep.print_case(shape.name, M, rows, lambda r: f"{r['bf16_over']:.2f}x")
     print(f"    {M * s.topk / s.num_experts:.0f} rows an expert; tiles of 64 rows {counts[64]:.0f}, "

@@ -107,8 +107,7 @@ def case_rows(shape: ModelShape, M: int, w13, w2, caches: dict, ceil, info: dict
                    floor_ms=ceil.floor_ms(nbytes, flops, precision), status=status.get(name, "ok"))
         if name in times:
             best = min(times[name])
-            row.update(ms=best, ms_forward=times[name][0], ms_reverse=times[name][1],
-                       noise=abs(times[name][0] - times[name][1]) / best, fraction_of_floor=row["floor_ms"] / best,
+            row.update(sweep.timed(times[name]), fraction_of_floor=row["floor_ms"] / best,
                        bf16_over=bf16_ms / best, rel_error=errors[name],
                        same_bits=same_bits(name, outs))
         rows.append(row)

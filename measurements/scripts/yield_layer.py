@@ -78,10 +78,7 @@ def case_rows(shape, M: int, w13, w2, caches: dict, ceil, info: dict, *, all_pat
                    changed=" ".join(str(n) for n in yieldings[name].changed.values()) if name in yieldings else "",
                    floor_ms=ceil.floor_ms(nbytes, flops, precision), status=status.get(name, "ok"))
         if name in times:
-            best = min(times[name])
-            row.update(ms=best, ms_forward=times[name][0], ms_reverse=times[name][1],
-                       noise=abs(times[name][0] - times[name][1]) / best, bf16_over=bf16_ms / best,
-                       rel_error=errors[name],
+            row.update(sweep.timed(times[name]), bf16_over=bf16_ms / min(times[name]), rel_error=errors[name],
                        same_bits=bool(torch.equal(outs[name], outs["fp8"])) if name in yieldings and
                        "fp8" in outs else "")
         rows.append(row)

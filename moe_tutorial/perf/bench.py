@@ -141,17 +141,22 @@ def make_weights(shape: ModelShape, dtype: torch.dtype, *, with_w2: bool, seed: 
     return w13, w2
 
 
+def make_routings(shape: ModelShape, M: int, *, num_rotations: int = 1, seed: int = 0):
+    """The bench's routings for one batch size, on the CPU: ``num_rotations`` pairs ``(topk_weights
+    [M, topk] fp32, topk_ids [M, topk])``, each the router softmax over random logits, seeded by M."""
+    g = torch.Generator().manual_seed(seed + 1000 * M)
+    return [route(torch.randn(M, shape.num_experts, generator=g), shape.topk) for _ in range(num_rotations)]
+
+
 def make_inputs(shape: ModelShape, M: int, dtype: torch.dtype, w13, w2, *, num_rotations: int = 1,
                 seed: int = 0) -> Inputs:
-    """Random tokens and routings (router softmax over random logits) for one batch size."""
+    """Random tokens and routings (:func:`make_routings`) for one batch size."""
     g_dev = torch.Generator(device=runtime.DEVICE).manual_seed(seed + 1000 * M)
-    g_cpu = torch.Generator().manual_seed(seed + 1000 * M)
-    xs, ids, weights = [], [], []
-    for _ in range(num_rotations):
-        xs.append(torch.randn(M, shape.hidden, generator=g_dev, device=runtime.DEVICE, dtype=dtype))
-        w, i = route(torch.randn(M, shape.num_experts, generator=g_cpu), shape.topk)
-        weights.append(w.to(runtime.DEVICE))
-        ids.append(i.to(runtime.DEVICE))
+    xs = [torch.randn(M, shape.hidden, generator=g_dev, device=runtime.DEVICE, dtype=dtype)
+          for _ in range(num_rotations)]
+    routings = make_routings(shape, M, num_rotations=num_rotations, seed=seed)
+    weights = [w.to(runtime.DEVICE) for w, _ in routings]
+    ids = [i.to(runtime.DEVICE) for _, i in routings]
     return Inputs(shape, M, dtype, w13, w2, xs, ids, weights)
 
 

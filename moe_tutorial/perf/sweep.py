@@ -71,6 +71,13 @@ def print_case(model: str, M: int, rows: list[dict], figure: Callable[[dict], st
             print(f"    {r['impl']}: {r['status']}", flush=True)
 
 
+def timed(pair: list[float]) -> dict:
+    """A form's two timings from :func:`check_then_time` (``[ms, ms reversed]``) as a row's columns:
+    ``ms`` the faster, ``ms_forward``, ``ms_reverse``, and ``noise`` their difference over the faster."""
+    best = min(pair)
+    return dict(ms=best, ms_forward=pair[0], ms_reverse=pair[1], noise=abs(pair[0] - pair[1]) / best)
+
+
 def check_then_time(prepared: dict, rows, expected, *, keep_outputs: bool = False) -> tuple[dict, dict, dict, dict]:
     """Each of ``prepared`` (``{name: Prepared, or the reason it does not run}``) called once, its
     output's ``rows`` checked against float64 (its own reference where it has one, else ``expected``),
