@@ -582,18 +582,23 @@ def test_appendix_a_yield_edit_numbers():
 
 def test_appendix_a_tile_height_numbers():
     """Appendix A's "How tall a tile" (``data/h100_fp8_tile_height.csv``): Kimi-K2 at M = 4096, 7680 and
-    8192 with the tiles its count cell prints, the bands over every batch size measured, and the
+    8192 with the tiles its count cell prints, M = 4096's neighbours (other routings, the same rows), the bands over every batch size measured, and the
     untuned rule between the last loss and the first win above it, as the dispatcher applies it."""
     from moe_tutorial.experiments import gluon_fp8
     from moe_tutorial.kernels import configs
     from moe_tutorial.perf.bench import make_routings
 
     gains = {(g["model"], g["M"]): g for g in gluon_fp8.tile_height_gains(gluon_fp8.load_tile_height())}
-    assert len(gains) == 31 and {g["model"] for g in gains.values()} == {"Qwen3-30B-A3B", "DeepSeek-V3", "Kimi-K2"}
+    assert len(gains) == 37 and {g["model"] for g in gains.values()} == {"Qwen3-30B-A3B", "DeepSeek-V3", "Kimi-K2"}
     assert_says(P7, "Then the measured ratio, at {} batch sizes of three models", len(gains))
     k4, k7, k8 = gains["Kimi-K2", 4096], gains["Kimi-K2", 7680], gains["Kimi-K2", 8192]
     assert k4["gain_lo"] > 1 and k7["gain_hi"] < 1 < k8["gain_lo"] and k7["runs"] == 1
     assert_says(P7, "At M = 4096 the 128-row pair was {} faster ({} runs) while", x(k4["gain"]), k4["runs"])
+    near = [gains["Kimi-K2", M] for M in (4032, 4095, 4097, 4160)]           # other routings, the same rows
+    assert all(g["gain"] > 1 and 84 <= g["rows"] < 88 for g in near)
+    assert_says(P7, "at M = 4032, 4095, 4097 and 4160 (other routings, {:.0f} to {:.0f} rows an expert) it was {} to "
+                "{}.", min(g["rows"] for g in near), max(g["rows"] for g in near),
+                x(min(g["gain"] for g in near)), x(max(g["gain"] for g in near)))
     assert_says(P7, "At M = 7680 it was {} and at 8192 {} ({} runs)", x(k7["gain"]), x(k8["gain"]), k8["runs"])
     kimi, run = get_shape("Kimi-K2"), {}
     for M in (4096, 7680, 8192):                                # the count cell's routings
