@@ -582,8 +582,9 @@ def test_appendix_a_yield_edit_numbers():
 
 def test_appendix_a_tile_height_numbers():
     """Appendix A's "How tall a tile" (``data/h100_fp8_tile_height.csv``): Kimi-K2 at M = 4096, 7680 and
-    8192 with the tiles its count cell prints, M = 4096's neighbours (other routings, the same rows), the bands over every batch size measured, and the
-    untuned rule between the last loss and the first win above it, as the dispatcher applies it."""
+    8192 with the tiles its count cell prints, M = 4096's neighbours (other routings, the same rows),
+    the bands over every batch size measured, and the untuned rule between the last loss and the first
+    win above it, as the dispatcher applies it."""
     from moe_tutorial.experiments import gluon_fp8
     from moe_tutorial.kernels import configs
     from moe_tutorial.perf.bench import make_routings
