@@ -9,7 +9,7 @@
 set -u
 export PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True PYTHONPATH=$PWD; D=/tmp/g; mkdir -p $D
 pack() { tar -czf $OUT/call-g.tgz -C /tmp g; }
-patch -p1 -s < measurements/pending/gather-a.patch || { echo "the patch no longer applies"; exit 1; }
+patch -p1 -s < measurements/logs/2026-12-07-31-gather/call-g-gather-a.patch || { echo "the patch no longer applies"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $D/gpu.txt
 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_gluon_fp8.py -k "by_index or gather_form" 2>&1 \
   | tail -15 | tee $D/gpu-tests.log; pack

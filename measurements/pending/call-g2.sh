@@ -1,0 +1,21 @@
+# Pending (any Hopper GPU): the gate/up GEMM reading x's rows by index, rebuilt after call g
+# (thirty-first session). In call g (logs/2026-12-07-31-gather/) the first build gave the same bits but the
+# layer ran at 0.51x to 0.65x its speed with the sorted copy: its one load warp loaded the rows' ids
+# before every stage's copies. gather-b.patch loads them once a tile, with four load warps
+# (fp8-gather) or one (fp8-gather-1w); both compile for sm90 with Triton 3.6 and 3.9, no spills.
+# Applies the patch to this copy of the tree, runs its GPU tests (the same bits as the sorted copy,
+# three shapes, two forms, both warp counts), then gather_layer.py. Keep it only if the bits are the
+# same and it wins; then notebook 07's K-loop excerpt shows the fence.
+set -u
+export PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True PYTHONPATH=$PWD; D=/tmp/g2; mkdir -p $D
+pack() { tar -czf $OUT/call-g2.tgz -C /tmp g2; }
+patch -p1 -s < measurements/pending/gather-b.patch || { echo "the patch no longer applies"; exit 1; }
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $D/gpu.txt
+timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_gluon_fp8.py -k "by_index or gather_form" 2>&1 \
+  | tail -15 | tee $D/gpu-tests.log; pack
+grep -q " passed" $D/gpu-tests.log && ! grep -q "failed" $D/gpu-tests.log || { echo "tests failed: not timed"; exit 0; }
+for c in "Qwen3-30B-A3B 4096 16384" "DeepSeek-V3 16384" "Qwen3-30B-A3B 16384 4096"; do
+  set -- $c; m=$1; shift; n=$m-$(echo $@ | tr ' ' -)
+  OUT=$D/$n timeout 150 python3 measurements/scripts/gather_layer.py --models $m --M $@ 2>&1 | grep -v Warning \
+    | tee $D/$n.log; pack
+done
