@@ -19,3 +19,13 @@ for c in "Qwen3-30B-A3B 4096 16384" "DeepSeek-V3 16384" "Qwen3-30B-A3B 16384 409
   OUT=$D/$n timeout 150 python3 measurements/scripts/gather_layer.py --models $m --M $@ 2>&1 | grep -v Warning \
     | tee $D/$n.log; pack
 done
+# Where the gathering GEMM's warps stall (Nsight Compute, one launch of the gate/up GEMM with four load
+# warps, Qwen3-30B-A3B M = 16384): the details page and the source page (SASS, stall samples).
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1); $NCU --version | tail -1 | tee $D/ncu-version.txt
+timeout 200 $NCU --clock-control none --set full --import-source no -k regex:"gluon_fp8_moe_kernel" -c 1 -o $D/ncu-gather \
+  python3 -c "import sys, runpy; from moe_tutorial.kernels import gluon_fp8_kernel as g; g.GATHER_A = True; \
+sys.argv = ['fp8_layer_once.py', '--model', 'Qwen3-30B-A3B', '--M', '16384']; \
+runpy.run_path('measurements/scripts/fp8_layer_once.py', run_name='__main__')" > $D/ncu.log 2>&1; echo "ncu rc $?"
+$NCU -i $D/ncu-gather.ncu-rep --page details > $D/ncu-gather-details.txt 2>&1
+$NCU -i $D/ncu-gather.ncu-rep --page source --csv --print-source sass > $D/ncu-gather-source.csv 2>/dev/null
+rm -f $D/ncu-gather.ncu-rep; pack
