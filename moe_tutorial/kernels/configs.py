@@ -316,10 +316,10 @@ def copied_out(config: KernelConfig) -> KernelConfig:
 #: Where the heuristic takes the Gluon kernel, in an expert's average rows (measured: the first GEMM
 #: gains from 128 rows on, the layer from 32). From :data:`GLUON_RESCALED_ROWS` the layer takes the
 #: 128-row rescaled pair instead of the fused 64-row one: measured on an H100 with the kernel as it
-#: stands (split, copied out, yield-edited) at 31 batch sizes of three models
-#: (``data/h100_fp8_tile_height.csv``, notebook 07's Appendix A), it was faster at every one from 171
-#: rows an expert up and slower at all but one from 128 to 160; under 128 rows now one and now the other
-#: won, with no order in the rows, and the 64-row pair stays there.
+#: stands (split, copied out, yield-edited) at the batch sizes of three models in
+#: ``data/h100_fp8_tile_height.csv`` (notebook 07's Appendix A, which counts them), it was faster at
+#: every one from 171 rows an expert up and slower at all but one from 128 to 160; under 128 rows now
+#: one and now the other won, with no order in the rows, and the 64-row pair stays there.
 GLUON_MIN_ROWS = {"plain": 128, "gated": 32}
 GLUON_RESCALED_ROWS = 168
 
