@@ -339,6 +339,11 @@ def test_ncu_source_stalls_sorts_each_instructions_samples_into_its_kind(tmp_pat
     assert {k: round(v * 100) for k, v in module.shares(launch).items()} == {
         "idle": 40, "fmul": 14, "global wait": 6, "data wait": 15, "slot wait": 10, "mma wait": 7, "mma issue": 3,
         "other": 5}
+    gathering = [(src.replace("UTMALDG.2D [UR8], [UR14]", "LDGSTS.E.BYPASS.128 desc[UR44][R10.64], P6, [R45]"), *n)
+                 for src, *n in code]          # load warps that copy rows by index (cp.async)
+    assert module.shares(module.kernels(page(gathering).read_text())[0]) == module.shares(launch)
+    assert module.shares(module.kernels(page(code[6:]).read_text())[0])["slot wait"] == 0   # no copies near
+    path = page(code)
     out = tmp_path / "stalls.csv"
     out.touch()
     assert module.main([str(path), "--gemms", "down", "--model", "toy", "--M", "1", "--date", "2026-12-07",

@@ -20,8 +20,9 @@ show as themselves, and the working warps' time splits into its kinds:
 * ``mma wait`` (``WARPGROUP.DEPBAR``: waiting for the tensor cores), ``mma issue``;
 * ``other``: integer and uniform arithmetic, selects, branches, stores.
 
-An mbarrier is an *empty* one where the TMA loads (``UTMALDG``) are issued near its ``TRYWAIT`` (the
-load warp's code); the MMA warps' ``TRYWAIT`` are at the *ready* ones.
+An mbarrier is an *empty* one where the loads into shared memory (TMA's ``UTMALDG``, or cp.async's
+``LDGSTS`` where the load warps gather rows by index) are issued near its ``TRYWAIT`` (the load
+warps' code); the MMA warps' ``TRYWAIT`` are at the *ready* ones.
 """
 from __future__ import annotations
 
@@ -41,6 +42,8 @@ LONG_SCOREBOARD = "stall_long_sb"
 NEAR, RETRY = 60, 14
 TRYWAIT = re.compile(r"TRYWAIT \w+, \[([^\]]*)\]")
 OFFSET = re.compile(r"\+(0x[0-9a-f]+)$")
+#: The load warps' copies into shared memory: TMA, or cp.async.
+LOADS = re.compile(r"\b(UTMALDG|LDGSTS)\b")
 
 
 def kernels(text: str) -> list[list[dict]]:
@@ -67,7 +70,7 @@ def shares(rows: list[dict]) -> dict[str, float]:
     """``{kind: share of the launch's stall samples}`` over :data:`KINDS`. An instruction with more than
     half its samples on the long scoreboard (a global read it waits for) is a ``global wait``."""
     producer = {b for i, r in enumerate(rows) if (b := barrier_of(r["Source"]))
-                and any("UTMALDG" in x["Source"] for x in rows[max(0, i - NEAR):i + NEAR])}
+                and any(LOADS.search(x["Source"]) for x in rows[max(0, i - NEAR):i + NEAR])}
     out, waiting = collections.Counter(), None
     for i, r in enumerate(rows):
         src, samples = r["Source"], number(r[SAMPLES])
