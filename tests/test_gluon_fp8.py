@@ -154,6 +154,33 @@ def test_the_tl_kernel_waits_for_every_mma_and_the_gluon_kernel_keeps_one_in_fli
     assert 2 in _report(reports, "gluon-gated")["wait_groups"]     # gate and up in flight together
 
 
+@pytest.mark.parametrize("kernel,warps", [("gluon-rescaled-gated-split-tma-gather", 4),
+                                          ("gluon-rescaled-gated-split-tma-gather-1w", 1)])
+def test_the_gather_form_reads_a_by_index_and_fences_it_before_the_mmas(reports, kernel, warps):
+    """``gluon_fp8_kernel.GATHER_A``'s form, compiled for sm90 with four load warps or one: A's 128 x 128
+    e4m3 tile arrives in 16-byte ``cp.async`` copies (1024 over the load warps' threads) and its 128
+    row scales in 4-byte ones, with no global load in the load warps' K loop (the rows' ids are read
+    once a tile), one ``cp.async.mbarrier.arrive`` and a meeting of the load warps come
+    before the stage's expected bytes, only B still comes through TMA (2 loads a step, against 4 with
+    A and its scales), and each MMA partition fences the generic proxy's writes from the MMAs' reads
+    after every wait for a stage."""
+    gather, sorted_copy = (_report(reports, k) for k in (kernel, "gluon-rescaled-gated-split-tma"))
+    ptx = gather["ptx"]
+    assert len(re.findall(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 0x10", ptx)) == 1024 // (32 * warps)
+    assert len(re.findall(r"cp\.async\.ca\.shared\.global \[[^]]*\], \[[^]]*\], 0x4", ptx)) == 128 // (32 * warps)
+    assert ptx.count("cp.async.mbarrier.arrive") == 1
+    arrive, expect = ptx.index("cp.async.mbarrier.arrive"), ptx.index("mbarrier.arrive.expect_tx")
+    back = re.search(r"@%p\d+ bra \t(\$L__BB\d+_\d+);", ptx[arrive:])         # the K loop's branch back
+    k_loop = ptx[ptx.index(back.group(1) + ":"):arrive + back.end()]
+    assert "cp.async.mbarrier.arrive" in k_loop and "ld.global" not in k_loop     # the ids: once a tile
+    assert re.search(r"\bbar(rier)?\.sync" if warps > 1 else r"\bbar\.warp\.sync", ptx[arrive:expect])
+    loads = [len(re.findall(r"cp\.async\.bulk\.tensor\.2d\.shared::\w+\.global", r["ptx"]))
+             for r in (gather, sorted_copy)]
+    assert loads == [2, 4], loads
+    fences = [r["ptx"].count("fence.proxy.async") for r in (gather, sorted_copy)]
+    assert fences[0] - fences[1] == 4, fences             # two waits for a stage in each of two partitions
+
+
 @pytest.mark.parametrize("kernel", ["gluon-rescaled-gated-split-tma", "gluon-rescaled-plain-split-tma",
                                     "gluon-rescaled-plain", "gluon-plain-tma", "gluon-gated"])
 def test_the_rescaled_forms_are_loaded_with_their_multiply_runs_yielding(reports, kernel):
@@ -313,6 +340,67 @@ def test_tma_copies_out_give_the_layer_the_same_bits(form):
     q2, s2 = quantize_weight(w2)
     outs = [fp8_moe_layer(x, q13, s13, q2, s2, tw, ids, configs=LAYER_CONFIGS[name]) for name in (form, form + ", tma")]
     assert bool(torch.isfinite(outs[1]).all()) and torch.equal(outs[0], outs[1])
+
+
+@needs_hopper
+@pytest.mark.gpu
+@pytest.mark.parametrize("warps", [4, 1])
+@pytest.mark.parametrize("form", ["rescaled, split", "rescaled, split, tma"])
+@pytest.mark.parametrize("M,E,inter,K,topk", [(700, 16, 256, 512, 4), (2048, 128, 768, 2048, 8), (5, 8, 256, 384, 2)])
+def test_reading_a_by_index_gives_the_layer_the_same_bits(form, M, E, inter, K, topk, warps, monkeypatch):
+    """The gate/up GEMM reading x's rows by index (cp.async, ``gather_a``, four load warps or one)
+    against reading a sorted copy through TMA: the same e4m3 rows and scales reach the same MMAs, so
+    the same bits, an expert with no tokens, a padded last row block and a K of three steps included."""
+    monkeypatch.setattr(gk, "GATHER_WARPS", warps)
+    x, w13, tw, ids = _problem(M, E, 2 * inter, K, topk, skip_expert=0)
+    w2 = torch.randn(E, K, inter, device=DEV, dtype=torch.bfloat16) * inter ** -0.5
+    q13, s13 = quantize_w13(w13)
+    q2, s2 = quantize_weight(w2)
+    up, down = LAYER_CONFIGS[form]
+    alignment = align_block_size(ids, up.block_m, E)
+    outs = [gk.gluon_fp8_layer(x, q13, s13, q2, s2, tw, alignment, topk, up, down, gather_a=flag)
+            for flag in (False, True)]
+    assert bool(torch.isfinite(outs[1]).all()) and torch.equal(outs[0], outs[1])
+
+
+def test_the_layer_reads_a_by_index_where_the_h100_run_found_it_faster(monkeypatch):
+    """``gathers_a``: only the gate/up GEMM's split form, x under 2**31 elements, and then the measured
+    rule (I at most ``GATHER_MAX_INTER``) or the experiments' override. The rule agrees with every case
+    of ``data/h100_fp8_gather.csv`` read with four load warps: faster by index exactly where it holds."""
+    from moe_tutorial.experiments import gluon_fp8
+
+    split, fused = LAYER_CONFIGS["rescaled, split"][0], LAYER_CONFIGS["fused"][0]
+    assert gk.split_form(split) and not gk.split_form(fused)
+    assert gk.gathers_a(split, 4096 * 2048, 768) and not gk.gathers_a(split, 4096 * 7168, 2048)
+    assert not gk.gathers_a(fused, 4096 * 2048, 768) and not gk.gathers_a(split, gk.GATHER_MAX_ELEMENTS, 768)
+    monkeypatch.setattr(gk, "GATHER_A", True)
+    assert gk.gathers_a(split, 10, 2048) and not gk.gathers_a(fused, 10, 768)
+    monkeypatch.setattr(gk, "GATHER_A", False)
+    assert not gk.gathers_a(split, 10, 768)
+    monkeypatch.setattr(gk, "GATHER_A", None)
+    cases = [g for g in gluon_fp8.gather_gains(gluon_fp8.load_gather()) if g["warps"] == "4 load warps"]
+    assert {g["model"] for g in cases} == {"Qwen3-30B-A3B", "DeepSeek-V3", "Kimi-K2"}
+    assert all(g["same_bits"] for g in cases)
+    for g in cases:
+        shape = get_shape(g["model"])
+        assert (g["gain"] > 1) == gk.gathers_a(split, g["M"] * shape.hidden, shape.intermediate), g
+
+
+def test_reading_a_by_index_is_refused_outside_the_gate_up_split_form():
+    """``gather_scales``: only the gate/up GEMM's rescaled split form has the load warp that reads A by
+    index; any other form (or the down GEMM) is refused with the form named, before any launch."""
+    x_q = torch.zeros(8, 256, dtype=torch.float8_e4m3fn)
+    x_s = torch.ones(8, 2)
+    w, w_s = torch.zeros(4, 512, 256, dtype=torch.float8_e4m3fn), torch.ones(4, 4, 2)
+    alignment = (torch.zeros(64, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), torch.tensor([64]))
+    act, act_st = torch.empty(64, 256, dtype=torch.float8_e4m3fn), torch.empty(2, 64)
+    for form, gated in (("fused", True), ("rescaled", True), ("rescaled, split", False)):
+        config = LAYER_CONFIGS[form][0 if gated else 1]        # the down GEMM's split form, 256 wide
+        kwargs = dict(c_scale_t=act_st) if gated else dict(c_sorted=True)
+        out = act if gated else torch.empty(64, 512, dtype=torch.bfloat16)
+        with pytest.raises(ValueError, match="read by index only in the gate/up GEMM's rescaled split form"):
+            gk.launch_gluon_fp8_gemm(x_q, None, w, w_s, out, alignment, 16, config, gather_scales=x_s, topk=2,
+                                     **kwargs)
 
 
 @needs_hopper

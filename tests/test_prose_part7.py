@@ -631,3 +631,42 @@ def test_appendix_a_tile_height_numbers():
         assert (up, down) == ((configs.GLUON_RESCALED, configs.GLUON_RESCALED_WIDE) if tall
                               else (configs.GLUON_FUSED_UP, configs.GLUON_FUSED_DOWN))
         assert configs.layer_copies_out(up, M * kimi.topk // kimi.num_experts) == tall
+
+
+def test_appendix_a_reading_rows_by_index():
+    """Appendix A's "Or no copy at all" (``data/h100_fp8_gather.csv``, the gathering GEMM's stall
+    sources): both load-warp counts against the sorted copy, the profile, the rule the layer follows
+    and what it gives Qwen3-30B-A3B."""
+    from moe_tutorial.experiments import gluon_fp8
+    from moe_tutorial.kernels import gluon_fp8_kernel
+
+    gains = gluon_fp8.gather_gains(gluon_fp8.load_gather())
+    four = [g for g in gains if g["warps"] == "4 load warps"]
+    qwen = [g for g in four if g["model"] == "Qwen3-30B-A3B"]
+    wide = [g for g in four if g["model"] != "Qwen3-30B-A3B"]
+    one = [g for g in gains if g["warps"] == "1 load warp"]
+    assert {g["model"] for g in wide} == {"DeepSeek-V3", "Kimi-K2"} and all(g["same_bits"] for g in gains)
+    assert_says(P7, "With four load warps the layer is {} to {} as fast on Qwen3-30B-A3B at every M where its "
+                "gate/up GEMM takes the split form (M = {} to {}", x(min(g["gain_lo"] for g in qwen)),
+                x(max(g["gain_hi"] for g in qwen)), min(g["M"] for g in qwen), max(g["M"] for g in qwen))
+    assert min(g["gain_lo"] for g in qwen) > 1 > max(g["gain_hi"] for g in wide + one)
+    assert_says(P7, "and {} to {} as fast on DeepSeek-V3 and Kimi-K2. One load warp is slower in every case ({} to {})",
+                x(min(g["gain_lo"] for g in wide)), x(max(g["gain_hi"] for g in wide)),
+                x(min(g["gain_lo"] for g in one)), x(max(g["gain_hi"] for g in one)))
+    s = gluon_fp8.load_stall_sources()
+    by_index, copy = "gate/up, by index", "gate/up"
+    assert_says(P7, "the MMA warps wait for a stage's data in {:.0%} of the samples ({:.0%} with the sorted copy), and "
+                "the load warps wait for a free stage in {:.0%}", s[by_index, "data wait"], s[copy, "data wait"],
+                s[by_index, "slot wait"])
+    assert s[by_index, "data wait"] <= s[copy, "data wait"]                   # "the rows arriving in time"
+    assert_says(P7, "three warps of a block sat idle ({:.0%} of the samples); now four copy rows and compute their "
+                "addresses (idle: {:.0%})", s[copy, "idle"], s[by_index, "idle"])
+    inter = {g["model"]: g["inter"] for g in four}
+    assert_says(P7, "So the layer reads by index where I is at most {} (`gluon_fp8_kernel.GATHER_MAX_INTER`",
+                gluon_fp8_kernel.GATHER_MAX_INTER)
+    assert inter["Qwen3-30B-A3B"] <= gluon_fp8_kernel.GATHER_MAX_INTER < min(inter[g["model"]] for g in wide)
+    at = {g["M"]: g for g in qwen}
+    assert_says(P7, "this lifts bf16 / FP8 from {:.2f}x to {:.2f}x at M = 4096 and from {:.2f}x to {:.2f}x at "
+                "M = 16384 (medians of {} runs)", at[4096]["over_copy"], at[4096]["over_index"],
+                at[16384]["over_copy"], at[16384]["over_index"], WORDS[at[16384]["runs"]])
+    assert at[4096]["runs"] == at[16384]["runs"]

@@ -297,6 +297,26 @@ def test_results_page_yield_edit_sentence():
     assert sentence in " ".join(RESULTS.read_text().split()), sentence
 
 
+def test_results_page_gather_sentence():
+    """The results page's sentence on reading x's rows by index, from ``data/h100_fp8_gather.csv``."""
+    from moe_tutorial.experiments import gluon_fp8
+    from moe_tutorial.kernels import gluon_fp8_kernel
+
+    four = [g for g in gluon_fp8.gather_gains(gluon_fp8.load_gather()) if g["warps"] == "4 load warps"]
+    qwen = {g["M"]: g for g in four if g["model"] == "Qwen3-30B-A3B"}
+    wide = [g for g in four if g["model"] in ("DeepSeek-V3", "Kimi-K2")]
+    assert all(g["same_bits"] for g in four) and len(wide) + len(qwen) == len(four)
+    assert {g["inter"] for g in wide} == {2048} and 2048 > gluon_fp8_kernel.GATHER_MAX_INTER
+    assert qwen[4096]["runs"] == qwen[16384]["runs"] == 2
+    sentence = (f"the same bits, and the layer {min(g['gain_lo'] for g in qwen.values()):.2f}x to "
+                f"{max(g['gain_hi'] for g in qwen.values()):.2f}x faster on Qwen3-30B-A3B at M = {min(qwen)} to "
+                f"{max(qwen)}, the FP8 layer then {qwen[4096]['over_index']:.2f}x as fast as the bf16 one at M = 4096 "
+                f"and {qwen[16384]['over_index']:.2f}x at M = 16384 (medians of two runs); on DeepSeek-V3 and Kimi-K2 "
+                f"(I = 2048) it was slower ({min(g['gain_lo'] for g in wide):.2f}x to "
+                f"{max(g['gain_hi'] for g in wide):.2f}x), and they keep the copy.")
+    assert sentence in " ".join(RESULTS.read_text().split()), sentence
+
+
 def test_results_page_tile_height_sentence():
     """The results page's sentence on the layer's tile height under 256 rows an expert, from
     ``data/h100_fp8_tile_height.csv`` (the notebook's twin: ``test_appendix_a_tile_height_numbers``)."""

@@ -262,6 +262,32 @@ def test_tma_store_layer_dry_run_writes_one_row_per_form(tmp_path):
     assert gluon_fp8.tma_store_gains(kept) == []           # no TMA form ran here: no case to compare
 
 
+def test_gather_layer_dry_run_runs_both_forms_and_compares_their_bits(tmp_path):
+    """measurements/scripts/gather_layer.py on the toy shape in the interpreter: a row for each form, the
+    FP8 forms (the same launches here: the toy's tiles are not the rescaled split form) bit for bit the
+    same and against float64, and ``GATHER_A`` and ``GATHER_WARPS`` as they were after the run. Then
+    gather_table.py gathers the run into the data file's columns."""
+    import csv
+
+    from moe_tutorial.kernels import gluon_fp8_kernel
+    module = load_script("gather_layer.py")
+    module.OUT = str(tmp_path)
+    assert module.main(["--dry-run"]) == 0
+    with open(tmp_path / "gather_layer.csv") as f:
+        rows = {r["impl"]: r for r in csv.DictReader(f)}
+    assert list(rows) == ["fp8", "fp8-gather", "fp8-gather-1w", "sorted"]
+    assert all(r["status"] == "ok" and float(r["rel_error"]) < 5e-2 for r in rows.values()), rows
+    assert {rows[n]["same_bits"] for n in ("fp8", "fp8-gather", "fp8-gather-1w")} == {"True"}
+    assert gluon_fp8_kernel.GATHER_A is None and gluon_fp8_kernel.GATHER_WARPS == 4
+    # gather_table.py gathers the run; the toy's gate/up form is not the split one: no case to compare.
+    table = load_script("gather_table.py")
+    assert table.main([str(tmp_path / "gather_layer.csv"), "--into", str(tmp_path / "data.csv")]) == 0
+    from moe_tutorial.experiments import gluon_fp8
+    kept = gluon_fp8.load_gather(tmp_path / "data.csv")
+    assert [r["impl"] for r in kept] == list(gluon_fp8.GATHER_FORMS)
+    assert gluon_fp8.gather_gains(kept) == []
+
+
 def test_tile_height_layer_dry_run_writes_one_row_per_form_with_its_tile_counts(tmp_path):
     """measurements/scripts/tile_height_layer.py on the toy shape in the interpreter: a row for each form
     in order, the layers that run here against float64, the Gluon pairs saying why they did not run,

@@ -9,15 +9,20 @@ layer's first step both ways; ``h100_fp8_rescaled.csv``: the sums rescaled in pl
 ``h100_fp8_store_layout.csv``: the Gluon epilogues' two store layouts, on an H100;
 ``h100_fp8_tma_store.csv``: the layer's tiles stored by the warps or copied out through TMA, on an H100;
 ``h100_fp8_stall_sources.csv``: where the layer's Gluon GEMMs' warps stall, instruction by instruction;
-``h100_fp8_yield.csv``: the layer with its rescaled forms' multiply runs edited to yield, on an H100) and
+``h100_fp8_yield.csv``: the layer with its rescaled forms' multiply runs edited to yield, on an H100;
+``h100_fp8_gather.csv``: the gate/up GEMM reading x's rows by index against a sorted copy, on an H100) and
 from Nsight Compute on the ``tl`` and Gluon kernels at DeepSeek-V3, M = 16384 (``data/h200_fp8_profile.csv``,
 and ``h100_fp8_rescaled_profile.csv`` for the rescaled form).
 """
 from __future__ import annotations
 
+import ast
 import csv
+import re
 from pathlib import Path
 from statistics import median
+
+from moe_tutorial.kernels.configs import KernelConfig
 
 import torch
 
@@ -184,8 +189,8 @@ def rescaled_lines(gains: list[dict]) -> list[str]:
 def load_stall_sources(path: Path | None = None) -> dict[tuple[str, str], float]:
     """``{(gemm, kind): share}`` of Nsight Compute's stall samples, instruction by instruction, summed by
     kind (the kinds ``measurements/scripts/ncu_source_stalls.py`` defines, ``idle`` spare warps to
-    ``other``), for the FP8 layer's two Gluon GEMMs on an H100 at Qwen3-30B-A3B, M = 16384
-    (``data/h100_fp8_stall_sources.csv``)."""
+    ``other``), for the FP8 layer's two Gluon GEMMs on an H100 at Qwen3-30B-A3B, M = 16384, and for the
+    gate/up GEMM reading x's rows by index (``gate/up, by index``; ``data/h100_fp8_stall_sources.csv``)."""
     with open(path or DATA / "h100_fp8_stall_sources.csv") as f:
         return {(r["gemm"], r["kind"]): float(r["share"]) for r in csv.DictReader(f)}
 
@@ -288,6 +293,14 @@ def compared(runs: list[tuple[dict, dict, dict]], base: str, other: str) -> dict
             "spread": max(max(b["noise"], o["noise"]) for b, o, _ in runs)}
 
 
+def runs_text(g: dict, digits: int = 2) -> str:
+    """A :func:`compared` case's runs as the notebook's lines print them: the range of the gain over
+    the runs, or ``1 run``."""
+    if g["runs"] == 1:
+        return "1 run"
+    return f"{g['gain_lo']:.{digits}f}x to {g['gain_hi']:.{digits}f}x in {g['runs']} runs"
+
+
 def load_tma_store(path: Path | None = None) -> list[dict]:
     """The rows of :data:`TMA_STORE` (or ``path``): one per form, model, M and run (``source``), as
     ``measurements/scripts/tma_store_layer.py`` timed them (cold-l2, the faster of two orders;
@@ -341,10 +354,8 @@ def tma_store_lines(gains: list[dict]) -> list[str]:
     """:func:`tma_store_gains` as notebook 07 prints them, one line a case: an expert's rows, the layer
     stored by the warps and copied out (medians), the gain (its range over the runs), each GEMM's
     copies alone, the bf16 layer over the FP8 one before and after, the spread of two orders."""
-    def runs(g):
-        return f"{g['gain_lo']:.2f}x to {g['gain_hi']:.2f}x in {g['runs']} runs" if g["runs"] > 1 else "1 run"
     return [f"  {g['model']:14s} M = {g['M']:<6d}{g['rows']:5d} rows  {g['store']:6.3f} -> {g['tma']:6.3f} ms "
-            f"{g['gain']:.2f}x ({runs(g)}; gate/up alone {g['up']:.2f}x, down alone {g['down']:.2f}x)  "
+            f"{g['gain']:.2f}x ({runs_text(g)}; gate/up alone {g['up']:.2f}x, down alone {g['down']:.2f}x)  "
             f"bf16 / FP8 {g['over_store']:.2f}x -> {g['over_tma']:.2f}x  spread {g['spread']:.0%}"
             for g in gains]
 
@@ -385,11 +396,58 @@ def yield_gains(rows: list[dict]) -> list[dict]:
 
 def yield_lines(gains: list[dict]) -> list[str]:
     """:func:`yield_gains` as notebook 07 prints them, one line a case and pattern."""
-    def runs(g):
-        return f"{g['gain_lo']:.3f}x to {g['gain_hi']:.3f}x in {g['runs']} runs" if g["runs"] > 1 else "1 run"
     return [f"  {g['model']:14s} M = {g['M']:<6d}{g['pattern']:16s}{g['plain']:7.3f} -> {g['edited']:7.3f} ms "
-            f"{g['gain']:.3f}x ({runs(g)})  bf16 / FP8 {g['over_plain']:.2f}x -> {g['over_edited']:.2f}x  "
+            f"{g['gain']:.3f}x ({runs_text(g, 3)})  bf16 / FP8 {g['over_plain']:.2f}x -> {g['over_edited']:.2f}x  "
             f"spread {g['spread']:.1%}  {'same bits' if g['same_bits'] else 'NOT the same bits'}" for g in gains]
+
+
+GATHER = DATA / "h100_fp8_gather.csv"
+GATHER_FIELDS = ("gpu", "driver", "torch", "triton", "date", "protocol", "fp8_tflops", "matmul_tflops", "model", "M",
+                 "rows", "impl", "up", "down", "ms", "ms_forward", "ms_reverse", "noise", "bf16_over", "rel_error",
+                 "same_bits", "source")
+#: :data:`GATHER`'s forms: the FP8 layer with the gate/up GEMM reading a sorted copy of x through TMA,
+#: reading x's rows by index with four load warps or one, and Part 4's bf16 layer.
+GATHER_FORMS = {"fp8": "sorted copy", "fp8-gather": "4 load warps", "fp8-gather-1w": "1 load warp", "sorted": "bf16"}
+
+
+def config_of(text: str) -> KernelConfig:
+    """The :class:`~moe_tutorial.kernels.configs.KernelConfig` whose ``repr`` is ``text`` (as the layer
+    scripts write a case's configurations into its rows)."""
+    fields = dict(re.findall(r"(\w+)=(\w+)", text))
+    return KernelConfig(**{k: ast.literal_eval(v) for k, v in fields.items()})
+
+
+def load_gather(path: Path | None = None) -> list[dict]:
+    """The rows of :data:`GATHER` (or ``path``): one per form, model, M and run (``source``), as
+    ``measurements/scripts/gather_layer.py`` timed them (cold-l2, the faster of two orders)."""
+    return _load(path or GATHER, ("rows", "ms", "ms_forward", "ms_reverse", "noise", "bf16_over"))
+
+
+def gather_gains(rows: list[dict]) -> list[dict]:
+    """Per model, M and gathering form, where the gate/up GEMM took its rescaled split form (the only
+    one that can read A by index; elsewhere every form ran the same launches): ``inter`` (an expert's
+    intermediate size I), ``warps`` (``GATHER_FORMS``' name), :func:`compared`'s figures with the
+    sorted copy named ``copy`` and reading by index ``index`` (``gain``: copy time / index time), and
+    ``same_bits`` all of the runs'."""
+    from moe_tutorial.kernels.gluon_fp8_kernel import split_form
+    from moe_tutorial.shapes import get_shape
+
+    out = []
+    for model, M, impl in dict.fromkeys((r["model"], r["M"], r["impl"]) for r in rows
+                                        if r["impl"].startswith("fp8-") and split_form(config_of(r["up"]))):
+        runs = runs_beside(rows, model, M, "fp8", impl)
+        out.append(dict(model=model, M=M, inter=get_shape(model).intermediate, warps=GATHER_FORMS[impl],
+                        **compared(runs, "copy", "index"),
+                        same_bits=all(g["same_bits"] == "True" for _, g, _ in runs)))
+    forms = list(GATHER_FORMS.values())
+    return sorted(out, key=lambda g: (g["inter"], g["model"], g["M"], forms.index(g["warps"])))
+
+
+def gather_lines(gains: list[dict]) -> list[str]:
+    """:func:`gather_gains` as notebook 07 prints them, one line a case and form."""
+    return [f"  {g['model']:14s} I = {g['inter']:<5d} M = {g['M']:<6d}{g['warps']:13s}{g['copy']:7.3f} -> "
+            f"{g['index']:7.3f} ms  {g['gain']:.2f}x ({runs_text(g)})  bf16 / FP8 {g['over_copy']:.2f}x -> "
+            f"{g['over_index']:.2f}x  {'same bits' if g['same_bits'] else 'NOT the same bits'}" for g in gains]
 
 
 TILE_HEIGHT = DATA / "h100_fp8_tile_height.csv"

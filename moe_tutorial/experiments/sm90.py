@@ -39,7 +39,11 @@ KERNELS = ("tl-plain", "gluon-plain", "gluon-plain-nooverlap", "gluon-gated", "g
 #: them: name -> (block_m, warps, stages).
 TMA_KERNELS = {"gluon-gated-tma": (64, 8, 4), "gluon-plain-tma": (64, 4, 6), "gluon-plain-128-tma": (128, 8, 4),
                "gluon-rescaled-gated-split-tma": (128, 4, 4), "gluon-rescaled-plain-split-tma": (128, 4, 3),
-               "gluon-rescaled-plain-tma": (128, 8, 3)}
+               "gluon-rescaled-plain-tma": (128, 8, 3),
+               # A read from x's rows by index (cp.async) instead of a sorted copy through TMA, by four
+               # load warps or by one
+               "gluon-rescaled-gated-split-tma-gather": (128, 4, 4),
+               "gluon-rescaled-gated-split-tma-gather-1w": (128, 4, 4)}
 KERNELS += tuple(TMA_KERNELS)
 
 #: The bf16 Gluon kernel (:mod:`moe_tutorial.kernels.gluon_kernel`) at prefill, as
@@ -192,7 +196,13 @@ def _compile(kernel: str):
     a, a_st = torch.zeros(rows, K, dtype=FP8_DTYPE), torch.ones(K // 128, rows)
     gluon_fp8_kernel.UNAVAILABLE = None              # compiling, not running
     with _captured(gluon_fp8_kernel, "gluon_fp8_moe_kernel") as cap:
-        if kernel in ("gluon-gated", "gluon-rescaled-gated") or "gated" in kernel and tma_store:
+        if "-gather" in kernel:
+            gluon_fp8_kernel.GATHER_WARPS = 1 if kernel.endswith("-1w") else 4
+            act = torch.empty(a.shape[0], inter, dtype=FP8_DTYPE)
+            act_st = torch.empty(inter // 128, a.shape[0])
+            gluon_fp8_kernel.launch_gluon_fp8_gemm(x_q, None, w, w_s, act, alignment, pairs, config, c_scale_t=act_st,
+                                                   gather_scales=x_s, topk=topk)
+        elif kernel in ("gluon-gated", "gluon-rescaled-gated") or "gated" in kernel and tma_store:
             act = torch.empty(a.shape[0], inter, dtype=FP8_DTYPE)
             act_st = torch.empty(inter // 128, a.shape[0])
             gluon_fp8_kernel.launch_gluon_fp8_gemm(a, a_st, w, w_s, act, alignment, pairs, config, c_scale_t=act_st)

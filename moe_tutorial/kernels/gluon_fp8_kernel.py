@@ -59,12 +59,19 @@ from .yield_edit import edit_compiled_forms, stop_editing
 if HAVE_GLUON:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
     from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
         mbarrier,
         tma,
         warpgroup_mma,
         warpgroup_mma_wait,
     )
+
+    #: cp.async into shared memory: ``async_load`` from Triton 3.9, ``async_copy_global_to_shared`` before.
+    async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+    #: all the partition's warps meet: ``barrier`` from Triton 3.9, ``thread_barrier`` before.
+    warps_meet = getattr(gl, "barrier", None) or gl.thread_barrier
 
     from .gluon_kernel import mma_layout, ring_barriers, silu_mul, store_rows, tile_of, tile_out, tma_load
 
@@ -75,6 +82,25 @@ UNAVAILABLE = (None if HAVE_GLUON and runtime.ON_GPU and torch.cuda.get_device_c
 #: yield every other multiply that keeps an operand for reuse: ``yield_edit.edit_compiled_forms`` edits
 #: them after ptxas. Same bits out; measured in ``data/h100_fp8_yield.csv``.
 YIELD_RESCALED = True
+#: The gate/up GEMM's rescaled split form reading x's rows by index (cp.async, x quantised once)
+#: instead of a sorted e4m3 copy through TMA (each token's row written once per expert it goes to).
+#: Taken where an expert's intermediate size I is at most this: measured on an H100
+#: (``data/h100_fp8_gather.csv``, notebook 07's Appendix A) the layer gained on Qwen3-30B-A3B
+#: (I = 768) at every M where it applies and lost on DeepSeek-V3 and Kimi-K2 (I = 2048). The copy it saves
+#: shrinks against the GEMM as I grows, while the gathering load warps' instructions (the copies and
+#: their addresses) take issue slots from the MMA warps' rescaling all along.
+GATHER_MAX_INTER = 768
+#: Overrides the choice for experiments: True or False for every split-form launch, None by
+#: :data:`GATHER_MAX_INTER`.
+GATHER_A = None
+#: The gathering load partition's warps (4 or 1) and, by warps, the registers a thread gets: a tile's
+#: 128 row offsets are held 8 a thread in four warps, 32 in one. Both compile for sm90 without spills
+#: at these counts; one warp at 120 takes registers the MMA warps need (they spill, and ptxas
+#: serialises their MMAs). One warp made the layer slower than four in every case timed (the same data).
+GATHER_WARPS = 4
+GATHER_REGS = {1: 104, 4: 56}
+#: The load warps hold the rows' offsets in 32 bits: x must have fewer elements than this.
+GATHER_MAX_ELEMENTS = 2 ** 31
 
 
 # ------------------------------------------------------------------ A in sorted order (plain Triton)
@@ -158,6 +184,61 @@ if HAVE_GLUON:
                 if TWO_B:
                     tma_load(b_desc, [b_row + second_rows, k * BLOCK_K], ready.index(s),
                                                     bu_bufs.index(s))
+                step += 1
+
+    @gluon.jit
+    def gather_offsets(sorted_ids_ptr, first_row, num_pairs, topk, stride, ROWS: gl.constexpr,
+                       layout: gl.constexpr):
+        """Once a tile: where each of its ``ROWS`` sorted rows starts in x (or in x's scales), in
+        elements, and whether the row is real. Sorted row r reads token ``sorted_ids[r] // topk``; a
+        padding row reads nothing (zeros)."""
+        pair = gl.load(sorted_ids_ptr + first_row + gl.arange(0, ROWS, layout=layout))
+        ok = pair < num_pairs
+        return gl.where(ok, pair // topk, 0) * stride, ok
+
+    @gluon.jit
+    def fp8_gather_load_partition(a_bufs, as_bufs, b_desc, b_bufs, bu_bufs, ready, empty, x_ptr, xs_ptr,
+                                  sorted_ids_ptr, expert_ids_ptr, num_post_ptr, N, K, num_pairs, topk, stride_xm,
+                                  stride_xsm, b_rows_per_expert, second_rows, group_m, TWO_B: gl.constexpr,
+                                  TILE_N: gl.constexpr):
+        """:func:`fp8_load_partition` with A and its row scales read from x's rows *by index*
+        (cp.async, 16 bytes a thread) instead of from a sorted copy through TMA; B still through TMA.
+        The rows' offsets are loaded once a tile, not once a K step: a load of ``sorted_ids`` in
+        every step put its latency in front of every stage. A stage is ready once both have landed:
+        every thread's cp.async arrive (which first adds itself to the barrier's count) is made,
+        and the partition's warps meet, before the TMA's expected bytes, so that the phase cannot
+        complete on B alone."""
+        STAGES: gl.constexpr = a_bufs.type.shape[0]
+        BLOCK_M: gl.constexpr = a_bufs.type.shape[1]
+        BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
+        W: gl.constexpr = gl.num_warps()
+        rows_l: gl.constexpr = gl.BlockedLayout([1, 16], [32 * 16 // BLOCK_K, BLOCK_K // 16], [W, 1], [1, 0])
+        scale_l: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, W], [1, 0])
+        cols = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, rows_l))
+        num_pid_m = gl.cdiv(gl.load(num_post_ptr), BLOCK_M)
+        num_pid_n = gl.cdiv(N, TILE_N)
+        nbytes: gl.constexpr = (2 if TWO_B else 1) * b_desc.block_type.nbytes
+        step = 0
+        for t in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
+            pid_m, pid_n = tile_of(t, num_pid_m, num_pid_n, group_m)
+            b_row = gl.load(expert_ids_ptr + pid_m) * b_rows_per_expert + pid_n * TILE_N
+            a_off, a_ok = gather_offsets(sorted_ids_ptr, pid_m * BLOCK_M, num_pairs, topk, stride_xm, BLOCK_M,
+                                         gl.SliceLayout(1, rows_l))
+            s_off, s_ok = gather_offsets(sorted_ids_ptr, pid_m * BLOCK_M, num_pairs, topk, stride_xsm, BLOCK_M,
+                                         gl.SliceLayout(0, scale_l))
+            # [each K step: A by index, then B]
+            for k in range(0, gl.cdiv(K, BLOCK_K)):
+                s = step % STAGES
+                kk = k * BLOCK_K + cols
+                mbarrier.wait(empty.index(s), ((step // STAGES) & 1) ^ 1)
+                async_load(a_bufs.index(s), x_ptr + a_off[:, None] + kk[None, :], a_ok[:, None] & (kk < K)[None, :])
+                async_load(as_bufs.index(s), (xs_ptr + s_off + k)[None, :], s_ok[None, :])
+                async_copy.mbarrier_arrive(ready.index(s))
+                warps_meet()
+                mbarrier.expect(ready.index(s), nbytes)
+                tma_load(b_desc, [b_row, k * BLOCK_K], ready.index(s), b_bufs.index(s))
+                if TWO_B:
+                    tma_load(b_desc, [b_row + second_rows, k * BLOCK_K], ready.index(s), bu_bufs.index(s))
                 step += 1
 
     @gluon.jit
@@ -428,7 +509,7 @@ if HAVE_GLUON:
                                    second_scale_rows, stride_bse, stride_bsn, stride_bsk, stride_cm, stride_csn,
                                    group_m, c_desc, c_bufs, GATED: gl.constexpr, C_SORTED: gl.constexpr,
                                    ROUTER_WEIGHTS: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr,
-                                   TMA_C: gl.constexpr):
+                                   TMA_C: gl.constexpr, GATHER_A: gl.constexpr = False):
         """The MMA warps with two accumulators of 128 columns (gate and up, or a 256-wide tile's two
         halves) and no raw product at all: before each K step's MMA adds into an accumulator, the
         accumulator is *rescaled in place* into that step's units (``acc * old scale / new scale``,
@@ -469,6 +550,8 @@ if HAVE_GLUON:
             n1 = weight_scale(bs1_ptr, 1, num_k1, stride_bsk)
             s = step % STAGES
             mbarrier.wait(ready.index(s), (step // STAGES) & 1)
+            if GATHER_A:            # A came by cp.async (the generic proxy); the MMA reads it through the async one
+                fence_async_shared()
             a_s = row_scales(as_bufs, s, rows_layout, ROW0, ROWS)
             unit0, unit1 = a_s * w0, a_s * w1
             a = a_bufs.index(s).slice(ROW0, ROWS, dim=0)
@@ -486,6 +569,8 @@ if HAVE_GLUON:
                 n1 = weight_scale(bs1_ptr, k + 1, num_k1, stride_bsk)
                 s = step % STAGES
                 mbarrier.wait(ready.index(s), (step // STAGES) & 1)
+                if GATHER_A:
+                    fence_async_shared()
                 a_s = row_scales(as_bufs, s, rows_layout, ROW0, ROWS)
                 acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
                 mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES))    # step k-1's stage is read
@@ -518,10 +603,11 @@ if HAVE_GLUON:
                              sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
                              N, K, num_pairs, b_rows_per_expert, second_rows, second_scale_rows,
                              stride_bse, stride_bsn, stride_bsk, stride_cm, stride_csn, group_m,
+                             x_ptr, xs_ptr, topk, stride_xm, stride_xsm,
                              STAGES: gl.constexpr, GATED: gl.constexpr, RESCALE: gl.constexpr,
                              SPLIT: gl.constexpr, TWO_B: gl.constexpr, TILE_N: gl.constexpr,
                              C_SORTED: gl.constexpr, ROUTER_WEIGHTS: gl.constexpr, OVERLAP: gl.constexpr,
-                             TMA_C: gl.constexpr):
+                             TMA_C: gl.constexpr, GATHER_WARPS: gl.constexpr, GATHER_REGS: gl.constexpr):
         """C[pair] = (A[sorted position] . B[expert]^T) with block scales, for every real tile.
 
         With GATED, B holds gate rows then up rows (``second_rows`` further on, their scales
@@ -556,7 +642,23 @@ if HAVE_GLUON:
             c0 = a_bufs            # (not used)
             c1 = a_bufs
         # (each branch names the load partition in full: a constexpr passed inside a tuple stops being one)
-        if RESCALE and SPLIT:
+        if GATHER_WARPS > 0:    # the rescaled split form with A read from x's rows by index
+            gl.warp_specialize([
+                (fp8_rescaled_mma_partition, (a_bufs, as_bufs, b_bufs, bu_bufs, ready, empty, b_scale_ptr, c_ptr,
+                                              cs_ptr, router_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr, N,
+                                              K, num_pairs, second_scale_rows, stride_bse, stride_bsn, stride_bsk,
+                                              stride_cm, stride_csn, group_m, c_desc, c0, GATED, C_SORTED,
+                                              ROUTER_WEIGHTS, FIRST, HALF_M, TMA_C, True)),
+                (fp8_rescaled_mma_partition, (a_bufs, as_bufs, b_bufs, bu_bufs, ready, empty, b_scale_ptr, c_ptr,
+                                              cs_ptr, router_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr, N,
+                                              K, num_pairs, second_scale_rows, stride_bse, stride_bsn, stride_bsk,
+                                              stride_cm, stride_csn, group_m, c_desc, c1, GATED, C_SORTED,
+                                              ROUTER_WEIGHTS, HALF_M, HALF_M, TMA_C, True)),
+                (fp8_gather_load_partition, (a_bufs, as_bufs, b_desc, b_bufs, bu_bufs, ready, empty, x_ptr, xs_ptr,
+                                             sorted_ids_ptr, expert_ids_ptr, num_post_ptr, N, K, num_pairs, topk,
+                                             stride_xm, stride_xsm, b_rows_per_expert, second_rows, group_m,
+                                             TWO_B, TILE_N))], [4, GATHER_WARPS], [232, GATHER_REGS])
+        elif RESCALE and SPLIT:
             gl.warp_specialize([
                 (fp8_rescaled_mma_partition, (a_bufs, as_bufs, b_bufs, bu_bufs, ready, empty, b_scale_ptr, c_ptr,
                                               cs_ptr, router_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr, N,
@@ -617,10 +719,25 @@ def _descriptors(a: torch.Tensor, a_scale_t: torch.Tensor, b: torch.Tensor, bloc
             gluon_descriptor(stacked_rows(b), [BLOCK, BLOCK]))
 
 
+def split_form(config) -> bool:
+    """Whether ``config`` is the rescaled split form: 128-row tiles whose two MMA warpgroups (4 warps
+    each) hold 64 rows apiece."""
+    return config.rescale and config.num_warps == 4 and config.block_m == 128
+
+
+def gathers_a(cfg_up, x_elements: int, inter: int) -> bool:
+    """Whether the layer's gate/up GEMM reads x's rows by index: only its rescaled split form can, x
+    must have fewer than :data:`GATHER_MAX_ELEMENTS` elements, and then :data:`GATHER_A` if set, else
+    whether ``inter`` (an expert's intermediate size I) is at most :data:`GATHER_MAX_INTER`."""
+    if not split_form(cfg_up) or x_elements >= GATHER_MAX_ELEMENTS:
+        return False
+    return inter <= GATHER_MAX_INTER if GATHER_A is None else GATHER_A
+
+
 def launch_gluon_fp8_gemm(a: torch.Tensor, a_scale_t: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
                           c: torch.Tensor, alignment, num_pairs: int, config, *, router_weights=None,
                           c_scale_t: torch.Tensor | None = None, c_sorted: bool = False,
-                          overlap: bool = True) -> None:
+                          overlap: bool = True, gather_scales: torch.Tensor | None = None, topk: int = 1) -> None:
     """One launch of :func:`gluon_fp8_moe_kernel` on a Hopper GPU, inputs checked by the caller.
 
     ``a`` ``[R, K]`` e4m3 rows in sorted order with ``a_scale_t`` ``[ceil(K/128), R]`` fp32
@@ -636,6 +753,10 @@ def launch_gluon_fp8_gemm(a: torch.Tensor, a_scale_t: torch.Tensor, b: torch.Ten
 
     With ``config.tma_store`` C must lie in sorted order (``c_sorted``, or the gate/up GEMM's output)
     with 16-byte aligned rows: its tiles go out through TMA copies, padding rows included.
+
+    With ``gather_scales`` ``[M, ceil(K/128)]`` fp32, ``a`` is x's e4m3 rows ``[M, K]`` as quantised
+    (not sorted) and the load warp reads each sorted row's token row by index (cp.async): the
+    rescaled split form only (128 rows, 4 warps).
     """
     gated = c_scale_t is not None
     tile_n = 2 * BLOCK if config.rescale and not gated else BLOCK
@@ -645,7 +766,7 @@ def launch_gluon_fp8_gemm(a: torch.Tensor, a_scale_t: torch.Tensor, b: torch.Ten
                          f"got block_n = {config.block_n}, block_k = {config.block_k}")
     # Rescaled 128-row tiles on 4 warps: the two warpgroups as two partitions (the kernel's 4 warps and
     # a worker of 4), each on 64 rows, freeing stages alone.
-    split = config.rescale and config.num_warps == 4 and config.block_m == 128
+    split = split_form(config)
     if config.rescale and not split and config.num_warps * 16 != config.block_m:
         raise ValueError(f"config: the rescaled kernel takes 16 rows a warp (8 warps, or 4 warps split in two "
                          f"partitions, for 128 rows), got block_m = {config.block_m}, num_warps = {config.num_warps}")
@@ -654,6 +775,12 @@ def launch_gluon_fp8_gemm(a: torch.Tensor, a_scale_t: torch.Tensor, b: torch.Ten
             raise ValueError("config.tma_store: the two-wave form (block_m = 256) stores through gl.store; expected "
                              "tma_store=False there")
         check_tma_out(c, gated or c_sorted)
+    gather = gather_scales is not None
+    if gather and not (split and gated):
+        raise ValueError("gather_scales: A is read by index only in the gate/up GEMM's rescaled split form (128 "
+                         f"rows, 4 warps, rescale); got {config}")
+    if gather and a.numel() >= GATHER_MAX_ELEMENTS:
+        raise ValueError(f"gather_scales: x must have fewer than 2**31 elements, got {tuple(a.shape)}")
     if UNAVAILABLE:
         raise RuntimeError(UNAVAILABLE)
     if config.rescale:
@@ -664,6 +791,8 @@ def launch_gluon_fp8_gemm(a: torch.Tensor, a_scale_t: torch.Tensor, b: torch.Ten
     sorted_ids, expert_ids, num_post = alignment
     E, rows, K = b.shape
     N = c.shape[1]
+    if gather:      # the descriptors of A and its scales give the stages' layouts only
+        a_scale_t = torch.empty(1, config.block_m, dtype=torch.float32, device=a.device)
     a_desc, as_desc, b_desc = _descriptors(a, a_scale_t, b, config.block_m)
     # A box of C: the rows one MMA partition holds, by one 128-column half (or gate/up tile).
     c_desc = gluon_descriptor(c, [config.block_m // 2 if split else config.block_m, BLOCK]) if config.tma_store \
@@ -677,9 +806,12 @@ def launch_gluon_fp8_gemm(a: torch.Tensor, a_scale_t: torch.Tensor, b: torch.Ten
         sorted_ids, expert_ids, num_post,
         N, K, num_pairs, rows, second_rows, second_scale_rows,
         b_scale.stride(0), b_scale.stride(1), b_scale.stride(2), c.stride(0), c_scale_t.stride(0) if gated else 0,
-        config.group_m, STAGES=config.num_stages, GATED=gated, RESCALE=config.rescale, SPLIT=split,
+        config.group_m, a, gather_scales if gather else a_scale_t, topk, a.stride(0),
+        gather_scales.stride(0) if gather else 0,
+        STAGES=config.num_stages, GATED=gated, RESCALE=config.rescale, SPLIT=split,
         TWO_B=gated or config.rescale, TILE_N=tile_n, C_SORTED=c_sorted or gated,
         ROUTER_WEIGHTS=router_weights is not None, OVERLAP=overlap, TMA_C=config.tma_store,
+        GATHER_WARPS=GATHER_WARPS if gather else 0, GATHER_REGS=GATHER_REGS[GATHER_WARPS] if gather else 0,
         num_warps=config.num_warps)
 
 
@@ -695,7 +827,7 @@ def gluon_fp8_first_gemm(x_q: torch.Tensor, x_scale: torch.Tensor, w: torch.Tens
 
 def gluon_fp8_layer(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
                     w2_scale: torch.Tensor, topk_weights: torch.Tensor, alignment, topk: int,
-                    cfg_up, cfg_down, *, sorted_quantiser: bool = True) -> torch.Tensor:
+                    cfg_up, cfg_down, *, sorted_quantiser: bool = True, gather_a: bool | None = None) -> torch.Tensor:
     """The FP8 layer on the Gluon kernel, inputs checked by :func:`moe_tutorial.kernels.fp8_kernel.fp8_moe_layer`.
 
     x's e4m3 rows in sorted order, the gate/up GEMM, the down GEMM with the router weights (one
@@ -717,22 +849,33 @@ def gluon_fp8_layer(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor,
     With ``cfg_down.tma_store`` the down GEMM writes its rows in sorted order through TMA copies, and
     the sum over each token's rows gathers them (:func:`~moe_tutorial.kernels.topk_sum.sorted_topk_sum`).
 
+    With ``gather_a`` (None: :func:`gathers_a`) x is quantised once and the gate/up GEMM reads each
+    sorted row's token row by index.
+
     Returns ``[M, K]`` in x's dtype.
     """
     inter = w2.shape[2]
     num_pairs = x.shape[0] * topk
-    if sorted_quantiser:                        # x was checked at the door (fp8_moe_layer)
+    R = sorted_rows(alignment, cfg_up.block_m)
+    if gather_a is None:
+        gather_a = gathers_a(cfg_up, x.numel(), inter)
+    by_index = {}
+    if gather_a:        # x quantised once; the gate/up GEMM reads each sorted row's token row by index
+        positions = sorted_positions(alignment, num_pairs)   # the down GEMM's sum may read them
+        a, x_s = launch_quantize_rows(x)
+        a_scale_t, by_index = None, dict(gather_scales=x_s, topk=topk)
+    elif sorted_quantiser:                      # x was checked at the door (fp8_moe_layer)
         positions = sorted_positions(alignment, num_pairs)   # the down GEMM's sum may read them too
-        a, a_scale_t = quantize_rows_sorted(x, positions, topk, sorted_rows(alignment, cfg_up.block_m))
+        a, a_scale_t = quantize_rows_sorted(x, positions, topk, R)
     else:
         positions = None
         x_q, x_s = launch_quantize_rows(x)
         a, a_scale_t = gather_sorted_fp8(x_q, x_s, alignment, num_pairs, topk, cfg_up.block_m)
-    R = a.shape[0]
     if cfg_up.block_m == 64 or cfg_up.rescale:
         act = torch.empty(R, inter, dtype=FP8_DTYPE, device=x.device)
         act_scale_t = torch.empty(triton.cdiv(inter, BLOCK), R, dtype=torch.float32, device=x.device)
-        launch_gluon_fp8_gemm(a, a_scale_t, w13, w13_scale, act, alignment, num_pairs, cfg_up, c_scale_t=act_scale_t)
+        launch_gluon_fp8_gemm(a, a_scale_t, w13, w13_scale, act, alignment, num_pairs, cfg_up, c_scale_t=act_scale_t,
+                              **by_index)
     else:
         if inter % BLOCK:
             raise ValueError(f"config: the plain gate/up GEMM reads one scale block per 128 rows of w13, so it needs "
