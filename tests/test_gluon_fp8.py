@@ -265,6 +265,15 @@ def _problem(M, E, N, K, topk, seed=0, skip_expert=None):
     return x, w, tw, ids
 
 
+def _fp8_layer_problem(M, E, inter, K, topk):
+    """A layer's problem (:func:`_problem`, expert 0 picked by no token) with its experts quantised as
+    the FP8 layer takes them: ``x, q13, s13, q2, s2, tw, ids``. The bf16 experts are not kept
+    (DeepSeek-V3's are 22 GB, beside the float64 experts of a reference)."""
+    x, w13, tw, ids = _problem(M, E, 2 * inter, K, topk, skip_expert=0)
+    w2 = torch.randn(E, K, inter, device=DEV, dtype=torch.bfloat16) * inter ** -0.5
+    return x, *quantize_w13(w13), *quantize_weight(w2), tw, ids
+
+
 @needs_hopper
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", FIRST_CONFIGS)
@@ -285,11 +294,7 @@ def test_gluon_first_gemm_matches_float64(name, M, E, N, K, topk):
 @pytest.mark.parametrize("M,E,inter,K,topk", [(300, 8, 192, 320, 2), (2048, 128, 768, 2048, 8),
                                               (512, 256, 2048, 7168, 8)])
 def test_gluon_layer_matches_its_step_exact_float64_reference(form, M, E, inter, K, topk):
-    x, w13, tw, ids = _problem(M, E, 2 * inter, K, topk, skip_expert=0)
-    w2 = torch.randn(E, K, inter, device=DEV, dtype=torch.bfloat16) * inter ** -0.5
-    q13, s13 = quantize_w13(w13)
-    q2, s2 = quantize_weight(w2)
-    del w13, w2                     # the bf16 copies: DeepSeek-V3's 22 GB, beside float64 experts below
+    x, q13, s13, q2, s2, tw, ids = _fp8_layer_problem(M, E, inter, K, topk)
     configs = LAYER_CONFIGS[form]
     if form == "unfused" and inter % 128:
         with pytest.raises(ValueError, match="multiple of 128"):
@@ -315,10 +320,7 @@ def test_the_sorted_quantiser_gives_the_layer_the_same_bits(form):
     """The Gluon layer with its quantiser writing into sorted order: bitwise the layer that
     quantises, then gathers (the same e4m3 rows and scales reach the same GEMMs)."""
     M, E, inter, K, topk = 700, 16, 256, 512, 4
-    x, w13, tw, ids = _problem(M, E, 2 * inter, K, topk, skip_expert=0)
-    w2 = torch.randn(E, K, inter, device=DEV, dtype=torch.bfloat16) * inter ** -0.5
-    q13, s13 = quantize_w13(w13)
-    q2, s2 = quantize_weight(w2)
+    x, q13, s13, q2, s2, tw, ids = _fp8_layer_problem(M, E, inter, K, topk)
     up, down = LAYER_CONFIGS[form]
     alignment = align_block_size(ids, up.block_m, E)
     outs = [gk.gluon_fp8_layer(x, q13, s13, q2, s2, tw, alignment, topk, up, down, sorted_quantiser=flag)
@@ -334,10 +336,7 @@ def test_tma_copies_out_give_the_layer_the_same_bits(form):
     (down rows left in sorted order, summed through their positions): the same bits, an expert
     with no tokens and a padded last row block included."""
     M, E, inter, K, topk = 700, 16, 256, 512, 4
-    x, w13, tw, ids = _problem(M, E, 2 * inter, K, topk, skip_expert=0)
-    w2 = torch.randn(E, K, inter, device=DEV, dtype=torch.bfloat16) * inter ** -0.5
-    q13, s13 = quantize_w13(w13)
-    q2, s2 = quantize_weight(w2)
+    x, q13, s13, q2, s2, tw, ids = _fp8_layer_problem(M, E, inter, K, topk)
     outs = [fp8_moe_layer(x, q13, s13, q2, s2, tw, ids, configs=LAYER_CONFIGS[name]) for name in (form, form + ", tma")]
     assert bool(torch.isfinite(outs[1]).all()) and torch.equal(outs[0], outs[1])
 
@@ -352,10 +351,7 @@ def test_reading_a_by_index_gives_the_layer_the_same_bits(form, M, E, inter, K, 
     against reading a sorted copy through TMA: the same e4m3 rows and scales reach the same MMAs, so
     the same bits, an expert with no tokens, a padded last row block and a K of three steps included."""
     monkeypatch.setattr(gk, "GATHER_WARPS", warps)
-    x, w13, tw, ids = _problem(M, E, 2 * inter, K, topk, skip_expert=0)
-    w2 = torch.randn(E, K, inter, device=DEV, dtype=torch.bfloat16) * inter ** -0.5
-    q13, s13 = quantize_w13(w13)
-    q2, s2 = quantize_weight(w2)
+    x, q13, s13, q2, s2, tw, ids = _fp8_layer_problem(M, E, inter, K, topk)
     up, down = LAYER_CONFIGS[form]
     alignment = align_block_size(ids, up.block_m, E)
     outs = [gk.gluon_fp8_layer(x, q13, s13, q2, s2, tw, alignment, topk, up, down, gather_a=flag)
@@ -411,10 +407,7 @@ def test_the_yield_edit_gives_the_layer_the_same_bits(pattern):
     pattern: only scheduling bits changed, so the same bits out (an expert with no tokens included)."""
     from moe_tutorial.experiments.yield_bits import Yielding
     M, E, inter, K, topk = 700, 16, 256, 512, 4
-    x, w13, tw, ids = _problem(M, E, 2 * inter, K, topk, skip_expert=0)
-    w2 = torch.randn(E, K, inter, device=DEV, dtype=torch.bfloat16) * inter ** -0.5
-    q13, s13 = quantize_w13(w13)
-    q2, s2 = quantize_weight(w2)
+    x, q13, s13, q2, s2, tw, ids = _fp8_layer_problem(M, E, inter, K, topk)
 
     def call():
         return fp8_moe_layer(x, q13, s13, q2, s2, tw, ids, configs=LAYER_CONFIGS["rescaled, split, tma"])

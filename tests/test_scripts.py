@@ -49,6 +49,18 @@ def load_script(name: str):
     return module
 
 
+def dry_run_rows(script: str, tmp_path) -> tuple:
+    """``measurements/scripts/<script>`` run with ``--dry-run`` (its output into ``tmp_path``): the
+    module and its CSV's rows by form (``{impl: row}``), the CSV named as the script."""
+    import csv
+
+    module = load_script(script)
+    module.OUT = str(tmp_path)
+    assert module.main(["--dry-run"]) == 0
+    with open(tmp_path / script.replace(".py", ".csv")) as f:
+        return module, {r["impl"]: r for r in csv.DictReader(f)}
+
+
 def test_limit_experiments_dry_run_writes_the_data_schema(tmp_path):
     """The script behind moe_tutorial/data/h200_limit_experiments.csv, on a toy shape in the interpreter:
     its rows have the shipped file's columns and the experiments the notebook reads."""
@@ -213,16 +225,11 @@ def test_fp8_grouped_anchor_dry_run_writes_one_row_per_implementation(tmp_path):
     """measurements/scripts/fp8_grouped_anchor.py on the toy shape in the interpreter: a row for each
     implementation in order, each judged in its own precision; the kernels that run here agree with
     float64, and those that need a Hopper GPU say so in their row instead of a time."""
-    import csv
 
     from moe_tutorial import runtime
     from moe_tutorial.perf import impls
 
-    module = load_script("fp8_grouped_anchor.py")
-    module.OUT = str(tmp_path)
-    assert module.main(["--dry-run"]) == 0
-    with open(tmp_path / "fp8_grouped_anchor.csv") as f:
-        rows = {r["impl"]: r for r in csv.DictReader(f)}
+    module, rows = dry_run_rows("fp8_grouped_anchor.py", tmp_path)
     assert list(rows) == list(module.PRECISION)
     assert {n: r["precision"] for n, r in rows.items()} == module.PRECISION
     for name in ("fp8", "sorted"):
@@ -236,14 +243,9 @@ def test_tma_store_layer_dry_run_writes_one_row_per_form(tmp_path):
     """measurements/scripts/tma_store_layer.py on the toy shape in the interpreter: a row for each form
     in order; the layers that run here agree with float64, and the TMA forms (the Gluon kernel's) say
     why they did not run. Then tma_store_table.py gathers the run into the data file's columns."""
-    import csv
 
     from moe_tutorial import runtime
-    module = load_script("tma_store_layer.py")
-    module.OUT = str(tmp_path)
-    assert module.main(["--dry-run"]) == 0
-    with open(tmp_path / "tma_store_layer.csv") as f:
-        rows = {r["impl"]: r for r in csv.DictReader(f)}
+    module, rows = dry_run_rows("tma_store_layer.py", tmp_path)
     assert list(rows) == list(module.FORMS)
     if not runtime.ON_GPU:
         assert "Hopper" in rows["gluon-bf16-tma"]["status"]
@@ -267,14 +269,9 @@ def test_gather_layer_dry_run_runs_both_forms_and_compares_their_bits(tmp_path):
     FP8 forms (the same launches here: the toy's tiles are not the rescaled split form) bit for bit the
     same and against float64, and ``GATHER_A`` and ``GATHER_WARPS`` as they were after the run. Then
     gather_table.py gathers the run into the data file's columns."""
-    import csv
 
     from moe_tutorial.kernels import gluon_fp8_kernel
-    module = load_script("gather_layer.py")
-    module.OUT = str(tmp_path)
-    assert module.main(["--dry-run"]) == 0
-    with open(tmp_path / "gather_layer.csv") as f:
-        rows = {r["impl"]: r for r in csv.DictReader(f)}
+    module, rows = dry_run_rows("gather_layer.py", tmp_path)
     assert list(rows) == ["fp8", "fp8-gather", "fp8-gather-1w", "sorted"]
     assert all(r["status"] == "ok" and float(r["rel_error"]) < 5e-2 for r in rows.values()), rows
     assert {rows[n]["same_bits"] for n in ("fp8", "fp8-gather", "fp8-gather-1w")} == {"True"}
@@ -295,11 +292,7 @@ def test_tile_height_layer_dry_run_writes_one_row_per_form_with_its_tile_counts(
     import csv
 
     from moe_tutorial import runtime
-    module = load_script("tile_height_layer.py")
-    module.OUT = str(tmp_path)
-    assert module.main(["--dry-run"]) == 0
-    with open(tmp_path / "tile_height_layer.csv") as f:
-        rows = {r["impl"]: r for r in csv.DictReader(f)}
+    module, rows = dry_run_rows("tile_height_layer.py", tmp_path)
     assert list(rows) == ["fp8", "fp8-64", "fp8-128", "sorted"]
     for name in ("fp8", "sorted"):
         assert rows[name]["status"] == "ok" and float(rows[name]["rel_error"]) < 5e-2, rows[name]

@@ -68,12 +68,9 @@ def case_rows(shape, M: int, w13, w2, caches: dict, ceil, info: dict) -> list[di
                 for name, warps in LOAD_WARPS.items()}
     prepared["sorted"] = sweep.prepared_or_reason(lambda: impls.layer_of("sorted")(inp))
     caches.update({k: v for k, v in inp.__dict__.items() if k.startswith("_fp8")})
-    same = None
-    fp8 = list(LOAD_WARPS)
-    if all(not isinstance(prepared[n], str) for n in fp8):
-        first, *others = (prepared[n].output(prepared[n].calls[0]()) for n in fp8)
-        same = all(torch.equal(first, o) for o in others)
-    times, _, errors, status = sweep.check_then_time(prepared, *bench.reference_rows("layer", inp, max_rows=4))
+    times, outs, errors, status = sweep.check_then_time(prepared, *bench.reference_rows("layer", inp, max_rows=4),
+                                                  keep_outputs=True)
+    same = all(torch.equal(outs[n], outs["fp8"]) for n in LOAD_WARPS) if set(LOAD_WARPS) <= set(outs) else None
     bf16_ms = min(times["sorted"]) if "sorted" in times else float("nan")
     rows = []
     for name in prepared:

@@ -23,6 +23,8 @@ from pathlib import Path
 from statistics import median
 
 from moe_tutorial.kernels.configs import KernelConfig
+from moe_tutorial.kernels.gluon_fp8_kernel import split_form
+from moe_tutorial.shapes import get_shape
 
 import torch
 
@@ -429,9 +431,6 @@ def gather_gains(rows: list[dict]) -> list[dict]:
     intermediate size I), ``warps`` (``GATHER_FORMS``' name), :func:`compared`'s figures with the
     sorted copy named ``copy`` and reading by index ``index`` (``gain``: copy time / index time), and
     ``same_bits`` all of the runs'."""
-    from moe_tutorial.kernels.gluon_fp8_kernel import split_form
-    from moe_tutorial.shapes import get_shape
-
     out = []
     for model, M, impl in dict.fromkeys((r["model"], r["M"], r["impl"]) for r in rows
                                         if r["impl"].startswith("fp8-") and split_form(config_of(r["up"]))):

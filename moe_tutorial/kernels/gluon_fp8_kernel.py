@@ -780,7 +780,8 @@ def launch_gluon_fp8_gemm(a: torch.Tensor, a_scale_t: torch.Tensor, b: torch.Ten
         raise ValueError("gather_scales: A is read by index only in the gate/up GEMM's rescaled split form (128 "
                          f"rows, 4 warps, rescale); got {config}")
     if gather and a.numel() >= GATHER_MAX_ELEMENTS:
-        raise ValueError(f"gather_scales: x must have fewer than 2**31 elements, got {tuple(a.shape)}")
+        raise ValueError(f"gather_scales: x must have fewer than {GATHER_MAX_ELEMENTS} elements, got "
+                         f"{tuple(a.shape)}")
     if UNAVAILABLE:
         raise RuntimeError(UNAVAILABLE)
     if config.rescale:
@@ -859,16 +860,15 @@ def gluon_fp8_layer(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor,
     R = sorted_rows(alignment, cfg_up.block_m)
     if gather_a is None:
         gather_a = gathers_a(cfg_up, x.numel(), inter)
+    # Where each pair's row sits: the sorted quantiser writes there, and the down GEMM's sum may read them.
+    positions = sorted_positions(alignment, num_pairs) if gather_a or sorted_quantiser else None
     by_index = {}
     if gather_a:        # x quantised once; the gate/up GEMM reads each sorted row's token row by index
-        positions = sorted_positions(alignment, num_pairs)   # the down GEMM's sum may read them
         a, x_s = launch_quantize_rows(x)
         a_scale_t, by_index = None, dict(gather_scales=x_s, topk=topk)
     elif sorted_quantiser:                      # x was checked at the door (fp8_moe_layer)
-        positions = sorted_positions(alignment, num_pairs)   # the down GEMM's sum may read them too
         a, a_scale_t = quantize_rows_sorted(x, positions, topk, R)
     else:
-        positions = None
         x_q, x_s = launch_quantize_rows(x)
         a, a_scale_t = gather_sorted_fp8(x_q, x_s, alignment, num_pairs, topk, cfg_up.block_m)
     if cfg_up.block_m == 64 or cfg_up.rescale:
