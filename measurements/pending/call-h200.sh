@@ -8,5 +8,4 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $D/gpu.tx
 OUT=$D timeout 200 python3 measurements/scripts/vllm_fp8_anchor.py --vllm-file $V/fused_moe.py --vllm-configs $V/configs \
   --models Qwen3-30B-A3B DeepSeek-V3 Kimi-K2 2>&1 | grep -v Warning | tee $D/vllm-anchor.log
 tar -czf $OUT/call-h.tgz -C /tmp h
-# Then pending/call-h200-layer.sh (the FP8 layer form by form), and call c, each in a call of its own.
-# Pending call c (the first calls side by side, notebook 08) in a call of its own: bash measurements/pending/call-c.sh
+# The order of the pending H200 calls: call-next-a.sh, then call-next-b.sh.
