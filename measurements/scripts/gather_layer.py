@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import moe_tutorial as mt  # noqa: F401  (first: picks the runtime)
@@ -54,8 +55,7 @@ def gathering(prepared, warps: int):
         return run
     if isinstance(prepared, str):
         return prepared
-    return impls.Prepared([on(c) for c in prepared.calls], prepared.output, prepared.graphable, prepared.buffers,
-                          prepared.reference)
+    return replace(prepared, calls=[on(c) for c in prepared.calls])
 
 
 def case_rows(shape, M: int, w13, w2, caches: dict, ceil, info: dict) -> list[dict]:
@@ -71,18 +71,13 @@ def case_rows(shape, M: int, w13, w2, caches: dict, ceil, info: dict) -> list[di
     times, outs, errors, status = sweep.check_then_time(prepared, *bench.reference_rows("layer", inp, max_rows=4),
                                                   keep_outputs=True)
     same = all(torch.equal(outs[n], outs["fp8"]) for n in LOAD_WARPS) if set(LOAD_WARPS) <= set(outs) else None
-    bf16_ms = min(times["sorted"]) if "sorted" in times else float("nan")
     rows = []
     for name in prepared:
-        precision = "bf16" if name == "sorted" else "fp8"
-        nbytes, flops = bench.traffic_of("layer", inp, precision)
-        row = dict(info, model=shape.name, M=M, impl=name, precision=precision,
-                   up=str(pair[0]) if precision == "fp8" else "", down=str(pair[1]) if precision == "fp8" else "",
-                   rows=M * s.topk / s.num_experts, same_bits=same if precision == "fp8" else "",
-                   floor_ms=ceil.floor_ms(nbytes, flops, precision), status=status.get(name, "ok"))
-        if name in times:
-            row.update(sweep.timed(times[name]), bf16_over=bf16_ms / min(times[name]), rel_error=errors[name])
-        rows.append(row)
+        fp8 = name in LOAD_WARPS
+        rows.append(sweep.layer_row(info, shape, M, name, inp, ceil, times, errors, status,
+                                    precision="fp8" if fp8 else "bf16", up=str(pair[0]) if fp8 else "",
+                                    down=str(pair[1]) if fp8 else "", rows=M * s.topk / s.num_experts,
+                                    same_bits=same if fp8 else ""))
     sweep.print_case(shape.name, M, rows, lambda r: f"{r['bf16_over']:.2f}x")
     print(f"    gate/up form {pair[0]}; the FP8 forms {'bit for bit the same' if same else 'DIFFER'}"
           if same is not None else "    (the FP8 forms did not all run)", flush=True)

@@ -55,19 +55,12 @@ def case_rows(shape, M: int, w13, w2, caches: dict, ceil, info: dict) -> list[di
     prepared["sorted"] = sweep.prepared_or_reason(lambda: impls.layer_of("sorted")(inp))
     caches.update({k: v for k, v in inp.__dict__.items() if k.startswith("_fp8")})
     times, _, errors, status = sweep.check_then_time(prepared, *bench.reference_rows("layer", inp, max_rows=4))
-    bf16_ms = min(times["sorted"]) if "sorted" in times else float("nan")
     counts = {b: sum(row_tiles(i, s.num_experts, b) for i in inp.ids) / len(inp.ids) for b in (64, 128)}
-    rows = []
-    for name in prepared:
-        precision = "bf16" if name == "sorted" else "fp8"
-        nbytes, flops = bench.traffic_of("layer", inp, precision)
-        pair = forms.get(name, ("", ""))
-        row = dict(info, model=shape.name, M=M, impl=name, precision=precision, up=str(pair[0]), down=str(pair[1]),
-                   rows=M * s.topk / s.num_experts, tiles64=counts[64], tiles128=counts[128],
-                   floor_ms=ceil.floor_ms(nbytes, flops, precision), status=status.get(name, "ok"))
-        if name in times:
-            row.update(sweep.timed(times[name]), bf16_over=bf16_ms / min(times[name]), rel_error=errors[name])
-        rows.append(row)
+    rows = [sweep.layer_row(info, shape, M, name, inp, ceil, times, errors, status,
+                            precision="bf16" if name == "sorted" else "fp8",
+                            up=str(forms.get(name, ("", ""))[0]), down=str(forms.get(name, ("", ""))[1]),
+                            rows=M * s.topk / s.num_experts, tiles64=counts[64], tiles128=counts[128])
+            for name in prepared]
     sweep.print_case(shape.name, M, rows, lambda r: f"{r['bf16_over']:.2f}x")
     print(f"    {M * s.topk / s.num_experts:.0f} rows an expert; tiles of 64 rows {counts[64]:.0f}, "
           f"of 128 rows {counts[128]:.0f}", flush=True)

@@ -93,23 +93,17 @@ def case_rows(shape: ModelShape, M: int, w13, w2, caches: dict, ceil, info: dict
     # Four rows: the FP8 reference dequantises the experts they touch into float64.
     times, outs, errors, status = sweep.check_then_time(prepared, *bench.reference_rows("layer", inp, max_rows=4),
                                                   keep_outputs=True)     # [M, K] each: for the same-bits check
-    bf16_ms = min(times["sorted"]) if "sorted" in times else float("nan")
     rows = []
     for name in prepared:
-        precision = "fp8" if name.startswith("fp8") else "bf16"
-        nbytes, flops = bench.traffic_of("layer", inp, precision)
         config = forms.get(name)
         kernel = "gluon" if name.startswith("gluon-") else None
-        row = dict(info, model=shape.name, M=M, E=shape.num_experts, hidden=shape.hidden, inter=shape.intermediate,
-                   topk=shape.topk, impl=name, precision=precision,
-                   up=describe(config[0], kernel) if isinstance(config, tuple) else "",
-                   down=describe(config[1], kernel) if isinstance(config, tuple) else "",
-                   floor_ms=ceil.floor_ms(nbytes, flops, precision), status=status.get(name, "ok"))
+        row = sweep.layer_row(info, shape, M, name, inp, ceil, times, errors, status,
+                              precision="fp8" if name.startswith("fp8") else "bf16", E=shape.num_experts,
+                              hidden=shape.hidden, inter=shape.intermediate, topk=shape.topk,
+                              up=describe(config[0], kernel) if isinstance(config, tuple) else "",
+                              down=describe(config[1], kernel) if isinstance(config, tuple) else "")
         if name in times:
-            best = min(times[name])
-            row.update(sweep.timed(times[name]), fraction_of_floor=row["floor_ms"] / best,
-                       bf16_over=bf16_ms / best, rel_error=errors[name],
-                       same_bits=same_bits(name, outs))
+            row.update(fraction_of_floor=row["floor_ms"] / row["ms"], same_bits=same_bits(name, outs))
         rows.append(row)
     sweep.print_case(shape.name, M, rows, lambda r: f"{r['bf16_over']:.2f}x")
     for r in rows:

@@ -68,19 +68,16 @@ def case_rows(shape, M: int, w13, w2, caches: dict, ceil, info: dict, *, all_pat
     caches.update({k: v for k, v in inp.__dict__.items() if k.startswith("_fp8")})
     times, outs, errors, status = sweep.check_then_time(prepared, *bench.reference_rows("layer", inp, max_rows=4),
                                                   keep_outputs=True)
-    bf16_ms = min(times["sorted"]) if "sorted" in times else float("nan")
     rows = []
     for name in prepared:
-        precision = "bf16" if name == "sorted" else "fp8"
-        nbytes, flops = bench.traffic_of("layer", inp, precision)
-        row = dict(info, model=shape.name, M=M, impl=name, precision=precision,
-                   up=str(configs[0]) if precision == "fp8" else "", down=str(configs[1]) if precision == "fp8" else "",
-                   changed=" ".join(str(n) for n in yieldings[name].changed.values()) if name in yieldings else "",
-                   floor_ms=ceil.floor_ms(nbytes, flops, precision), status=status.get(name, "ok"))
+        fp8 = name != "sorted"
+        row = sweep.layer_row(info, shape, M, name, inp, ceil, times, errors, status,
+                              precision="fp8" if fp8 else "bf16", up=str(configs[0]) if fp8 else "",
+                              down=str(configs[1]) if fp8 else "",
+                              changed=" ".join(str(n) for n in yieldings[name].changed.values())
+                              if name in yieldings else "")
         if name in times:
-            row.update(sweep.timed(times[name]), bf16_over=bf16_ms / min(times[name]), rel_error=errors[name],
-                       same_bits=bool(torch.equal(outs[name], outs["fp8"])) if name in yieldings and
-                       "fp8" in outs else "")
+            row["same_bits"] = bool(torch.equal(outs[name], outs["fp8"])) if name in yieldings and "fp8" in outs else ""
         rows.append(row)
     sweep.print_case(shape.name, M, rows, lambda r: f"{r['bf16_over']:.2f}x")
     for r in rows:

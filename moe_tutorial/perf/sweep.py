@@ -1,8 +1,9 @@
 """The skeleton of a measurement script: implementations checked, then timed side by side; models
 one by one, batch sizes within, one CSV rewritten as the rows come (a run cut short keeps its rows).
 
-``measurements/scripts/fp8_grouped_anchor.py`` and ``tma_store_layer.py`` are built on it: each says
-what to prepare for one case and how to write its rows; this module runs them.
+``measurements/scripts/fp8_grouped_anchor.py`` and the layer scripts (``tma_store_layer.py``,
+``gather_layer.py``, ...) are built on it: each says what to prepare for one case and which columns its
+rows add (:func:`layer_row`); this module runs them.
 """
 from __future__ import annotations
 
@@ -76,6 +77,22 @@ def timed(pair: list[float]) -> dict:
     ``ms`` the faster, ``ms_forward``, ``ms_reverse``, and ``noise`` their difference over the faster."""
     best = min(pair)
     return dict(ms=best, ms_forward=pair[0], ms_reverse=pair[1], noise=abs(pair[0] - pair[1]) / best)
+
+
+def layer_row(info: dict, shape, M: int, name: str, inp, ceil, times: dict, errors: dict, status: dict, *,
+              precision: str, **columns) -> dict:
+    """One form's row in a layer script's CSV (:func:`check_then_time`'s results for form ``name``): the
+    run's ``info``, the case, the script's own ``columns`` after the form, the floor of the layer in
+    ``precision`` ("bf16" or "fp8") from ``ceil``, the status, and where the form ran its timings
+    (:func:`timed`), the bf16 layer's time (form ``sorted``, NaN if absent) over its own and its error
+    against float64."""
+    nbytes, flops = bench.traffic_of("layer", inp, precision)
+    row = dict(info, model=shape.name, M=M, impl=name, precision=precision, **columns,
+               floor_ms=ceil.floor_ms(nbytes, flops, precision), status=status.get(name, "ok"))
+    if name in times:
+        bf16_ms = min(times["sorted"]) if "sorted" in times else float("nan")
+        row.update(timed(times[name]), bf16_over=bf16_ms / min(times[name]), rel_error=errors[name])
+    return row
 
 
 def check_then_time(prepared: dict, rows, expected, *, keep_outputs: bool = False) -> tuple[dict, dict, dict, dict]:
